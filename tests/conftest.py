@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny random-weight checkpoints in Meta's layout, written once per test session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from workbench.factory import TINY_LLAMA3, TINY_LLAMA4, write_checkpoint
+
+CheckpointMaker = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def make_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> CheckpointMaker:
+    """``make_checkpoint(params, n_shards=1, layout="modules", seed=0)`` -> folder (cached per arguments)."""
+    made: dict[str, Path] = {}
+
+    def make(params: dict[str, Any], *, n_shards: int = 1, layout: str = "modules", seed: int = 0) -> Path:
+        key = json.dumps([params, n_shards, layout, seed], sort_keys=True)
+        if key not in made:
+            folder = tmp_path_factory.mktemp("ckpt")
+            made[key] = write_checkpoint(folder, params, n_shards=n_shards, layout=layout, seed=seed)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def llama3_dir(make_checkpoint: CheckpointMaker) -> Path:
+    return make_checkpoint(TINY_LLAMA3)
+
+
+@pytest.fixture(scope="session")
+def llama4_dir(make_checkpoint: CheckpointMaker) -> Path:
+    return make_checkpoint(TINY_LLAMA4)

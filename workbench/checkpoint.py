@@ -1,0 +1,227 @@
+"""Loading Meta's native checkpoints: ``consolidated.NN.pth`` shards + ``params.json``.
+
+Pipeline per model-parallel rank:
+1. pick the saved shards this rank needs (one to split, or several to merge);
+2. ``torch.load(mmap=True, weights_only=True)`` each;
+3. rename the fused names of published Llama 4 checkpoints to module names (per shard, since fused
+   tensors hold this shard's slice of q/k/v or w1/w3);
+4. cut or concatenate each tensor along its model-parallel dim for this rank (repeating KV heads
+   when there are more ranks than KV heads);
+5. build the model on the meta device and ``load_state_dict(assign=True)`` after a dtype cast.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from .errors import CheckpointError, MissingCheckpointFileError, VocabMismatchError
+from .models.args import ModelArgs
+from .models.transformer import Transformer
+
+SHARD_PATTERN = re.compile(r"^consolidated\.(\d+)\.pth$")
+
+# Tensors whose name ends like this are dropped: training-only state, or rebuilt at load.
+_DROPPED_SUFFIXES = ("._extra_state", "rope.freqs")
+_VISION_PREFIXES = ("vision_embeddings.", "vision_projection.", "vision_encoder.", "vision_model.")
+
+
+def shard_paths(ckpt_dir: str | Path) -> list[Path]:
+    """The checkpoint's ``consolidated.NN.pth`` files in rank order; errors name what is missing."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        raise MissingCheckpointFileError(f"checkpoint folder {ckpt_dir} does not exist; check the path")
+    found = {}
+    for path in ckpt_dir.iterdir():
+        m = SHARD_PATTERN.match(path.name)
+        if m:
+            found[int(m.group(1))] = path
+    if not found:
+        raise MissingCheckpointFileError(
+            f"no consolidated.NN.pth shards in {ckpt_dir}; download the checkpoint's weights into this folder"
+        )
+    missing = [i for i in range(max(found) + 1) if i not in found]
+    if missing:
+        names = ", ".join(f"consolidated.{i:02d}.pth" for i in missing)
+        raise MissingCheckpointFileError(
+            f"{ckpt_dir} has {len(found)} shards but is missing {names}; re-download the missing shard(s)"
+        )
+    return [found[i] for i in range(len(found))]
+
+
+def source_shards_for_rank(n_shards: int, mp_size: int, rank: int) -> list[int]:
+    """Saved shards that rank ``rank`` of ``mp_size`` needs: one to split, or a run to merge."""
+    if mp_size % n_shards == 0:
+        return [rank * n_shards // mp_size]
+    if n_shards % mp_size == 0:
+        per_rank = n_shards // mp_size
+        return list(range(rank * per_rank, (rank + 1) * per_rank))
+    raise CheckpointError(
+        f"the checkpoint has {n_shards} shards, which model_parallel_size={mp_size} neither divides nor is a "
+        f"multiple of; use a size among {sorted({d for d in range(1, n_shards + 1) if n_shards % d == 0})} "
+        f"or a multiple of {n_shards}"
+    )
+
+
+def canonicalize(state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+    """Rename fused Llama 4 keys of one shard to module names; drop training-only entries."""
+    out: dict[str, torch.Tensor] = {}
+    n_q, n_kv = args.n_heads, args.kv_heads
+    for key, tensor in state.items():
+        if key.endswith(_DROPPED_SUFFIXES) or key.startswith(_VISION_PREFIXES):
+            continue
+        if key.endswith("attention.wqkv.weight"):
+            prefix = key[: -len("attention.wqkv.weight")]
+            rows = tensor.shape[0]
+            q_rows = rows * n_q // (n_q + 2 * n_kv)
+            kv_rows = (rows - q_rows) // 2
+            wq, wk, wv = tensor.split([q_rows, kv_rows, kv_rows], dim=0)
+            out[prefix + "attention.wq.weight"] = wq
+            out[prefix + "attention.wk.weight"] = wk
+            out[prefix + "attention.wv.weight"] = wv
+            continue
+        if key.endswith("attention.wqkv.layer_norm_weight"):
+            out[key.replace("attention.wqkv.layer_norm_weight", "attention_norm.weight")] = tensor
+            continue
+        renamed = _rename_feed_forward(key, tensor, args)
+        if renamed is None:
+            out[key] = tensor
+        else:
+            out.update(renamed)
+    return out
+
+
+def _rename_feed_forward(key: str, tensor: torch.Tensor, args: ModelArgs) -> dict[str, torch.Tensor] | None:
+    if ".feed_forward." not in key:
+        return None
+    head, _, leaf = key.partition(".feed_forward.")
+    ff = head + ".feed_forward."
+    if leaf == "mlp.fc1_weight":
+        w1, w3 = tensor.chunk(2, dim=0)
+        return {ff + "w1.weight": w1, ff + "w3.weight": w3}
+    if leaf == "mlp.fc2_weight":
+        return {ff + "w2.weight": tensor}
+    if leaf in ("mlp.layer_norm_weight", "norm.weight"):
+        return {head + ".ffn_norm.weight": tensor}
+    shared = {"w_in_shared_FD.weight": "w1", "w_swiglu_FD.weight": "w3", "w_out_shared_DF.weight": "w2"}
+    if leaf in shared:
+        return {ff + f"shared_expert.{shared[leaf]}.weight": tensor}
+    assert args.moe_args is not None or not leaf.startswith("experts.moe_")
+    if leaf in ("experts.moe_w_in_eD_F", "experts.moe_w_swiglu_eD_F"):
+        name = "w1" if "in_eD" in leaf else "w3"
+        return {ff + f"experts.{name}": tensor.view(args.moe_args.num_experts, args.dim, -1)}
+    if leaf == "experts.moe_w_out_eF_D":
+        return {ff + "experts.w2": tensor.view(args.moe_args.num_experts, -1, args.dim)}
+    return None
+
+
+# Model-parallel split dim of each canonical parameter (None: replicated).
+_SPLIT_RULES: list[tuple[re.Pattern[str], int | None]] = [
+    (re.compile(r"attention\.(wq|wk|wv)\.weight$"), 0),
+    (re.compile(r"attention\.wo\.weight$"), 1),
+    (re.compile(r"feed_forward\.(shared_expert\.)?(w1|w3)\.weight$"), 0),
+    (re.compile(r"feed_forward\.(shared_expert\.)?w2\.weight$"), 1),
+    (re.compile(r"feed_forward\.experts\.(w1|w3)$"), 2),
+    (re.compile(r"feed_forward\.experts\.w2$"), 1),
+    (re.compile(r"^tok_embeddings\.weight$"), 0),
+    (re.compile(r"^output\.weight$"), 0),
+]
+
+
+def split_dim(key: str) -> int | None:
+    for pattern, dim in _SPLIT_RULES:
+        if pattern.search(key):
+            return dim
+    return None
+
+
+def _take_part(tensor: torch.Tensor, dim: int, parts: int, index: int, unit: int) -> torch.Tensor:
+    """Part ``index`` of ``parts`` along ``dim`` in whole units of ``unit`` rows (a head);
+    when there are fewer units than parts, units are repeated (KV heads over more ranks)."""
+    n_units = tensor.shape[dim] // unit
+    if n_units % parts == 0:
+        return tensor.chunk(parts, dim=dim)[index]
+    if parts % n_units == 0:
+        u = index * n_units // parts
+        return tensor.narrow(dim, u * unit, unit)
+    raise CheckpointError(f"cannot split {n_units} heads over {parts} ranks; pick a model_parallel_size that fits")
+
+
+def reshard(shards: list[dict[str, torch.Tensor]], *, n_saved: int, mp_size: int, rank: int,
+            args: ModelArgs) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Merge or split the canonical ``shards`` (saved ranks of this rank's run) into rank ``rank``'s slice."""
+    parts = max(mp_size // n_saved, 1)
+    index = rank % parts
+    head_dim = args.rope_head_dim
+    out: dict[str, torch.Tensor] = {}
+    for key, first in shards[0].items():
+        dim = split_dim(key)
+        if dim is None:
+            out[key] = first
+            continue
+        tensor = first if len(shards) == 1 else torch.cat([s[key] for s in shards], dim=dim)
+        if parts == 1:
+            out[key] = tensor
+            continue
+        is_kv = key.endswith(("attention.wk.weight", "attention.wv.weight"))
+        out[key] = _take_part(tensor, dim, parts, index, head_dim if is_kv else 1)
+    return out
+
+
+def load_state_dict_for_rank(ckpt_dir: str | Path, args: ModelArgs, mp_size: int = 1,
+                             rank: int = 0) -> dict[str, torch.Tensor]:  # fmt: skip
+    """This rank's canonical state dict, memory-mapped where no copy is needed."""
+    paths = shard_paths(ckpt_dir)
+    picked = source_shards_for_rank(len(paths), mp_size, rank)
+    shards = []
+    for i in picked:
+        try:
+            raw = torch.load(paths[i], map_location="cpu", mmap=True, weights_only=True)
+        except Exception as exc:  # corrupted, truncated or pickled with arbitrary objects
+            raise CheckpointError(
+                f"could not load {paths[i]} with weights_only=True ({type(exc).__name__}: {exc}); the file is "
+                "corrupt or not a tensor-only checkpoint — re-download it"
+            ) from exc
+        shards.append(canonicalize(raw, args))
+    return reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
+
+
+def check_vocab(args: ModelArgs, n_words: int, source: str) -> ModelArgs:
+    """Fill ``vocab_size=-1`` from the tokenizer, or fail when the two disagree."""
+    if args.vocab_size == -1:
+        args.vocab_size = n_words
+    if args.vocab_size != n_words:
+        raise VocabMismatchError(
+            f"{source}: params.json says vocab_size={args.vocab_size} but the tokenizer has {n_words} tokens; "
+            "use the tokenizer.model that belongs to this checkpoint (Llama 3: 128256, Llama 4: 202048)"
+        )
+    return args
+
+
+def build_model(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype,
+                max_seq_len: int, mp_size: int = 1, rank: int = 0) -> Transformer:  # fmt: skip
+    """Construct on the meta device, then assign this rank's weights cast to ``dtype`` on ``device``."""
+    state = load_state_dict_for_rank(ckpt_dir, args, mp_size, rank)
+    model = Transformer(args, max_seq_len=max_seq_len, device="meta", dtype=dtype)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{ckpt_dir}: checkpoint keys do not match a {args.family} model with these params.json: "
+            f"missing {missing[:6]}{'…' if len(missing) > 6 else ''}, "
+            f"unexpected {unexpected[:6]}{'…' if len(unexpected) > 6 else ''}; check that params.json belongs "
+            "to these shards"
+        )
+    for key, want in expected.items():
+        got = state[key]
+        if tuple(got.shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"{ckpt_dir}: {key} has shape {tuple(got.shape)} but params.json implies {tuple(want.shape)} "
+                f"at model_parallel_size={mp_size}; check params.json and the shard count"
+            )
+        state[key] = got.to(device=device, dtype=dtype)
+    model.load_state_dict(state, assign=True, strict=True)
+    return model.eval()

@@ -1,0 +1,60 @@
+"""Exception types raised by workbench.
+
+Every error a user can cause derives from :class:`WorkbenchError`, so a notebook can catch them all
+in one ``except``; each message names the problem and the fix.  The subclasses also derive from the
+matching builtin (``ValueError``, ``FileNotFoundError``, ...) so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+
+class WorkbenchError(Exception):
+    """Base class of every error workbench raises on purpose."""
+
+
+class CheckpointError(WorkbenchError, ValueError):
+    """A checkpoint folder is incomplete or inconsistent (missing shard, bad params.json, bad keys)."""
+
+
+class MissingCheckpointFileError(CheckpointError, FileNotFoundError):
+    """A file the checkpoint needs (params.json, consolidated.NN.pth, tokenizer.model) is absent."""
+
+
+class ModelArgsError(CheckpointError):
+    """params.json has an unknown, missing or ill-typed field."""
+
+
+class VocabMismatchError(CheckpointError):
+    """The checkpoint's vocabulary size disagrees with the tokenizer."""
+
+
+class PromptTooLongError(WorkbenchError, ValueError):
+    """A prompt does not fit the engine's ``max_seq_len``."""
+
+
+class SamplingError(WorkbenchError, ValueError):
+    """A sampling keyword (temperature, top_p, top_k, max_tokens, logprobs, seed, stop) is invalid."""
+
+
+class InputError(WorkbenchError, ValueError):
+    """A request is malformed (bad token ids, wrong content type, bad message)."""
+
+
+class ToolCallParseError(WorkbenchError, ValueError):
+    """The model wrote a tool call that could not be parsed."""
+
+
+class ToolError(WorkbenchError, RuntimeError):
+    """A tool definition is invalid or a tool could not be run."""
+
+
+class ConfigError(WorkbenchError, ValueError):
+    """A setting (argument, environment variable, checkpoints.toml entry) is invalid."""
+
+
+class QuantizationError(WorkbenchError, ValueError):
+    """A quantization mode is unknown or cannot be applied to this model/device."""
+
+
+class WorkerError(WorkbenchError, RuntimeError):
+    """A model-parallel worker process died or failed; the engine must be reloaded."""

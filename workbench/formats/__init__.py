@@ -1,0 +1,39 @@
+"""Chat formats and tool calling for Llama 3.x and Llama 4 (no torch here: pure text and token ids).
+
+``make_formatter(tokenizer, model_id)`` builds the engine's ``formatter``; the rest is exported for
+notebooks that want to inspect or build prompts by hand.
+"""
+
+from __future__ import annotations
+
+from .calls import TOOL_PROMPT_FORMATS, python_literal, render_tool_call, render_tool_calls
+from .chat_format import ChatFormat
+from .formatter import Formatter, coerce_messages, make_formatter, normalize_tool_choice
+from .models import ModelInfo, resolve_model
+from .parser import ParseResult, parse_assistant, parse_tool_calls
+from .tool_prompts import format_date
+from .tooldefs import BUILTIN_TOOLS, ToolDefinition, ToolParam, coerce_tool, coerce_tools, from_callable
+
+__all__ = [
+    "BUILTIN_TOOLS",
+    "TOOL_PROMPT_FORMATS",
+    "ChatFormat",
+    "Formatter",
+    "ModelInfo",
+    "ParseResult",
+    "ToolDefinition",
+    "ToolParam",
+    "coerce_messages",
+    "coerce_tool",
+    "coerce_tools",
+    "format_date",
+    "from_callable",
+    "make_formatter",
+    "normalize_tool_choice",
+    "parse_assistant",
+    "parse_tool_calls",
+    "python_literal",
+    "render_tool_call",
+    "render_tool_calls",
+    "resolve_model",
+]

@@ -1,0 +1,157 @@
+"""The engine's ``formatter``: dialogs (with or without tools) to token ids, and replies back to messages."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Iterable, Sequence
+
+from ..errors import InputError
+from ..types import Message
+from .calls import normalize_tool_prompt_format
+from .chat_format import ChatFormat
+from .models import ModelInfo, resolve_model
+from .parser import parse_assistant
+from .tool_prompts import TodayLike, augment_llama3_1, augment_llama3_2
+from .tooldefs import ToolDefinition, coerce_tools
+
+DialogLike = Sequence[Message | dict[str, Any]]
+
+
+def coerce_messages(messages: Any) -> list[Message]:
+    """A dialog as a list of :class:`Message` (dicts accepted); a bare string is one user message."""
+    if isinstance(messages, (str, Message, dict)):
+        messages = [messages if not isinstance(messages, str) else {"role": "user", "content": messages}]
+    if not isinstance(messages, (list, tuple)):
+        raise InputError(
+            f"a dialog must be a list of messages like [{{'role': 'user', 'content': '...'}}], "
+            f"got {type(messages).__name__}"
+        )
+    return [Message.coerce(m) for m in messages]
+
+
+def normalize_tool_choice(tool_choice: Any, tools: Sequence[ToolDefinition]) -> str:
+    """``auto`` | ``required`` | ``none`` | the name of one of ``tools`` (enum members accepted)."""
+    if tool_choice is None:
+        return "auto"
+    if isinstance(tool_choice, enum.Enum):
+        tool_choice = tool_choice.value
+    if isinstance(tool_choice, dict):  # OpenAI's {"type": "function", "function": {"name": ...}}
+        tool_choice = (tool_choice.get("function") or {}).get("name", tool_choice.get("name"))
+    if not isinstance(tool_choice, str):
+        raise InputError(f"tool_choice must be 'auto', 'required', 'none' or a tool name, got {tool_choice!r}")
+    if tool_choice in ("auto", "none"):
+        return tool_choice
+    if not tools:
+        raise InputError(f"tool_choice={tool_choice!r} needs tools; pass tools=[...] or use tool_choice='auto'")
+    if tool_choice == "required":
+        return tool_choice
+    names = [t.tool_name for t in tools]
+    if tool_choice not in names:
+        raise InputError(f"tool_choice {tool_choice!r} is not one of the tools: {', '.join(names)}")
+    return tool_choice
+
+
+class Formatter:
+    """Prompt rendering and reply parsing for one tokenizer and model.
+
+    ``model_id`` selects the tool-prompt style (Llama 3.1 vs 3.2/3.3/4); None infers it from the tokenizer
+    family.  ``today`` pins the date written into Llama 3.1 tool prompts (a date, a string, or a callable);
+    by default it is the current date, as in the reference.
+    """
+
+    def __init__(self, tokenizer: Any, model_id: str | None = None, *, today: TodayLike = None) -> None:
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.model: ModelInfo = resolve_model(model_id, getattr(tokenizer, "family", "llama3"))
+        self.chat = ChatFormat(tokenizer)
+        self.family = self.chat.family
+        self.today = today
+
+    def __repr__(self) -> str:
+        return (
+            f"Formatter(family={self.family!r}, model={self.model_id!r}, tool_style={self.model.tool_style!r}, "
+            f"default_tool_prompt_format={self.default_tool_prompt_format!r})"
+        )
+
+    @property
+    def default_tool_prompt_format(self) -> str:
+        """The call syntax used when tools are given and ``tool_prompt_format`` is None."""
+        return self.model.default_tool_prompt_format
+
+    def prepare_dialog(
+        self,
+        messages: DialogLike,
+        tools: Iterable[Any] | None = None,
+        tool_choice: Any = "auto",
+        tool_prompt_format: Any = None,
+        *,
+        system_message_behavior: str = "append",
+        today: TodayLike = None,
+    ) -> tuple[list[Message], str]:
+        """The messages actually sent (tool prompts merged in) and the call syntax used for assistant turns.
+
+        Without tools this is the dialog as given and ``json`` (as ``ChatFormat.encode_dialog_prompt``);
+        with tools, the llama-stack meta-reference augmentation for the model's generation.
+        """
+        msgs = coerce_messages(messages)
+        defs = coerce_tools(tools)
+        choice = normalize_tool_choice(tool_choice, defs)
+        fmt = normalize_tool_prompt_format(tool_prompt_format)
+        if not defs:
+            return msgs, fmt or "json"
+        style = self.model.tool_style
+        fmt = fmt or self.default_tool_prompt_format
+        if style is None:
+            raise InputError(
+                f"model {self.model_id!r} was not trained for tool calling; use a Llama 3.1+ instruct model "
+                "(or pass model='Llama3.2-3B-Instruct' etc. to wb.load)"
+            )
+        if style == "llama3_1":
+            return augment_llama3_1(msgs, defs, choice, fmt, self.today if today is None else today), fmt
+        return augment_llama3_2(msgs, defs, choice, fmt, system_message_behavior), fmt
+
+    def encode_dialog(
+        self,
+        messages: DialogLike,
+        tools: Iterable[Any] | None = None,
+        tool_choice: Any = "auto",
+        tool_prompt_format: Any = None,
+        *,
+        system_message_behavior: str = "append",
+        today: TodayLike = None,
+    ) -> list[int]:
+        """Token ids of the dialog, ending with the open assistant header the model completes."""
+        msgs, fmt = self.prepare_dialog(
+            messages, tools, tool_choice, tool_prompt_format, system_message_behavior=system_message_behavior,
+            today=today,
+        )
+        return self.chat.encode_dialog(msgs, fmt)
+
+    def render(
+        self,
+        messages: DialogLike,
+        tools: Iterable[Any] | None = None,
+        tool_choice: Any = "auto",
+        tool_prompt_format: Any = None,
+        **kwargs: Any,
+    ) -> str:
+        """The prompt of :meth:`encode_dialog` as text (special tokens shown by name), for inspection."""
+        return self.tokenizer.decode(self.encode_dialog(messages, tools, tool_choice, tool_prompt_format, **kwargs))
+
+    def encode_message(self, message: Message | dict[str, Any], tool_prompt_format: Any = None) -> list[int]:
+        """Token ids of one message (header to end marker)."""
+        fmt = normalize_tool_prompt_format(tool_prompt_format) or "json"
+        return self.chat.encode_message(Message.coerce(message), fmt)
+
+    def decode_assistant(self, text: str, stop_reason: str | None = None) -> Message:
+        """Parse a reply's text into an assistant :class:`Message` with every tool call (never raises)."""
+        return parse_assistant(text, stop_reason)
+
+    def decode_assistant_tokens(self, tokens: Sequence[int], stop_reason: str | None = None) -> Message:
+        """Parse generated token ids (stop token excluded or included) into an assistant message."""
+        return parse_assistant(self.tokenizer.decode(list(tokens)), stop_reason)
+
+
+def make_formatter(tokenizer: Any, model_id: str | None = None, *, today: TodayLike = None) -> Formatter:
+    """The formatter for an engine: chat tokens from ``tokenizer.family``, tool prompts from ``model_id``."""
+    return Formatter(tokenizer, model_id, today=today)

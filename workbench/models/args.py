@@ -1,0 +1,241 @@
+"""Model arguments parsed from a checkpoint's ``params.json``.
+
+Every field Meta ships for Llama 3.x and Llama 4 is known here; an unknown field or a value of the
+wrong type raises :class:`ModelArgsError` naming the field, so a typo or a new format is noticed at
+load time instead of silently changing the architecture.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from ..errors import MissingCheckpointFileError, ModelArgsError
+
+Family = Literal["llama3", "llama4"]
+
+
+@dataclass
+class MoEArgs:
+    num_experts: int = -1
+    capacity_factor: float = 1.0
+    auto_scale_F: bool = True  # noqa: N815  (Meta's field name)
+    top_k: int = 1
+    interleave_moe_layer_step: int = 1
+
+
+@dataclass
+class QuantizationArgs:
+    scheme: str | None = None
+    group_size: int | None = None
+    spinquant: bool = False
+
+
+@dataclass
+class LoRAArgs:
+    rank: int = 0
+    scale: float = 1.0
+
+
+@dataclass
+class ModelArgs:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    vocab_size: int = -1
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    ffn_exp: float | None = None
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    use_scaled_rope: bool = False
+    rope_scaling_factor: float | None = None
+    rope_high_freq_factor: float | None = None
+    attention_chunk_size: int | None = None
+    nope_layer_interval: int | None = None
+    use_qk_norm: bool = False
+    attn_temperature_tuning: bool = False
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
+    moe_args: MoEArgs | None = None
+    quantization_args: QuantizationArgs | None = None
+    lora_args: LoRAArgs | None = None
+    vision_args: dict[str, Any] | None = None  # kept verbatim: image inputs are not wired yet
+    # Llama 3.2 vision fields (cross-attention models); parsed so such params.json load cleanly.
+    vision_chunk_size: int = -1
+    vision_max_num_chunks: int = 4
+    vision_num_cross_attention_layers: int = -1
+    vision_model: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    # --------------------------------------------------------------------- derived facts
+    @property
+    def family(self) -> Family:
+        """Llama 4 checkpoints carry ``moe_args``; everything else is Llama 3.x."""
+        return "llama4" if self.moe_args is not None else "llama3"
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def rope_head_dim(self) -> int:
+        """Head size used by attention and RoPE (``dim // n_heads`` unless params give ``head_dim``)."""
+        return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
+
+    def rope_scaling(self) -> tuple[float, float, float] | None:
+        """(scale_factor, low_freq_factor, high_freq_factor) of scaled RoPE, or None when off.
+
+        Llama 3.1+ use (8, 1, 4); Llama 4 Scout uses (16, 1, 1) unless params.json says otherwise.
+        """
+        if not self.use_scaled_rope:
+            return None
+        if self.family == "llama4":
+            return (self.rope_scaling_factor or 16.0, 1.0, self.rope_high_freq_factor or 1.0)
+        return (self.rope_scaling_factor or 8.0, 1.0, self.rope_high_freq_factor or 4.0)
+
+    def is_nope_layer(self, layer_id: int) -> bool:
+        """NoPE (no rotary embedding, global attention) every ``nope_layer_interval``-th layer."""
+        return self.nope_layer_interval is not None and (layer_id + 1) % self.nope_layer_interval == 0
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        return self.moe_args is not None and (layer_id + 1) % self.moe_args.interleave_moe_layer_step == 0
+
+    def dense_hidden_dim(self) -> int:
+        """SwiGLU hidden size of a dense feed-forward: 2/3 * 4 * dim, scaled, rounded up to multiple_of."""
+        hidden = int(2 * int(4 * self.dim) / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    def moe_hidden_dim(self) -> int:
+        """Hidden size of each routed/shared expert of a Llama 4 MoE layer."""
+        assert self.moe_args is not None and self.ffn_exp is not None
+        hidden = int(2 * int(self.ffn_exp * self.dim) / 3)
+        hidden = int((self.ffn_dim_multiplier if self.ffn_dim_multiplier is not None else 1.0) * hidden)
+        if self.moe_args.auto_scale_F:
+            hidden = int(hidden / (self.moe_args.capacity_factor + 1))
+        hidden += -hidden % self.multiple_of
+        return hidden
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The params.json form (None fields and the internal ``extra`` dropped)."""
+        out = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
+        for key in ("vision_chunk_size", "vision_max_num_chunks", "vision_num_cross_attention_layers"):
+            if out.get(key) == getattr(ModelArgs, key):
+                out.pop(key)
+        return out
+
+    # --------------------------------------------------------------------- parsing
+    @classmethod
+    def from_dict(cls, params: dict[str, Any], source: str = "params.json") -> ModelArgs:
+        """Validate and convert a params.json dict; errors name the field and the file."""
+        known = {f.name: f for f in fields(cls) if f.name != "extra"}
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise ModelArgsError(
+                f"{source}: unknown field(s) {unknown}; known fields are {sorted(known)}. "
+                "Remove the field, or upgrade workbench if this is a newer Meta format."
+            )
+        for required in ("dim", "n_layers", "n_heads"):
+            if required not in params:
+                raise ModelArgsError(f"{source}: required field {required!r} is missing; add it to params.json")
+        values: dict[str, Any] = {}
+        for name, value in params.items():
+            values[name] = _convert(name, value, known[name].type, source)
+        args = cls(**values)
+        args._validate(source)
+        return args
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir: str | Path) -> ModelArgs:
+        path = Path(ckpt_dir) / "params.json"
+        if not path.exists():
+            raise MissingCheckpointFileError(
+                f"{path} not found: a Meta checkpoint folder holds params.json, consolidated.NN.pth and "
+                "tokenizer.model; point workbench.load() at that folder"
+            )
+        try:
+            params = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ModelArgsError(f"{path} is not valid JSON ({exc}); fix or re-download params.json") from exc
+        if not isinstance(params, dict):
+            raise ModelArgsError(f"{path} must hold a JSON object, got {type(params).__name__}")
+        return cls.from_dict(params, source=str(path))
+
+    def _validate(self, source: str) -> None:
+        def bad(msg: str) -> ModelArgsError:
+            return ModelArgsError(f"{source}: {msg}")
+
+        for name in ("dim", "n_layers", "n_heads"):
+            if getattr(self, name) <= 0:
+                raise bad(f"{name} must be positive, got {getattr(self, name)}")
+        if self.kv_heads <= 0 or self.n_heads % self.kv_heads:
+            raise bad(f"n_heads ({self.n_heads}) must be a positive multiple of n_kv_heads ({self.kv_heads})")
+        if self.head_dim is None and self.dim % self.n_heads:
+            raise bad(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}) (or give head_dim)")
+        if self.rope_head_dim % 2:
+            raise bad(f"head size {self.rope_head_dim} must be even for rotary embeddings")
+        if self.moe_args is not None:
+            if self.moe_args.num_experts <= 0:
+                raise bad(f"moe_args.num_experts must be positive, got {self.moe_args.num_experts}")
+            if not 1 <= self.moe_args.top_k <= self.moe_args.num_experts:
+                raise bad(f"moe_args.top_k ({self.moe_args.top_k}) must be in 1..num_experts")
+            if self.moe_args.interleave_moe_layer_step <= 0:
+                raise bad("moe_args.interleave_moe_layer_step must be positive")
+            if self.ffn_exp is None:
+                raise bad("Llama 4 (moe_args present) needs 'ffn_exp' for the expert hidden size")
+        if self.attention_chunk_size is not None and self.attention_chunk_size <= 0:
+            raise bad(f"attention_chunk_size must be positive, got {self.attention_chunk_size}")
+        if self.nope_layer_interval is not None and self.nope_layer_interval <= 0:
+            raise bad(f"nope_layer_interval must be positive, got {self.nope_layer_interval}")
+
+
+_NESTED = {"moe_args": MoEArgs, "quantization_args": QuantizationArgs, "lora_args": LoRAArgs}
+
+
+def _convert(name: str, value: Any, annotation: Any, source: str) -> Any:
+    """Check one field's JSON value against its declared type (ints accepted for floats)."""
+    if name in _NESTED:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ModelArgsError(f"{source}: field {name!r} must be an object, got {value!r}")
+        nested_cls = _NESTED[name]
+        nested_known = {f.name: f for f in fields(nested_cls)}
+        unknown = sorted(set(value) - set(nested_known))
+        if unknown:
+            raise ModelArgsError(f"{source}: unknown field(s) {unknown} in {name!r}; known: {sorted(nested_known)}")
+        return nested_cls(
+            **{k: _convert(f"{name}.{k}", v, nested_known[k].type, source) for k, v in value.items()}
+        )
+    text = str(annotation)
+    if value is None:
+        if "None" in text:
+            return None
+        raise ModelArgsError(f"{source}: field {name!r} may not be null")
+    if text.startswith("dict"):
+        if not isinstance(value, dict):
+            raise ModelArgsError(f"{source}: field {name!r} must be an object, got {value!r}")
+        return value
+    if text.startswith("bool"):
+        if not isinstance(value, bool):
+            raise ModelArgsError(f"{source}: field {name!r} must be true/false, got {value!r}")
+        return value
+    if text.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ModelArgsError(f"{source}: field {name!r} must be an integer, got {value!r}")
+        return value
+    if text.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ModelArgsError(f"{source}: field {name!r} must be a number, got {value!r}")
+        return float(value)
+    if text.startswith("str"):
+        if not isinstance(value, str):
+            raise ModelArgsError(f"{source}: field {name!r} must be a string, got {value!r}")
+        return value
+    return value

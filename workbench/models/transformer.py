@@ -1,0 +1,303 @@
+"""The Llama 3.x / Llama 4 text transformer on fairscale's model-parallel layers.
+
+One module family serves both generations: Llama 3 is the special case with dense feed-forwards,
+RoPE everywhere and global attention.  Llama 4 adds sigmoid top-k MoE with a shared expert
+(interleaved with dense layers), NoPE layers with attention-temperature tuning, weightless QK-norm on
+RoPE layers and chunked local attention on RoPE layers.
+
+Two entry points: :meth:`Transformer.forward_full` runs whole sequences from position 0 (prefill
+and teacher-forced scoring), :meth:`Transformer.forward_decode` runs one token per row at per-row
+positions against the KV cache.  Parameter names are Meta's module names, so a checkpoint in that
+layout loads with ``load_state_dict`` directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from fairscale.nn.model_parallel.mappings import reduce_from_model_parallel_region
+from torch import nn
+
+from ..distributed import model_parallel_size
+from .args import ModelArgs
+from .kv_cache import KVCache
+from .layers import ColumnParallel, RowParallel, VocabParallel, divide
+from .rope import apply_rope, rope_frequencies, rope_tables
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x), computed in float32 and cast back (Meta's numerics)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, *, device: torch.device | str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_normalize(x, self.eps) * self.weight
+
+
+@dataclass
+class StepContext:
+    """Per-forward facts shared by all layers (computed once, not per layer)."""
+
+    positions: torch.Tensor  # [B, T] absolute positions
+    cos: torch.Tensor  # [B, T, D/2]
+    sin: torch.Tensor  # [B, T, D/2]
+    global_mask: torch.Tensor | None  # bool [B|1, 1, T, S]; None = plain causal over new tokens
+    local_mask: torch.Tensor | None  # bool [B|1, 1, T, S] for chunked RoPE layers; None = same as global
+    temperature: torch.Tensor | None  # [B, T, 1, 1] NoPE query scaling, None when tuning is off
+    cache: KVCache | None
+    cache_rows: torch.Tensor | None  # [B] cache slots written by a full pass
+    decode: bool
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int, *, device: torch.device | str, dtype: torch.dtype) -> None:
+        super().__init__()
+        mp = model_parallel_size()
+        self.layer_id = layer_id
+        self.head_dim = args.rope_head_dim
+        self.n_local_heads = divide(args.n_heads, mp, "n_heads")
+        # With more ranks than KV heads each rank holds one (repeated) KV head.
+        self.n_local_kv_heads = max(args.kv_heads // mp, 1)
+        self.use_rope = not args.is_nope_layer(layer_id)
+        self.use_qk_norm = args.use_qk_norm and self.use_rope
+        self.norm_eps = args.norm_eps
+        kv_out = self.n_local_kv_heads * self.head_dim * mp
+        kw = dict(device=device, dtype=dtype)
+        self.wq = ColumnParallel(args.dim, args.n_heads * self.head_dim, gather_output=False, **kw)
+        self.wk = ColumnParallel(args.dim, kv_out, gather_output=False, **kw)
+        self.wv = ColumnParallel(args.dim, kv_out, gather_output=False, **kw)
+        self.wo = RowParallel(args.n_heads * self.head_dim, args.dim, **kw)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        xq = self.wq(x).view(bsz, seqlen, self.n_local_heads, self.head_dim)  # [B, T, Hq, D]
+        xk = self.wk(x).view(bsz, seqlen, self.n_local_kv_heads, self.head_dim)  # [B, T, Hkv, D]
+        xv = self.wv(x).view(bsz, seqlen, self.n_local_kv_heads, self.head_dim)  # [B, T, Hkv, D]
+        if self.use_rope:
+            xq, xk = apply_rope(xq, ctx.cos, ctx.sin), apply_rope(xk, ctx.cos, ctx.sin)
+        if self.use_qk_norm:
+            xq, xk = rms_normalize(xq, self.norm_eps), rms_normalize(xk, self.norm_eps)
+        if ctx.temperature is not None and not self.use_rope:
+            xq = (xq * ctx.temperature).to(xq.dtype)  # scales are float32: keep q in the model dtype
+        q = xq.transpose(1, 2)  # [B, Hq, T, D]
+        k = xk.transpose(1, 2)  # [B, Hkv, T, D]
+        v = xv.transpose(1, 2)  # [B, Hkv, T, D]
+        mask = ctx.global_mask if (not self.use_rope or ctx.local_mask is None) else ctx.local_mask
+        if ctx.cache is not None:
+            cache_k, cache_v = ctx.cache.keys[self.layer_id], ctx.cache.values[self.layer_id]
+            if ctx.decode:
+                rows = torch.arange(bsz, device=x.device)
+                pos = ctx.positions[:, 0]
+                cache_k[rows, :, pos] = k[:, :, 0].to(cache_k.dtype)
+                cache_v[rows, :, pos] = v[:, :, 0].to(cache_v.dtype)
+                kv_len = mask.shape[-1]
+                k = cache_k[:bsz, :, :kv_len].to(q.dtype)  # [B, Hkv, S, D]
+                v = cache_v[:bsz, :, :kv_len].to(q.dtype)
+            else:
+                assert ctx.cache_rows is not None
+                cache_k[:, :, :seqlen].index_copy_(0, ctx.cache_rows, k.to(cache_k.dtype))
+                cache_v[:, :, :seqlen].index_copy_(0, ctx.cache_rows, v.to(cache_v.dtype))
+        gqa = self.n_local_heads != self.n_local_kv_heads
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=seqlen > 1, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # [B, Hq, T, D]
+        out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*D]
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x); the sum over ranks is skipped for a MoE's shared expert."""
+
+    def __init__(self, dim: int, hidden_dim: int, *, reduce: bool = True, device: torch.device | str,
+                 dtype: torch.dtype) -> None:  # fmt: skip
+        super().__init__()
+        self.reduce = reduce
+        self.w1 = ColumnParallel(dim, hidden_dim, gather_output=False, device=device, dtype=dtype)
+        self.w3 = ColumnParallel(dim, hidden_dim, gather_output=False, device=device, dtype=dtype)
+        self.w2 = RowParallel(hidden_dim, dim, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = F.silu(self.w1(x)) * self.w3(x)
+        if self.reduce:
+            return self.w2(hidden)
+        return F.linear(hidden, self.w2.weight)
+
+
+class Experts(nn.Module):
+    """Routed experts as stacked weights: w1/w3 [E, D, F/mp], w2 [E, F/mp, D] (Meta's layout)."""
+
+    def __init__(self, num_experts: int, dim: int, hidden_dim: int, *, device: torch.device | str,
+                 dtype: torch.dtype) -> None:  # fmt: skip
+        super().__init__()
+        local_hidden = divide(hidden_dim, model_parallel_size(), "expert hidden size")
+        self.num_experts = num_experts
+        self.w1 = nn.Parameter(torch.empty(num_experts, dim, local_hidden, device=device, dtype=dtype), False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, local_hidden, dim, device=device, dtype=dtype), False)
+        self.w3 = nn.Parameter(torch.empty(num_experts, dim, local_hidden, device=device, dtype=dtype), False)
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e`` on its routed (already gate-scaled) tokens ``x`` [n, D]."""
+        return (F.silu(x @ self.w1[e]) * (x @ self.w3[e])) @ self.w2[e]
+
+
+class MoE(nn.Module):
+    """Sigmoid top-k routing; each routed token is scaled by its gate *before* the expert; + shared expert."""
+
+    def __init__(self, args: ModelArgs, *, device: torch.device | str, dtype: torch.dtype) -> None:
+        super().__init__()
+        assert args.moe_args is not None
+        self.top_k = args.moe_args.top_k
+        hidden = args.moe_hidden_dim()
+        self.experts = Experts(args.moe_args.num_experts, args.dim, hidden, device=device, dtype=dtype)
+        self.router_DE = nn.Parameter(torch.empty(args.dim, args.moe_args.num_experts, device=device, dtype=dtype),
+                                      False)  # fmt: skip
+        self.shared_expert = FeedForward(args.dim, hidden, reduce=False, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, dim = x.shape
+        x_aD = x.reshape(-1, dim)  # [A, D]
+        scores_aE = x_aD @ self.router_DE  # [A, E]
+        top_scores, top_experts = torch.topk(scores_aE, self.top_k, dim=1)  # [A, K]
+        gates = torch.sigmoid(top_scores)  # [A, K]
+        out_aD = self.shared_expert(x_aD)  # [A, D]
+        flat_experts = top_experts.flatten()  # [A*K]
+        order = torch.argsort(flat_experts, stable=True)
+        counts = torch.bincount(flat_experts, minlength=self.experts.num_experts).tolist()
+        token_of = order // self.top_k  # [A*K] token index of each sorted assignment
+        routed_in = x_aD[token_of] * gates.flatten()[order, None]  # [A*K, D]
+        start = 0
+        for e, count in enumerate(counts):
+            if count:
+                rows = slice(start, start + count)
+                out_aD.index_add_(0, token_of[rows], self.experts.expert(e, routed_in[rows]))
+                start += count
+        return reduce_from_model_parallel_region(out_aD).view(bsz, seqlen, dim)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int, *, device: torch.device | str, dtype: torch.dtype) -> None:
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.attention = Attention(args, layer_id, **kw)
+        if args.is_moe_layer(layer_id):
+            self.feed_forward: nn.Module = MoE(args, **kw)
+        else:
+            self.feed_forward = FeedForward(args.dim, args.dense_hidden_dim(), **kw)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps, **kw)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps, **kw)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), ctx)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, *, max_seq_len: int, device: torch.device | str = "meta",
+                 dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+        super().__init__()
+        self.args = args
+        self.max_seq_len = max_seq_len
+        kw = dict(device=device, dtype=dtype)
+        self.tok_embeddings = VocabParallel(args.vocab_size, args.dim, **kw)
+        self.layers = nn.ModuleList(TransformerBlock(args, i, **kw) for i in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps, **kw)
+        self.output = ColumnParallel(args.dim, args.vocab_size, gather_output=True, **kw)
+        self._rope_freqs = rope_frequencies(args.rope_head_dim, args.rope_theta, args.rope_scaling())
+        self._rope_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ----------------------------------------------------------------------------- helpers
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    def n_local_kv_heads(self) -> int:
+        return self.layers[0].attention.n_local_kv_heads
+
+    def new_cache(self, batch: int, seq_len: int, dtype: torch.dtype | None = None) -> KVCache:
+        return KVCache.allocate(
+            self.args.n_layers, batch, self.n_local_kv_heads(), seq_len, self.args.rope_head_dim,
+            self.device, dtype or self.dtype,
+        )  # fmt: skip
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        device = positions.device
+        if device not in self._rope_cache:
+            self._rope_cache[device] = rope_tables(self._rope_freqs, self.max_seq_len + 1, device)
+        cos, sin = self._rope_cache[device]
+        return cos[positions], sin[positions]  # [B, T, D/2]
+
+    def _temperature(self, positions: torch.Tensor) -> torch.Tensor | None:
+        if not self.args.attn_temperature_tuning:
+            return None
+        pos = positions.float()
+        scales = torch.log(torch.floor((pos + 1.0) / self.args.floor_scale) + 1.0) * self.args.attn_scale + 1.0
+        return scales[:, :, None, None]  # [B, T, 1, 1]
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.output(self.norm(h)).float()
+
+    # ----------------------------------------------------------------------------- forwards
+    @torch.inference_mode()
+    def forward_full(self, tokens: torch.Tensor, *, cache: KVCache | None = None,
+                     cache_rows: torch.Tensor | None = None,
+                     logit_index: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """Whole sequences from position 0: ``tokens`` [B, T] -> float32 logits [B, T, V].
+
+        With ``cache`` the keys/values are written to cache slots ``cache_rows`` [B] (prefill).
+        With ``logit_index`` [B] only the logits at those positions are computed: [B, V].
+        """
+        bsz, seqlen = tokens.shape
+        positions = torch.arange(seqlen, device=tokens.device).expand(bsz, seqlen)  # [B, T]
+        cos, sin = self._rope(positions)
+        local_mask = None
+        chunk = self.args.attention_chunk_size
+        if chunk is not None and seqlen > chunk:
+            idx = torch.arange(seqlen, device=tokens.device)
+            local_mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] // chunk == idx[:, None] // chunk)
+            local_mask = local_mask[None, None]  # [1, 1, T, T]
+        ctx = StepContext(positions, cos, sin, None, local_mask, self._temperature(positions), cache, cache_rows,
+                          decode=False)  # fmt: skip
+        h = self.tok_embeddings(tokens)  # [B, T, D]
+        for layer in self.layers:
+            h = layer(h, ctx)
+        if logit_index is not None:
+            h = h[torch.arange(bsz, device=h.device), logit_index][:, None]  # [B, 1, D]
+            return self._logits(h)[:, 0]  # [B, V]
+        return self._logits(h)  # [B, T, V]
+
+    @torch.inference_mode()
+    def forward_decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One token per cache slot 0..B-1: ``tokens``/``positions`` [B] -> float32 logits [B, V]."""
+        positions = positions[:, None]  # [B, 1]
+        cos, sin = self._rope(positions)
+        kv_len = int(positions.max()) + 1
+        key_pos = torch.arange(kv_len, device=tokens.device)[None, :]  # [1, S]
+        global_mask = (key_pos <= positions)[:, None, None, :]  # [B, 1, 1, S]
+        local_mask = None
+        chunk = self.args.attention_chunk_size
+        if chunk is not None and kv_len > chunk:
+            chunk_start = positions - positions % chunk  # [B, 1]
+            local_mask = ((key_pos <= positions) & (key_pos >= chunk_start))[:, None, None, :]
+        ctx = StepContext(positions, cos, sin, global_mask, local_mask, self._temperature(positions), cache, None,
+                          decode=True)  # fmt: skip
+        h = self.tok_embeddings(tokens[:, None])  # [B, 1, D]
+        for layer in self.layers:
+            h = layer(h, ctx)
+        return self._logits(h)[:, 0]  # [B, V]
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.parameters()) * model_parallel_size()
