@@ -12,8 +12,9 @@ import functools
 import importlib.util
 import sys
 import types
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from workbench.formats import make_formatter
 from workbench.tokenizer import Tokenizer
@@ -40,7 +41,7 @@ def install_torchvision_stub() -> None:
 # --- our side -----------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def our_tokenizer(family: str) -> Tokenizer:
     return Tokenizer.for_checkpoint(None, family)  # type: ignore[arg-type]
 
@@ -53,7 +54,7 @@ def our_formatter(model: str | None, family: str | None = None, today: Any = PIN
 # --- llama-models (raw chat format) --------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ref_models_chat_format(family: str):
     if family == "llama4":
         install_torchvision_stub()
@@ -100,7 +101,7 @@ def ref_raw_tokens(dialog: Sequence[Any], family: str, tool_prompt_format: str |
 # --- llama-stack (tool prompts) ------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ref_stack_chat_format(family: str):
     if family == "llama4":
         install_torchvision_stub()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 
 import pytest
-
 from _chat_helpers import our_formatter, ref_raw_tokens
+
 from workbench.errors import InputError
 from workbench.formats import make_formatter, render_tool_call
 from workbench.types import Message

@@ -405,3 +405,19 @@ def test_openai_and_llama_stack_round_trip() -> None:
     assert coerce_tool(t.to_openai()).to_llama_stack() == coerce_tool(WEATHER).to_llama_stack()
     assert coerce_tool({"tool_name": "brave_search"}).is_builtin
     assert re.fullmatch(r"\{.*\}", json.dumps(t.to_openai()))
+
+
+def test_llama31_list_system_content_is_joined_not_media() -> None:
+    """The reference's Llama 3.1 path prints text items of a list system message as ``<media>``; we join the text."""
+    model = "Llama3.1-8B-Instruct"
+    d = _dialog(SYSTEMS["system_items"], DIALOGS["single"])
+    ours_messages, _ = our_formatter(model).prepare_dialog(d, ["brave_search"])
+    assert ours_messages[0].content.endswith("Today Date: 21 September 2024\nLine one.\nLine two.")
+
+    def replace(raw_messages: list) -> list:
+        assert raw_messages[0].content.text.endswith("<media>\n<media>")
+        raw_messages[0].content.text = ours_messages[0].content
+        return raw_messages
+
+    assert _ours(model, d, ["brave_search"], "auto", None) == ref_stack_tokens(d, ["brave_search"], model=model,
+                                                                                replace=replace)

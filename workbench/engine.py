@@ -8,7 +8,8 @@ which is what makes it safe to interrupt.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -188,6 +189,16 @@ class Engine:
                     f"prompt row {i} has {len(p)} tokens but max_seq_len is {self.max_seq_len} (room is needed "
                     f"for at least one generated token); shorten the prompt or load with max_seq_len > {len(p)}"
                 )
+
+    # ----------------------------------------------------------------------------- quantization
+    def set_quantization(self, mode: str | None) -> None:
+        """Re-load the weights from the checkpoint under another quantization mode (None | "bf16" |
+        "fp8_mixed" | "int4_mixed").  The old model is freed first, so only one copy is resident."""
+        settings = self.settings.with_quantization(mode)
+        if settings == self.settings:
+            return
+        self._runner.reload(settings)
+        self.settings = settings
 
     # ----------------------------------------------------------------------------- introspection
     def info(self) -> dict[str, Any]:

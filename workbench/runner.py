@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
+from .config import Settings
 from .generation.generator import Event, Generator, Request
+from .models.args import ModelArgs
 from .models.transformer import Transformer
 from .tokenizer import Tokenizer
 from .types import StopReason
@@ -19,12 +23,29 @@ def stop_token_reasons(tokenizer: Tokenizer) -> dict[int, StopReason]:
 
 
 class LocalRunner:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, *, max_batch_size: int, max_seq_len: int) -> None:
+    """Runs the model in this process (model_parallel_size == 1)."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, *, settings: Settings, args: ModelArgs) -> None:
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.args = args
+        self._start(model)
+
+    def _start(self, model: Transformer) -> None:
         self.model = model
         self.generator = Generator(
-            model, stop_tokens=stop_token_reasons(tokenizer), decode_text=tokenizer.decode,
-            max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+            model, stop_tokens=stop_token_reasons(self.tokenizer), decode_text=self.tokenizer.decode,
+            max_batch_size=self.settings.max_batch_size, max_seq_len=self.settings.max_seq_len,
         )  # fmt: skip
+
+    def reload(self, settings: Settings) -> None:
+        """Replace the model with one loaded under ``settings`` (old one freed first: one model resident)."""
+        from .loading import load_model_for_rank
+
+        self.close()
+        gc.collect()
+        self.settings = settings
+        self._start(load_model_for_rank(settings, self.args))
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
         return self.generator.generate(requests)

@@ -72,8 +72,9 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
 
 def build_engine(settings: Settings) -> Engine:
     """Load the checkpoint described by ``settings`` (no singleton logic)."""
-    from .checkpoint import build_model, check_vocab
+    from .checkpoint import check_vocab
     from .distributed import ensure_model_parallel
+    from .loading import load_model_for_rank
     from .models.args import ModelArgs
     from .runner import LocalRunner
     from .tokenizer import Tokenizer
@@ -83,11 +84,7 @@ def build_engine(settings: Settings) -> Engine:
     tokenizer = Tokenizer.for_checkpoint(settings.checkpoint_dir, args.family)
     check_vocab(args, tokenizer.n_words, str(settings.checkpoint_dir / "params.json"))
     ensure_model_parallel(1)
-    model = build_model(
-        settings.checkpoint_dir, args, device=torch.device(settings.device), dtype=settings.dtype,
-        max_seq_len=settings.max_seq_len,
-    )  # fmt: skip
-    runner = LocalRunner(model, tokenizer, max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len)
+    runner = LocalRunner(load_model_for_rank(settings, args), tokenizer, settings=settings, args=args)
     return Engine(runner=runner, tokenizer=tokenizer, args=args, settings=settings, model_id=settings.model_id,
                   load_seconds=time.perf_counter() - start)  # fmt: skip
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Literal
 
 import tiktoken
 

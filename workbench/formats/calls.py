@@ -16,7 +16,8 @@ from __future__ import annotations
 import enum
 import json
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import InputError
 from ..types import ToolCall

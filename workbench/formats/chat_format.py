@@ -15,7 +15,8 @@ first would produce different ids.  Rules that differ by family:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import InputError
 from ..types import Message

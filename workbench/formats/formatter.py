@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..errors import InputError
 from ..types import Message
@@ -18,7 +20,8 @@ DialogLike = Sequence[Message | dict[str, Any]]
 
 
 def coerce_messages(messages: Any) -> list[Message]:
-    """A dialog as a list of :class:`Message` (dicts accepted); a bare string is one user message."""
+    """A dialog as a list of :class:`Message` (dicts accepted; role ``ipython`` becomes ``tool``); a bare string
+    is one user message."""
     if isinstance(messages, (str, Message, dict)):
         messages = [messages if not isinstance(messages, str) else {"role": "user", "content": messages}]
     if not isinstance(messages, (list, tuple)):
@@ -26,7 +29,8 @@ def coerce_messages(messages: Any) -> list[Message]:
             f"a dialog must be a list of messages like [{{'role': 'user', 'content': '...'}}], "
             f"got {type(messages).__name__}"
         )
-    return [Message.coerce(m) for m in messages]
+    out = [Message.coerce(m) for m in messages]
+    return [dataclasses.replace(m, role="tool") if m.role == "ipython" else m for m in out]
 
 
 def normalize_tool_choice(tool_choice: Any, tools: Sequence[ToolDefinition]) -> str:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..errors import InputError
 from ..types import Message

@@ -15,8 +15,9 @@ import inspect
 import re
 import types
 import typing
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ..errors import ToolError
 
@@ -39,7 +40,7 @@ class ToolParam:
 
     param_type: str
     description: str | None = None
-    required: bool = True
+    required: bool | None = True  # None (allowed by llama-stack) means not required, and is printed as null
     default: Any = None
     schema: dict[str, Any] = field(default_factory=dict)
 
@@ -205,7 +206,7 @@ def _llama_stack_params(tool: str, params: Any) -> dict[str, ToolParam] | None:
         out[str(pname)] = ToolParam(
             param_type=str(p["param_type"]),
             description=p.get("description"),
-            required=bool(p.get("required", True)),  # llama-stack: an explicit None means not required
+            required=None if p.get("required", True) is None else bool(p.get("required", True)),
             default=p.get("default"),
         )
     return out

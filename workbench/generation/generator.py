@@ -11,8 +11,8 @@ stale contents are never read (attention masks stop at each row's position), so 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import torch
 

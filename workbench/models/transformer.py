@@ -171,16 +171,17 @@ class MoE(nn.Module):
         gates = torch.sigmoid(top_scores)  # [A, K]
         out_aD = self.shared_expert(x_aD)  # [A, D]
         flat_experts = top_experts.flatten()  # [A*K]
-        order = torch.argsort(flat_experts, stable=True)
+        order = torch.argsort(flat_experts, stable=True)  # assignments grouped by expert
         counts = torch.bincount(flat_experts, minlength=self.experts.num_experts).tolist()
-        token_of = order // self.top_k  # [A*K] token index of each sorted assignment
-        routed_in = x_aD[token_of] * gates.flatten()[order, None]  # [A*K, D]
+        routed_in = x_aD[order // self.top_k] * gates.flatten()[order, None]  # [A*K, D]
+        pieces = []
         start = 0
         for e, count in enumerate(counts):
             if count:
-                rows = slice(start, start + count)
-                out_aD.index_add_(0, token_of[rows], self.experts.expert(e, routed_in[rows]))
+                pieces.append(self.experts.expert(e, routed_in[start : start + count]))
                 start += count
+        routed_out = torch.cat(pieces)[torch.argsort(order)]  # [A*K, D] back in (token, k) order
+        out_aD = out_aD + routed_out.view(-1, self.top_k, dim).sum(dim=1)
         return reduce_from_model_parallel_region(out_aD).view(bsz, seqlen, dim)
 
 
