@@ -141,8 +141,12 @@ def to_stack_message(m: dict[str, Any] | Message):
         return UserMessage(content=content)
     if msg.role in ("tool", "ipython"):
         return ToolResponseMessage(call_id=msg.call_id or "id", content=content)
-    calls = [StackToolCall(call_id=c.call_id or "id", tool_name=c.tool_name, arguments=c.arguments) for c in msg.tool_calls]
-    return CompletionMessage(content=content, stop_reason=StopReason(msg.stop_reason or "end_of_turn"), tool_calls=calls)
+    calls = [
+        StackToolCall(call_id=c.call_id or "id", tool_name=c.tool_name, arguments=c.arguments) for c in msg.tool_calls
+    ]
+    return CompletionMessage(
+        content=content, stop_reason=StopReason(msg.stop_reason or "end_of_turn"), tool_calls=calls
+    )
 
 
 def to_stack_tool(tool: dict[str, Any] | str):
@@ -153,8 +157,14 @@ def to_stack_tool(tool: dict[str, Any] | str):
     return ToolDefinition(**tool)
 
 
-def ref_stack_messages(dialog, tools, tool_choice="auto", tool_prompt_format=None, model="Llama3.2-3B-Instruct",
-                       system_message_behavior="append"):
+def ref_stack_messages(
+    dialog,
+    tools,
+    tool_choice="auto",
+    tool_prompt_format=None,
+    model="Llama3.2-3B-Instruct",
+    system_message_behavior="append",
+):
     """``chat_completion_request_to_messages`` of llama-stack 0.2.2, converted to raw messages."""
     from llama_stack.apis.inference import ChatCompletionRequest, ToolConfig
     from llama_stack.models.llama.sku_list import resolve_model
@@ -178,8 +188,15 @@ def ref_stack_messages(dialog, tools, tool_choice="auto", tool_prompt_format=Non
     return raw
 
 
-def ref_stack_tokens(dialog, tools, tool_choice="auto", tool_prompt_format=None, model="Llama3.2-3B-Instruct",
-                     system_message_behavior="append", replace: Callable[[list], list] | None = None) -> list[int]:
+def ref_stack_tokens(
+    dialog,
+    tools,
+    tool_choice="auto",
+    tool_prompt_format=None,
+    model="Llama3.2-3B-Instruct",
+    system_message_behavior="append",
+    replace: Callable[[list], list] | None = None,
+) -> list[int]:
     """Token ids of the meta-reference path: tool augmentation, then the model family's chat format.
 
     ``replace`` may edit the augmented raw messages first (used to substitute our documented fix where the
@@ -216,6 +233,7 @@ class FakeEngine:
     model_id: str | None = None
     calls: list[list[str]] = field(default_factory=list)
     sampling: list[dict[str, Any]] = field(default_factory=list)
+    stream_special_names: bool = True  # the real engine streams special tokens by name; False sends ""
 
     def __post_init__(self) -> None:
         self.tokenizer = our_tokenizer(self.family)
@@ -263,7 +281,8 @@ class FakeEngine:
         self.sampling.append(sampling)
         completion = self._complete(prompt)
         for tok in completion.tokens:
-            text = "" if self.tokenizer.is_special(tok) else self.tokenizer.decode([tok])
+            special = self.tokenizer.is_special(tok)
+            text = self.tokenizer.decode([tok]) if self.stream_special_names or not special else ""
             yield FakeStreamChunk(token=tok, text=text)
         stop_tok = {"end_of_turn": self.tokenizer.eot_id, "end_of_message": self.tokenizer.eom_id}.get(
             completion.stop_reason, completion.tokens[-1] if completion.tokens else 0

@@ -20,7 +20,7 @@ def _assistant(calls, content="", stop_reason="end_of_message"):
 
 
 WEATHER = {"tool_name": "get_weather", "arguments": {"city": "Paris", "days": 3}, "call_id": "c1"}
-LISTY = {"tool_name": "plot", "arguments": {"xs": [1, 2.5, -3], "labels": ["a", "b"], "log": True, "n": None},
+LISTY = {"tool_name": "plot", "arguments": {"xs": [1, 2.5, -3], "labels": ["a", "ü 日本"], "log": True, "n": None},
          "call_id": "c2"}  # fmt: skip
 BRAVE = {"tool_name": "brave_search", "arguments": {"query": "current weather in Paris"}, "call_id": "c3"}
 WOLFRAM = {"tool_name": "wolfram_alpha", "arguments": {"query": "integrate x^2"}, "call_id": "c4"}
@@ -86,7 +86,14 @@ DIALOGS = {
         {"role": "assistant", "content": " "},
         {"role": "user", "content": "\n"},
     ],
-    "consecutive_roles": [SYSTEM, SYSTEM, USER, USER, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}],
+    "consecutive_roles": [
+        SYSTEM,
+        SYSTEM,
+        USER,
+        USER,
+        {"role": "assistant", "content": "a"},
+        {"role": "assistant", "content": "b"},
+    ],
     "ends_with_assistant": [USER, {"role": "assistant", "content": "Partial answer", "stop_reason": "out_of_tokens"}],
     "long": [{"role": "user", "content": "word " * 3000}],
 }
@@ -108,7 +115,11 @@ def test_raw_parity_with_llama_models(family: str, fmt: str | None, name: str) -
 def test_raw_ends_with_open_assistant_header(family: str) -> None:
     formatter = our_formatter(None, family)
     text = formatter.render([USER])
-    header = "<|start_header_id|>assistant<|end_header_id|>\n\n" if family == "llama3" else "<|header_start|>assistant<|header_end|>\n\n"
+    header = (
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        if family == "llama3"
+        else "<|header_start|>assistant<|header_end|>\n\n"
+    )
     assert text.endswith(header)
     assert text.startswith("<|begin_of_text|>")
 
@@ -202,9 +213,21 @@ def test_make_formatter_model_names() -> None:
     assert make_formatter(tok3, "Llama3.2-11B-Vision-Instruct").model.tool_style == "llama3_1"
     assert make_formatter(tok3, "meta-llama/Llama-3.3-70B-Instruct").default_tool_prompt_format == "python_list"
     assert make_formatter(our_tokenizer("llama4"), None).model.version == "4"
-    assert make_formatter(our_tokenizer("llama4"), "Llama-4-Maverick-17B-128E-Instruct:fp8").model.tool_style == "llama3_2"
+    assert (
+        make_formatter(our_tokenizer("llama4"), "Llama-4-Maverick-17B-128E-Instruct:fp8").model.tool_style == "llama3_2"
+    )
     assert make_formatter(tok3, "Llama-3-8B-Instruct").model.tool_style is None
     with pytest.raises(InputError, match="Llama generation"):
         make_formatter(tok3, "gpt-4o")
     with pytest.raises(InputError, match="Llama 2"):
         make_formatter(tok3, "Llama-2-7b-chat")
+
+
+@pytest.mark.parametrize("family", ["llama3", "llama4"])
+def test_reference_message_objects_are_accepted(family: str) -> None:
+    from _chat_helpers import to_raw_message
+    from llama_models import datatypes
+
+    dialog = DIALOGS["builtins"] + DIALOGS["custom_call_and_response"]
+    raw = [to_raw_message(m, datatypes) for m in dialog]
+    assert our_formatter(None, family).encode_dialog(raw) == ref_raw_tokens(dialog, family)

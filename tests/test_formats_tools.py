@@ -20,7 +20,12 @@ WEATHER = {
     "description": "Get the current weather for a city",
     "parameters": {
         "city": {"param_type": "string", "description": "City name, e.g. Paris", "required": True},
-        "unit": {"param_type": "string", "description": "celsius or fahrenheit", "required": False, "default": "celsius"},
+        "unit": {
+            "param_type": "string",
+            "description": "celsius or fahrenheit",
+            "required": False,
+            "default": "celsius",
+        },
     },
 }
 SEARCH_DB = {
@@ -67,7 +72,9 @@ DIALOGS: dict[str, list[dict[str, Any]]] = {
             "role": "assistant",
             "content": "",
             "stop_reason": "end_of_message",
-            "tool_calls": [{"tool_name": "get_weather", "arguments": {"city": "Tokyo", "n": 2, "ok": True}, "call_id": "b"}],
+            "tool_calls": [
+                {"tool_name": "get_weather", "arguments": {"city": "Tokyo", "n": 2, "ok": True}, "call_id": "b"}
+            ],
         },
         {"role": "ipython", "call_id": "b", "content": '{"temp": 18}'},
         {"role": "assistant", "content": "18 degrees and sunny.", "stop_reason": "end_of_turn"},
@@ -263,7 +270,9 @@ def test_tool_choice_none_keeps_definitions_without_instruction() -> None:
     none = f.render(DIALOGS["single"], tools=[WEATHER], tool_choice="none")
     auto = f.render(DIALOGS["single"], tools=[WEATHER], tool_choice="auto")
     assert none == auto and "You MUST" not in none
-    assert "You MUST use the tool `get_weather`" in f.render(DIALOGS["single"], tools=[WEATHER], tool_choice="get_weather")
+    assert "You MUST use the tool `get_weather`" in f.render(
+        DIALOGS["single"], tools=[WEATHER], tool_choice="get_weather"
+    )
 
 
 def test_model_inferred_from_tokenizer_family() -> None:
@@ -356,8 +365,8 @@ def test_schema_from_google_docstring_and_hints() -> None:
     assert p["origin"].description == "IATA code of the departure airport." and p["origin"].required
     assert p["dest"].description == "IATA code of the arrival airport."
     assert (p["passengers"].param_type, p["passengers"].required, p["passengers"].default) == ("integer", False, 1)
-    assert p["cabin"].json_schema() == {"type": "string", "description": "Cabin class.", "enum": ["economy", "business"],
-                                        "default": "economy"}  # fmt: skip
+    cabin = {"type": "string", "description": "Cabin class.", "enum": ["economy", "business"], "default": "economy"}
+    assert p["cabin"].json_schema() == cabin
     assert p["budget"].param_type == "number" and p["budget"].default is None
     assert p["stops"].json_schema() == {"type": "array", "items": {"type": "string"}}
     assert p["extras"].json_schema() == {"type": "object", "additionalProperties": {"type": "integer"}}
@@ -397,7 +406,9 @@ def test_schema_from_sphinx_and_numpy_docstrings() -> None:
     n = from_callable(numpy)
     assert n.description == "Numpy style."
     assert n.parameters["a"].description == "The first." and n.parameters["b"].description == "Anything at all."
-    assert n.parameters["b"].param_type == "any" and n.parameters["b"].json_schema() == {"description": "Anything at all."}
+    assert n.parameters["b"].param_type == "any" and n.parameters["b"].json_schema() == {
+        "description": "Anything at all."
+    }
 
 
 def test_openai_and_llama_stack_round_trip() -> None:
@@ -419,5 +430,6 @@ def test_llama31_list_system_content_is_joined_not_media() -> None:
         raw_messages[0].content.text = ours_messages[0].content
         return raw_messages
 
-    assert _ours(model, d, ["brave_search"], "auto", None) == ref_stack_tokens(d, ["brave_search"], model=model,
-                                                                                replace=replace)
+    assert _ours(model, d, ["brave_search"], "auto", None) == ref_stack_tokens(
+        d, ["brave_search"], model=model, replace=replace
+    )

@@ -1,17 +1,68 @@
-"""Engine settings: resolving what the user asked for into one concrete, comparable record."""
+"""Engine settings: resolving what the user asked for into one concrete, comparable record.
+
+A setting can come from four places, and the first that gives it wins:
+
+1. an explicit argument of ``workbench.load(...)``;
+2. the environment variables of Llama Stack's meta-reference distribution (``INFERENCE_MODEL``,
+   ``INFERENCE_CHECKPOINT_DIR``, ``MODEL_PARALLEL_SIZE``, ``MAX_BATCH_SIZE``, ``MAX_SEQ_LEN``,
+   ``QUANTIZATION_TYPE``), so a notebook started inside such a deployment loads what the server would;
+3. a named entry of a ``checkpoints.toml`` (``workbench.load("scout")``, or the file's ``default``);
+4. the embedded default (a tiny random-weight Llama 4 model, CPU).
+
+Every value remembers where it came from, so an error can say "max_seq_len='8k' (from environment
+variable MAX_SEQ_LEN) must be a positive integer; fix or unset MAX_SEQ_LEN" instead of leaving the
+user to guess which of the four layers is wrong.  :func:`check_settings` then checks the checkpoint
+folder against the settings (files present, shard count and head counts fit the model-parallel
+size, enough GPUs) *before* anything heavy starts.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import difflib
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError, WorkbenchError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
 
 QUANTIZATION_MODES = (None, "bf16", "fp8_mixed", "int4_mixed")
 DEFAULT_MAX_BATCH_SIZE = 16
 DEFAULT_MAX_SEQ_LEN = 2048
+DEFAULT_MODEL_PARALLEL_SIZE = 1
+CONFIG_FILE_NAME = "checkpoints.toml"
+
+# load() keyword -> Llama Stack meta-reference environment variable.
+ENV_VARS: dict[str, str] = {
+    "checkpoint": "INFERENCE_CHECKPOINT_DIR",
+    "model": "INFERENCE_MODEL",
+    "model_parallel_size": "MODEL_PARALLEL_SIZE",
+    "max_batch_size": "MAX_BATCH_SIZE",
+    "max_seq_len": "MAX_SEQ_LEN",
+    "quantization": "QUANTIZATION_TYPE",
+}
+
+# Keys of a checkpoints.toml entry and their TOML types (keep checkpoints.example.toml in sync).
+ENTRY_KEYS: dict[str, type] = {
+    "path": str,
+    "model": str,
+    "model_parallel_size": int,
+    "max_batch_size": int,
+    "max_seq_len": int,
+    "quantization": str,
+    "device": str,
+    "dtype": str,
+}
+_ENTRY_TO_ARG = {"path": "checkpoint"}
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -20,9 +71,50 @@ _DTYPES = {
 }  # fmt: skip
 
 
+# --------------------------------------------------------------------------------------------- sources
+@dataclass(frozen=True)
+class Source:
+    """Where one setting came from, and how the user changes it there (used in every error message)."""
+
+    kind: str  # "argument" | "environment" | "file" | "default" | "engine"
+    detail: str = ""  # env var name, or "[entry] in /path/checkpoints.toml"
+
+    def describe(self) -> str:
+        if self.kind == "environment":
+            return f"environment variable {self.detail}"
+        if self.kind == "file":
+            return f"checkpoints.toml entry {self.detail}"
+        if self.kind == "default":
+            return "the built-in default"
+        if self.kind == "engine":
+            return self.detail
+        return "argument"
+
+    def fix(self, name: str) -> str:
+        if self.kind == "environment":
+            return f"fix or unset the environment variable {self.detail}"
+        if self.kind == "file":
+            key = "path" if name == "checkpoint" else name
+            return f"edit `{key} = ...` in {self.detail}"
+        return f"pass a valid {name}=... to workbench.load()"
+
+
+ARGUMENT = Source("argument")
+DEFAULT = Source("default")
+
+
+def _problem(name: str, value: Any, source: Source, what: str) -> ConfigError:
+    return ConfigError(f"{name}={value!r} (from {source.describe()}) {what}; {source.fix(name)}")
+
+
+# --------------------------------------------------------------------------------------------- settings
 @dataclass(frozen=True)
 class Settings:
-    """Everything that decides what gets loaded; two equal Settings mean the same engine."""
+    """Everything that decides what gets loaded; two equal Settings mean the same engine.
+
+    ``sources`` (not part of equality) maps each ``load()`` keyword to the :class:`Source` it came
+    from, for error messages raised long after resolution (shard checks, worker start-up).
+    """
 
     checkpoint_dir: Path
     model_id: str | None
@@ -30,52 +122,372 @@ class Settings:
     dtype: torch.dtype
     max_batch_size: int
     max_seq_len: int
-    model_parallel_size: int
+    model_parallel_size: int  # 0 until check_settings() replaces "auto" by the shard count
     quantization: str | None
+    sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
 
     def with_quantization(self, mode: str | None) -> Settings:
-        return replace(self, quantization=check_quantization(mode, "quantization"))
+        mode = check_quantization(mode, "quantization")
+        sources = {**self.sources, "quantization": Source("engine", "engine.set_quantization()")}
+        return replace(self, quantization=mode, sources=sources)
+
+    def identity(self) -> tuple[Any, ...]:
+        """Plain-data key of the settings: equal keys mean the same engine.
+
+        Comparing keys rather than Settings objects keeps the singleton working after
+        ``importlib.reload(workbench.config)`` (a reloaded module defines a new ``Settings`` class,
+        and dataclass equality requires the very same class).
+        """
+        return (
+            str(self.checkpoint_dir), self.model_id, self.device, str(self.dtype), self.max_batch_size,
+            self.max_seq_len, self.model_parallel_size, self.quantization,
+        )  # fmt: skip
+
+    def source(self, name: str) -> Source:
+        return self.sources.get(name, ARGUMENT)
 
 
-def resolve_device(device: str | torch.device | None) -> str:
+# --------------------------------------------------------------------------------------------- scalar checks
+def resolve_device(device: str | torch.device | None, source: Source = ARGUMENT) -> str:
+    """'cuda' when a GPU is visible, else 'cpu'; an explicit device must exist."""
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     name = str(device)
     if name.split(":")[0] not in ("cpu", "cuda"):
-        raise ConfigError(f"device={name!r} is not supported; use 'cpu' or 'cuda'")
+        raise _problem("device", name, source, "is not supported: use 'cpu' or 'cuda'")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} but no CUDA GPU is visible to torch; use device='cpu'")
+        raise _problem("device", name, source, "but no CUDA GPU is visible to torch: use device='cpu'")
     return name
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype | None, device: str, source: Source = ARGUMENT) -> torch.dtype:
     """float32 on CPU (no native bf16 there), bfloat16 on CUDA, unless asked otherwise."""
     if dtype is None:
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
-            raise ConfigError(f"dtype={dtype} is not supported; use float32, bfloat16 or float16")
+            raise _problem("dtype", dtype, source, "is not supported: use float32, bfloat16 or float16")
         return dtype
     key = str(dtype).replace("torch.", "").lower()
     if key not in _DTYPES:
-        raise ConfigError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
+        raise _problem("dtype", dtype, source, f"is not one of {sorted(_DTYPES)}")
     return _DTYPES[key]
 
 
-def check_positive_int(value: object, name: str, source: str = "argument") -> int:
+def check_positive_int(value: object, name: str, source: Source | str = ARGUMENT, *, allow_zero: bool = False) -> int:
+    """An integer >= 1 (>= 0 with ``allow_zero``); digit strings (environment values) are accepted."""
+    src = source if isinstance(source, Source) else Source("engine", source)
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r} (from {source}) must be a positive integer")
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        what = "must be an integer >= 0 (0 = one rank per checkpoint shard)" if allow_zero else (
+            "must be a positive integer")  # fmt: skip
+        raise _problem(name, value, src, what)
     return value
 
 
-def check_quantization(mode: object, name: str = "quantization", source: str = "argument") -> str | None:
+def check_quantization(mode: object, name: str = "quantization", source: Source | str = ARGUMENT) -> str | None:
+    """None (or 'none') for no quantization, else one of QUANTIZATION_MODES."""
+    src = source if isinstance(source, Source) else Source("engine", source)
     if mode in ("", "none", "None"):
         mode = None
     if mode not in QUANTIZATION_MODES:
-        raise ConfigError(
-            f"{name}={mode!r} (from {source}) is not a quantization mode; use one of "
-            f"{', '.join(repr(m) for m in QUANTIZATION_MODES)}"
-        )
+        raise _problem(name, mode, src, f"is not a quantization mode: use one of "
+                       f"{', '.join(repr(m) for m in QUANTIZATION_MODES)}")  # fmt: skip
     return mode  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------------- checkpoints.toml
+@dataclass(frozen=True)
+class ConfigFile:
+    """One parsed checkpoints.toml: its named entries and optional ``default = "name"``."""
+
+    path: Path
+    entries: dict[str, dict[str, Any]]
+    default: str | None
+
+    @classmethod
+    def read(cls, path: Path) -> ConfigFile:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML ({exc}); fix the syntax (see checkpoints.example.toml)") from exc
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path} ({exc}); check its permissions") from exc
+        entries: dict[str, dict[str, Any]] = {}
+        default = None
+        for key, value in data.items():
+            if key == "default":
+                if not isinstance(value, str):
+                    raise ConfigError(f"{path}: top-level `default` must be the name of an entry, e.g. default = "
+                                      f"\"scout\", got {value!r}")  # fmt: skip
+                default = value
+            elif isinstance(value, dict):
+                entries[key] = value
+            else:
+                raise ConfigError(
+                    f"{path}: top-level key {key!r} is neither an entry table nor `default`; put settings under a "
+                    f"[name] header (see checkpoints.example.toml)"
+                )
+        if default is not None and default not in entries:
+            raise ConfigError(f"{path}: default = {default!r} names no entry; entries are {sorted(entries)}")
+        return cls(path, entries, default)
+
+
+def user_config_dir(environ: Mapping[str, str]) -> Path:
+    """``$XDG_CONFIG_HOME/workbench`` or ``~/.config/workbench``."""
+    base = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base).expanduser() / "workbench"
+
+
+def config_file_paths(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """checkpoints.toml files that exist, highest precedence first: ``$WORKBENCH_CHECKPOINTS`` (a file or
+    a folder holding one), the working folder, the user config folder."""
+    environ = os.environ if environ is None else environ
+    paths: list[Path] = []
+    named = environ.get("WORKBENCH_CHECKPOINTS")
+    if named:
+        path = Path(named).expanduser()
+        if path.is_dir():
+            path = path / CONFIG_FILE_NAME
+        if not path.is_file():
+            raise ConfigError(
+                f"WORKBENCH_CHECKPOINTS={named!r} (from environment variable WORKBENCH_CHECKPOINTS) names no "
+                f"checkpoints.toml; create it (copy checkpoints.example.toml) or unset the variable"
+            )
+        paths.append(path)
+    for candidate in (Path.cwd() / CONFIG_FILE_NAME, user_config_dir(environ) / CONFIG_FILE_NAME):
+        if candidate.is_file() and all(candidate.resolve() != p.resolve() for p in paths):
+            paths.append(candidate)
+    return paths
+
+
+class Catalog:
+    """The named entries of every checkpoints.toml found, looked up in precedence order."""
+
+    def __init__(self, files: Sequence[ConfigFile]) -> None:
+        self.files = list(files)
+
+    @classmethod
+    def discover(cls, environ: Mapping[str, str] | None = None) -> Catalog:
+        return cls([ConfigFile.read(p) for p in config_file_paths(environ)])
+
+    def names(self) -> list[str]:
+        return sorted({name for f in self.files for name in f.entries})
+
+    def find(self, name: str) -> tuple[dict[str, Any], ConfigFile] | None:
+        for f in self.files:
+            if name in f.entries:
+                return f.entries[name], f
+        return None
+
+    def default(self) -> tuple[str, dict[str, Any], ConfigFile] | None:
+        for f in self.files:
+            if f.default is not None:
+                return f.default, f.entries[f.default], f
+        return None
+
+    def where(self) -> str:
+        if not self.files:
+            return ("no checkpoints.toml was found (looked at $WORKBENCH_CHECKPOINTS, ./checkpoints.toml and "
+                    "~/.config/workbench/checkpoints.toml)")  # fmt: skip
+        return "checkpoints.toml files read: " + ", ".join(str(f.path) for f in self.files)
+
+
+def check_entry(name: str, entry: dict[str, Any], path: Path) -> dict[str, tuple[Any, Source]]:
+    """Validate one entry's keys and TOML types; returns ``load()`` keyword -> (value, source)."""
+    where = f"[{name}] in {path}"
+    out: dict[str, tuple[Any, Source]] = {}
+    for key, value in entry.items():
+        if key not in ENTRY_KEYS:
+            close = difflib.get_close_matches(key, ENTRY_KEYS, n=1)
+            hint = f"did you mean `{close[0]}`? " if close else ""
+            if isinstance(value, dict):
+                hint += (f"(a dotted header like [{name}.{key}] makes a nested table: quote the entry name, "
+                         f"[\"{name}.{key}\"]) ")  # fmt: skip
+            raise ConfigError(
+                f"checkpoints.toml entry {where}: unknown key {key!r}; {hint}allowed keys are "
+                f"{', '.join(ENTRY_KEYS)}"
+            )
+        want = ENTRY_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, want):
+            example = '"..."' if want is str else "4096"
+            raise ConfigError(
+                f"checkpoints.toml entry {where}: {key} = {value!r} must be a TOML "
+                f"{'string' if want is str else 'integer'}; write it like `{key} = {example}`"
+            )
+        source = Source("file", where)
+        if key == "path":
+            folder = Path(value).expanduser()
+            value = folder if folder.is_absolute() else path.parent / folder  # relative to the toml file
+        out[_ENTRY_TO_ARG.get(key, key)] = (value, source)
+    if "checkpoint" not in out:
+        raise ConfigError(f"checkpoints.toml entry {where} has no `path`; add path = \"/folder/with/params.json\"")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- resolution
+def _env_value(environ: Mapping[str, str], name: str) -> str | None:
+    """An environment value, with Llama Stack's unset spellings ('' and 'null') treated as unset."""
+    value = environ.get(ENV_VARS[name])
+    if value is None or value.strip() in ("", "null", "None"):
+        return None
+    return value.strip()
+
+
+def _looks_like_path(text: str) -> bool:
+    """Path syntax (a separator, ``.``, ``~``): never an entry name."""
+    return any(sep in text for sep in ("/", "\\", os.sep)) or text.startswith((".", "~"))
+
+
+def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None = None,
+                     device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+                     max_batch_size: int | None = None, max_seq_len: int | None = None,
+                     model_parallel_size: int | None = None, quantization: str | None = None,
+                     environ: Mapping[str, str] | None = None) -> Settings:  # fmt: skip
+    """Turn ``load`` arguments into concrete Settings: arguments, then environment, then checkpoints.toml,
+    then defaults.  ``checkpoint`` is a folder or the name of a checkpoints.toml entry.
+
+    Nothing heavy happens here (no checkpoint is opened; the embedded default model is written on
+    first use); :func:`check_settings` checks the folder.  ``quantization=None`` means "not given";
+    pass ``quantization="none"`` to override a quantized entry or ``QUANTIZATION_TYPE``.
+    """
+    environ = os.environ if environ is None else environ
+    args: dict[str, Any] = {
+        "model": model, "device": device, "dtype": dtype, "max_batch_size": max_batch_size,
+        "max_seq_len": max_seq_len, "model_parallel_size": model_parallel_size, "quantization": quantization,
+    }  # fmt: skip
+    entry: dict[str, tuple[Any, Source]] = {}
+    chosen: tuple[Any, Source] | None = None  # the checkpoint folder and where it came from
+
+    if isinstance(checkpoint, Path):
+        chosen = (checkpoint, ARGUMENT)
+    elif isinstance(checkpoint, str):
+        if not checkpoint.strip():
+            raise _problem("checkpoint", checkpoint, ARGUMENT, "is empty: give a folder or an entry name")
+        catalog = None if _looks_like_path(checkpoint) else Catalog.discover(environ)
+        found = catalog.find(checkpoint) if catalog is not None else None
+        if found is not None:  # an entry name wins over a same-named folder in the working folder
+            entry = check_entry(checkpoint, found[0], found[1].path)
+            chosen = entry.pop("checkpoint")
+        elif catalog is not None and not Path(checkpoint).exists():
+            known = catalog.names()
+            close = difflib.get_close_matches(checkpoint, known, n=1)
+            raise ConfigError(
+                f"checkpoint={checkpoint!r} (from argument) is neither a folder nor a checkpoints.toml entry"
+                f"{f'; did you mean {close[0]!r}' if close else ''}; known entries: {known or 'none'} "
+                f"({catalog.where()}). Pass a folder path, or add [{checkpoint}] to a checkpoints.toml "
+                "(see checkpoints.example.toml)"
+            )
+        else:
+            chosen = (checkpoint, ARGUMENT)
+    elif checkpoint is not None:
+        raise _problem("checkpoint", checkpoint, ARGUMENT, "must be a folder path or an entry name (a string)")
+    elif (env_dir := _env_value(environ, "checkpoint")) is not None:
+        chosen = (env_dir, Source("environment", ENV_VARS["checkpoint"]))
+    else:
+        default = Catalog.discover(environ).default()
+        if default is not None:
+            name, raw, file = default
+            entry = check_entry(name, raw, file.path)
+            chosen = entry.pop("checkpoint")
+
+    def pick(name: str) -> tuple[Any, Source]:
+        if args.get(name) is not None:
+            return args[name], ARGUMENT
+        if name in ENV_VARS and (value := _env_value(environ, name)) is not None:
+            return value, Source("environment", ENV_VARS[name])
+        if name in entry:
+            return entry[name]
+        return None, DEFAULT
+
+    sources: dict[str, Source] = {}
+    if chosen is None:
+        from .factory import default_checkpoint_dir
+
+        chosen = (default_checkpoint_dir(), DEFAULT)
+    folder, sources["checkpoint"] = chosen
+    model_id, sources["model"] = pick("model")
+    if model_id is not None and (not isinstance(model_id, str) or not model_id.strip()):
+        raise _problem("model", model_id, sources["model"], "must be a model name such as 'Llama3.2-3B-Instruct'")
+    raw_device, sources["device"] = pick("device")
+    dev = resolve_device(raw_device, sources["device"])
+    raw_dtype, sources["dtype"] = pick("dtype")
+    ints: dict[str, int] = {}
+    for name, fallback in (("max_batch_size", DEFAULT_MAX_BATCH_SIZE), ("max_seq_len", DEFAULT_MAX_SEQ_LEN),
+                           ("model_parallel_size", DEFAULT_MODEL_PARALLEL_SIZE)):  # fmt: skip
+        value, sources[name] = pick(name)
+        ints[name] = fallback if value is None else check_positive_int(
+            value, name, sources[name], allow_zero=name == "model_parallel_size")  # fmt: skip
+    raw_quant, sources["quantization"] = pick("quantization")
+    return Settings(
+        checkpoint_dir=Path(folder).expanduser().resolve(),
+        model_id=model_id,
+        device=dev,
+        dtype=resolve_dtype(raw_dtype, dev, sources["dtype"]),
+        max_batch_size=ints["max_batch_size"],
+        max_seq_len=ints["max_seq_len"],
+        model_parallel_size=ints["model_parallel_size"],
+        quantization=check_quantization(raw_quant, "quantization", sources["quantization"]),
+        sources=sources,
+    )
+
+
+# --------------------------------------------------------------------------------------------- checkpoint checks
+def check_settings(settings: Settings) -> Settings:
+    """Check the checkpoint folder against the settings before anything is loaded or spawned.
+
+    Reads only ``params.json`` and the folder listing.  Replaces ``model_parallel_size=0`` ("auto",
+    Llama Stack's meaning) by the shard count.  Errors keep their checkpoint-error type and add which
+    setting, from where, and the fix.
+    """
+    from .checkpoint import shard_paths, source_shards_for_rank
+    from .models.args import ModelArgs
+
+    ckpt_src = settings.source("checkpoint")
+    where = f"checkpoint {str(settings.checkpoint_dir)!r} (from {ckpt_src.describe()})"
+    try:
+        if not settings.checkpoint_dir.is_dir():
+            from .errors import MissingCheckpointFileError
+
+            raise MissingCheckpointFileError(f"the folder {settings.checkpoint_dir} does not exist")
+        args = ModelArgs.from_checkpoint(settings.checkpoint_dir)
+        n_shards = len(shard_paths(settings.checkpoint_dir))
+    except WorkbenchError as exc:
+        raise type(exc)(f"{where}: {exc}; {ckpt_src.fix('checkpoint')}") from exc
+
+    mp = settings.model_parallel_size or n_shards
+    if settings.model_parallel_size == 0:
+        settings = replace(settings, model_parallel_size=mp)
+    mp_src = settings.source("model_parallel_size")
+
+    def misfit(what: str) -> ConfigError:
+        return _problem("model_parallel_size", mp, mp_src, f"does not fit {where}: {what}")
+
+    try:
+        source_shards_for_rank(n_shards, mp, 0)
+    except CheckpointError as exc:
+        raise misfit(str(exc)) from exc
+    if args.n_heads % mp:
+        raise misfit(f"n_heads={args.n_heads} is not divisible by it")
+    kv = args.kv_heads
+    if kv % mp and mp % kv:
+        raise misfit(f"n_kv_heads={kv} neither divides it nor is a multiple of it")
+    if args.vocab_size > 0 and args.vocab_size % mp:
+        raise misfit(f"vocab_size={args.vocab_size} is not divisible by it")
+    hidden = [("dense feed-forward size", args.dense_hidden_dim())]
+    if args.moe_args is not None:
+        hidden.append(("expert feed-forward size", args.moe_hidden_dim()))
+    for label, size in hidden:
+        if size % mp:
+            raise misfit(f"the {label} {size} is not divisible by it")
+    if settings.device.startswith("cuda") and mp > 1:
+        if settings.device != "cuda":
+            raise _problem("device", settings.device, settings.source("device"),
+                           f"names one GPU but model_parallel_size={mp} uses GPUs 0..{mp - 1} (one per rank): "
+                           "use device='cuda' and CUDA_VISIBLE_DEVICES to choose the GPUs")  # fmt: skip
+        if torch.cuda.device_count() < mp:
+            raise misfit(f"only {torch.cuda.device_count()} GPU(s) are visible and each rank needs its own")
+    return settings

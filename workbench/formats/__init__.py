@@ -6,13 +6,14 @@ notebooks that want to inspect or build prompts by hand.
 
 from __future__ import annotations
 
+from .callables import from_callable, parse_docstring, schema_of_type
 from .calls import TOOL_PROMPT_FORMATS, python_literal, render_tool_call, render_tool_calls
 from .chat_format import ChatFormat
 from .formatter import Formatter, coerce_messages, make_formatter, normalize_tool_choice
 from .models import ModelInfo, resolve_model
 from .parser import ParseResult, parse_assistant, parse_tool_calls
 from .tool_prompts import format_date
-from .tooldefs import BUILTIN_TOOLS, ToolDefinition, ToolParam, coerce_tool, coerce_tools, from_callable
+from .tooldefs import BUILTIN_TOOLS, ToolDefinition, ToolParam, coerce_tool, coerce_tools
 
 __all__ = [
     "BUILTIN_TOOLS",
@@ -30,10 +31,12 @@ __all__ = [
     "from_callable",
     "make_formatter",
     "normalize_tool_choice",
+    "parse_docstring",
     "parse_assistant",
     "parse_tool_calls",
     "python_literal",
     "render_tool_call",
     "render_tool_calls",
     "resolve_model",
+    "schema_of_type",
 ]

@@ -29,8 +29,19 @@ def coerce_messages(messages: Any) -> list[Message]:
             f"a dialog must be a list of messages like [{{'role': 'user', 'content': '...'}}], "
             f"got {type(messages).__name__}"
         )
-    out = [Message.coerce(m) for m in messages]
+    out = [Message.coerce(_plain(m)) for m in messages]
     return [dataclasses.replace(m, role="tool") if m.role == "ipython" else m for m in out]
+
+
+def _plain(message: Any) -> Any:
+    """Pydantic message objects of other stacks (llama-stack, llama-models) as plain dicts."""
+    if isinstance(message, (Message, dict)) or not hasattr(message, "model_dump"):
+        return message
+    data = message.model_dump(mode="json")
+    content = data.get("content")
+    if isinstance(content, dict):
+        data["content"] = [content]
+    return data
 
 
 def normalize_tool_choice(tool_choice: Any, tools: Sequence[ToolDefinition]) -> str:
@@ -126,7 +137,11 @@ class Formatter:
     ) -> list[int]:
         """Token ids of the dialog, ending with the open assistant header the model completes."""
         msgs, fmt = self.prepare_dialog(
-            messages, tools, tool_choice, tool_prompt_format, system_message_behavior=system_message_behavior,
+            messages,
+            tools,
+            tool_choice,
+            tool_prompt_format,
+            system_message_behavior=system_message_behavior,
             today=today,
         )
         return self.chat.encode_dialog(msgs, fmt)

@@ -46,10 +46,16 @@ _TRIGGER_RE = re.compile(
 )
 _FUNCTION_TAG_RE = re.compile(r"<function=([^>\n]+?)>")
 _CLOSE = {"(": ")", "[": "]", "{": "}"}
+_MAX_SOFT_FAILURES = 64
 
 
 class _ParseFailure(Exception):
-    pass
+    """A candidate call could not be parsed.  ``strong``: it was certainly meant as a call (so the reply gets a
+    parse error); a weak failure (JSON that may just be data) lets the scan go on."""
+
+    def __init__(self, message: str, strong: bool = False) -> None:
+        super().__init__(message)
+        self.strong = strong
 
 
 @dataclass
@@ -134,9 +140,7 @@ def _payload_calls(payload: str) -> list[ToolCall] | str:
     stripped = payload.strip()
     if not stripped:
         return []
-    bare = _bare_calls(stripped)
-    if bare:
-        return bare
+    # no bare `name(k=v)` here: inside python tags that is far more likely code than a call
     found = _parse_search(stripped)
     if found.tool_calls and not found.content and not found.error:
         return found.tool_calls
@@ -155,6 +159,7 @@ def _parse_search(text: str) -> ParseResult:
     pieces: list[str] = []
     pos = 0
     scan = 0
+    failures = 0
     while True:
         m = _TRIGGER_RE.search(text, scan)
         if m is None:
@@ -164,10 +169,13 @@ def _parse_search(text: str) -> ParseResult:
         try:
             end, found = _PARSERS[kind](text, start)
         except _ParseFailure as exc:
-            if kind in ("json", "jsonlist") and not str(exc).startswith("!"):
+            if kind in ("json", "jsonlist") and not exc.strong:
                 scan = start + 1  # JSON that is not a call is just text
+                failures += 1
+                if failures > _MAX_SOFT_FAILURES:  # each failed attempt may scan to the end: bound the work
+                    break
                 continue
-            return ParseResult(content=text.strip(), error=str(exc).lstrip("!"))
+            return ParseResult(content=text.strip(), error=str(exc))
         if found is None:  # well-formed, but not a call
             scan = max(end, start + 1)
             continue
@@ -201,7 +209,7 @@ def _scan_balanced(text: str, start: int, python: bool) -> tuple[int | None, lis
                     break
                 i += 1
             if i >= n:
-                return None, stack + [quote], last_call_end
+                return None, [quote, *reversed(stack)], last_call_end
             i += len(quote) if text.startswith(quote, i) else 0
             continue
         if ch in _CLOSE:
@@ -218,22 +226,34 @@ def _scan_balanced(text: str, start: int, python: bool) -> tuple[int | None, lis
     return None, list(reversed(stack)), last_call_end
 
 
-def _segment(text: str, start: int, python: bool) -> tuple[int, str]:
-    """The bracketed segment at ``start``, closing any brackets the model forgot."""
+def _segments(text: str, start: int, python: bool) -> list[tuple[int, str]]:
+    """Candidate (end, source) pairs for the bracketed segment at ``start``: the balanced segment, or, when the
+    model forgot closing brackets, the text with them added and (python lists) the calls that did close."""
     end, missing, last_call_end = _scan_balanced(text, start, python)
     if end is not None:
-        return end, text[start:end]
+        return [(end, text[start:end])]
+    out = [(len(text), text[start:] + "".join(missing))]
     if python and last_call_end is not None and text[start] == "[":
-        return last_call_end, text[start:last_call_end] + "]"
-    return len(text), text[start:] + "".join(missing)
+        out.append((last_call_end, text[start:last_call_end] + "]"))
+    return out
+
+
+def _segment(text: str, start: int, python: bool) -> tuple[int, str]:
+    return _segments(text, start, python)[0]
 
 
 def _parse_python_list(text: str, start: int) -> tuple[int, list[ToolCall] | None]:
-    end, segment = _segment(text, start, python=True)
-    node = _ast_expr(segment)
-    if not isinstance(node, ast.List) or not node.elts:
-        raise _ParseFailure(f"could not parse the python-list tool call {segment[:200]!r}")
-    return end, [_call_from_ast(elt) for elt in node.elts]
+    failure: _ParseFailure | None = None
+    for end, segment in _segments(text, start, python=True):
+        try:
+            node = _ast_expr(segment)
+            if not isinstance(node, ast.List) or not node.elts:
+                raise _ParseFailure(f"could not parse the python-list tool call {segment[:200]!r}")
+            return end, [_call_from_ast(elt) for elt in node.elts]
+        except _ParseFailure as exc:
+            failure = failure or exc
+    assert failure is not None
+    raise failure
 
 
 def _bare_calls(text: str) -> list[ToolCall]:
@@ -332,7 +352,10 @@ def _json_segment(text: str, start: int) -> tuple[int, Any]:
         return end, obj
     except json.JSONDecodeError:
         pass
-    end, segment = _segment(text, start, python=False)
+    try:
+        end, segment = _segment(text, start, python=False)
+    except _ParseFailure:  # a stray closing bracket: not repairable
+        end, segment = len(text), text[start : start + 500]
     try:
         return end, json.loads(segment)
     except json.JSONDecodeError:
@@ -341,8 +364,8 @@ def _json_segment(text: str, start: int) -> tuple[int, Any]:
         return end, _literal(_ast_expr(segment))
     except _ParseFailure:
         pass
-    strong = re.search(r"\"(parameters|arguments)\"", segment)
-    raise _ParseFailure(("!" if strong else "") + f"could not parse the JSON tool call {segment[:200]!r}")
+    strong = re.search(r"\"(parameters|arguments)\"", segment) is not None
+    raise _ParseFailure(f"could not parse the JSON tool call {segment[:200]!r}", strong)
 
 
 def _json_call(obj: Any) -> ToolCall | None:
@@ -365,11 +388,11 @@ def _json_call(obj: Any) -> ToolCall | None:
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError:
-            raise _ParseFailure(f"!arguments of tool call {name!r} are not valid JSON: {args[:200]!r}") from None
+            raise _ParseFailure(f"arguments of tool call {name!r} are not valid JSON: {args[:200]!r}", True) from None
     if args is None:
         args = {}
     if not isinstance(args, dict):
-        raise _ParseFailure(f"!arguments of tool call {name!r} must be an object, got {args!r}"[:300])
+        raise _ParseFailure(f"arguments of tool call {name!r} must be an object, got {args!r}"[:300], True)
     return ToolCall(tool_name=name, arguments=_normalize_builtin(name, args), call_id=new_call_id())
 
 
@@ -385,7 +408,7 @@ def _parse_json(text: str, start: int) -> tuple[int, list[ToolCall] | None]:
 def _parse_function_tag(text: str, start: int) -> tuple[int, list[ToolCall] | None]:
     m = _FUNCTION_TAG_RE.match(text, start)
     if m is None:
-        raise _ParseFailure(f"malformed function tag {text[start:start + 100]!r}")
+        raise _ParseFailure(f"malformed function tag {text[start : start + 100]!r}")
     name = m.group(1).strip()
     i = m.end()
     while i < len(text) and text[i] in " \t":
@@ -395,11 +418,11 @@ def _parse_function_tag(text: str, start: int) -> tuple[int, list[ToolCall] | No
         try:
             i, args = _json_segment(text, i)
         except _ParseFailure as exc:
-            raise _ParseFailure("!" + str(exc).lstrip("!")) from None
+            raise _ParseFailure(str(exc), True) from None
         if not isinstance(args, dict):
-            raise _ParseFailure(f"!arguments of <function={name}> must be a JSON object")
+            raise _ParseFailure(f"arguments of <function={name}> must be a JSON object", True)
     elif not text.startswith("</function>", i) and i < len(text):
-        raise _ParseFailure(f"!arguments of <function={name}> must be a JSON object, got {text[i:i + 100]!r}")
+        raise _ParseFailure(f"arguments of <function={name}> must be a JSON object, got {text[i : i + 100]!r}", True)
     close = re.match(r"\s*</function>", text[i:])
     if close:
         i += close.end()
@@ -420,8 +443,10 @@ def _parse_builtin(text: str, start: int) -> tuple[int, list[ToolCall] | None]:
     # Meta's renderer does not escape quotes inside the query: take everything up to the last '")'
     loose = re.match(r'\(\s*query\s*=\s*"(.*)"\s*\)', text[paren:], re.DOTALL)
     if loose:
-        return paren + loose.end(), [ToolCall(tool_name=name, arguments={"query": loose.group(1)}, call_id=new_call_id())]
-    raise _ParseFailure(f"could not parse the built-in tool call {text[start:start + 200]!r}")
+        return paren + loose.end(), [
+            ToolCall(tool_name=name, arguments={"query": loose.group(1)}, call_id=new_call_id())
+        ]
+    raise _ParseFailure(f"could not parse the built-in tool call {text[start : start + 200]!r}")
 
 
 _PARSERS = {

@@ -124,11 +124,12 @@ class Generator:
             rows = torch.tensor([admitted[j][0] for j in group], device=self.model.device)
             last = torch.tensor([lengths[j] - 1 for j in group], device=self.model.device)
             logits = self.model.forward_full(tokens, cache=self.cache, cache_rows=rows, logit_index=last)  # [b, V]
-            for k, j in enumerate(group):
+            new_rows = []
+            for j in group:
                 slot, request = admitted[j]
-                row = _Row(request, request.params.make_generator())
-                slots[slot] = row
-                yield from self._advance(row, logits[k], slots, slot)
+                slots[slot] = _Row(request, request.params.make_generator())
+                new_rows.append((slot, slots[slot]))
+            yield from self._advance_all(new_rows, logits, slots)
 
     @torch.inference_mode()
     def _decode(self, slots: list[_Row | None], width: int) -> Iterator[Event]:
@@ -141,15 +142,23 @@ class Generator:
                 positions[i] = row.position
         device = self.model.device
         logits = self.model.forward_decode(tokens.to(device), positions.to(device), self.cache)  # [W, V]
-        for i in range(width):
-            row = slots[i]
-            if row is not None:
-                yield from self._advance(row, logits[i], slots, i)
+        live = [i for i in range(width) if slots[i] is not None]
+        yield from self._advance_all([(i, slots[i]) for i in live], logits[live] if len(live) < width else logits,
+                                     slots)  # fmt: skip
 
-    def _advance(self, row: _Row, logits: torch.Tensor, slots: list[_Row | None], slot: int) -> Iterator[Event]:
-        """Sample the row's next token from ``logits`` [V], emit it, and free the slot if the row is done."""
+    def _advance_all(self, rows: list[tuple[int, _Row]], logits: torch.Tensor,
+                     slots: list[_Row | None]) -> Iterator[Event]:  # fmt: skip
+        """Pick every row's next token from ``logits`` [n, V] (one argmax for all greedy rows)."""
+        greedy = logits.argmax(dim=-1).tolist() if any(r.request.params.greedy for _, r in rows) else []
+        for k, (slot, row) in enumerate(rows):
+            params = row.request.params
+            token = greedy[k] if params.greedy else sample_token(logits[k], params, row.generator)
+            yield from self._advance(row, token, logits[k], slots, slot)
+
+    def _advance(self, row: _Row, token: int, logits: torch.Tensor, slots: list[_Row | None],
+                 slot: int) -> Iterator[Event]:  # fmt: skip
+        """Emit the row's new ``token`` and free the slot if the row is done."""
         params = row.request.params
-        token = sample_token(logits, params, row.generator)
         logprob = self._logprob(logits, token, params.logprobs) if params.logprobs else None
         index = row.request.index
         if token in self.stop_tokens:
