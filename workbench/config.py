@@ -213,7 +213,8 @@ class ConfigFile:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML ({exc}); fix the syntax (see checkpoints.example.toml)") from exc
+            raise ConfigError(f"{path} is not valid TOML ({exc}); fix the syntax (see checkpoints.example.toml)") \
+                from exc
         except OSError as exc:
             raise ConfigError(f"cannot read {path} ({exc}); check its permissions") from exc
         entries: dict[str, dict[str, Any]] = {}

@@ -29,8 +29,8 @@ def ensure_model_parallel(size: int = 1, backend: str = "gloo") -> None:
     if not dist.is_initialized():
         if size != 1:
             raise ConfigError(
-                f"model_parallel_size={size} needs a process group; use workbench.load(..., model_parallel_size={size}), "
-                "which starts one worker per rank"
+                f"model_parallel_size={size} needs a process group; use workbench.load(..., "
+                f"model_parallel_size={size}), which starts one worker per rank"
             )
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if fs_init.model_parallel_is_initialized():

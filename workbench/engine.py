@@ -225,6 +225,8 @@ class Engine:
         return self._runner.memory()
 
     def __repr__(self) -> str:
+        if self.closed:
+            return f"Engine(model={self.model_id!r}, family={self.family}, unloaded)"
         i = self.info()
         return (
             f"Engine(model={i['model_id']!r}, family={i['family']}, params={i['parameters'] / 1e6:.1f}M, "
@@ -233,8 +235,13 @@ class Engine:
             f"kv_cache={_fmt_bytes(i['kv_cache_bytes'])})"
         )
 
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close` (or ``workbench.unload()``)."""
+        return isinstance(self._runner, _ClosedRunner)
+
     def close(self) -> None:
-        """Free the model and cache (the engine is unusable afterwards)."""
+        """Free the model, cache and any worker processes (the engine is unusable afterwards)."""
         runner, self._runner = self._runner, _ClosedRunner()
         if hasattr(runner, "close"):
             runner.close()

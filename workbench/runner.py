@@ -59,9 +59,31 @@ class LocalRunner:
     def memory(self) -> dict[str, Any]:
         return model_memory(self.model, self.generator.cache.nbytes())
 
+    @property
+    def alive(self) -> bool:
+        return self.model is not None
+
     def close(self) -> None:
+        """Drop the model and cache *and* free their storage.
+
+        Freeing the storage (parameters and buffers moved to the meta device) matters in a notebook:
+        after an interrupted or failed cell, ``sys.last_traceback`` keeps the generator's and the
+        model's frames alive, so merely dropping our references would not return the memory.
+        """
+        generator, model = self.generator, self.model
         self.generator = None  # type: ignore[assignment]
         self.model = None  # type: ignore[assignment]
+        if generator is not None:
+            if generator.cache is not None:
+                generator.cache.keys.clear()  # the cache object may be referenced from old frames too
+                generator.cache.values.clear()
+            generator.model = None  # type: ignore[assignment]
+            generator.cache = None  # type: ignore[assignment]
+        if model is not None:
+            try:
+                model.to("meta")
+            except Exception:  # a quantized module that cannot move: dropping references must do
+                pass
 
 
 def module_kind(name: str) -> str:

@@ -1,8 +1,15 @@
 """The kernel-resident engine singleton: ``load`` once per kernel, ``current``, ``unload``.
 
+A Llama 4 Scout load takes minutes and most of the machine's memory, so a notebook must never hold
+two engines or load the same one twice.  ``load`` returns the loaded engine when the *effective*
+settings (after arguments, environment, checkpoints.toml and defaults are resolved) are unchanged,
+and otherwise frees the old engine before loading the new one.
+
 The singleton's state lives in a module object registered in ``sys.modules`` that no file backs,
-so ``importlib.reload(workbench)`` and IPython's ``%autoreload`` never reset it: a reloaded package
-still finds the engine that is already loaded.
+so ``importlib.reload(workbench)``, ``importlib.reload(workbench.session)`` and IPython's
+``%autoreload`` never reset it (autoreload skips modules without a file): a reloaded package still
+finds the engine that is already loaded.  Settings are compared by a plain-data key, so even a
+reloaded ``workbench.config`` (a new ``Settings`` class) recognises the loaded engine.
 """
 
 from __future__ import annotations
@@ -13,20 +20,13 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from .config import (
-    DEFAULT_MAX_BATCH_SIZE,
-    DEFAULT_MAX_SEQ_LEN,
-    Settings,
-    check_positive_int,
-    check_quantization,
-    resolve_device,
-    resolve_dtype,
-)
+from .config import Settings, check_settings, resolve_settings
 from .engine import Engine
+
+__all__ = ["build_engine", "current", "load", "resolve_settings", "unload"]
 
 _STATE_MODULE = "_workbench_kernel_state"
 
@@ -36,83 +36,108 @@ def _state() -> types.ModuleType:
     if state is None:
         state = types.ModuleType(_STATE_MODULE, "workbench's kernel-resident engine (survives package reloads)")
         state.engine = None
-        state.settings = None
+        state.loads = 0  # engines built through load(): lets tests and users see that nothing loaded twice
         sys.modules[_STATE_MODULE] = state
-        atexit.register(_unload_at_exit)
+        atexit.register(_unload_at_exit)  # once per interpreter: the state module is created once
     return state
 
 
 def _unload_at_exit() -> None:
     state = sys.modules.get(_STATE_MODULE)
     if state is not None and state.engine is not None:
-        state.engine.close()
-        state.engine = None
+        engine, state.engine = state.engine, None
+        try:
+            engine.close()
+        except Exception:  # interpreter shutdown: nothing useful to report
+            pass
 
 
-def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None = None,
-                     device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-                     max_batch_size: int | None = None, max_seq_len: int | None = None,
-                     model_parallel_size: int | None = None, quantization: str | None = None) -> Settings:  # fmt: skip
-    """Turn ``load`` arguments into concrete Settings (the embedded default model when no checkpoint)."""
-    from .factory import default_checkpoint_dir
-
-    ckpt = Path(checkpoint).expanduser() if checkpoint is not None else default_checkpoint_dir()
-    dev = resolve_device(device)
-    return Settings(
-        checkpoint_dir=ckpt.resolve(),
-        model_id=model,
-        device=dev,
-        dtype=resolve_dtype(dtype, dev),
-        max_batch_size=check_positive_int(max_batch_size or DEFAULT_MAX_BATCH_SIZE, "max_batch_size"),
-        max_seq_len=check_positive_int(max_seq_len or DEFAULT_MAX_SEQ_LEN, "max_seq_len"),
-        model_parallel_size=check_positive_int(model_parallel_size or 1, "model_parallel_size"),
-        quantization=check_quantization(quantization),
-    )
+def _usable(engine: Engine) -> bool:
+    """False once the engine was closed or its model-parallel workers failed."""
+    return not engine.closed and bool(getattr(engine._runner, "alive", True))
 
 
 def build_engine(settings: Settings) -> Engine:
-    """Load the checkpoint described by ``settings`` (no singleton logic)."""
+    """Load the checkpoint described by ``settings`` (no singleton logic).
+
+    The folder is checked against the settings first (:func:`~workbench.config.check_settings`),
+    so a bad path or a model-parallel size that does not fit fails before any worker is spawned.
+    """
     from .checkpoint import check_vocab
-    from .distributed import ensure_model_parallel
-    from .loading import load_model_for_rank
     from .models.args import ModelArgs
-    from .runner import LocalRunner
     from .tokenizer import Tokenizer
 
     start = time.perf_counter()
+    settings = check_settings(settings)
     args = ModelArgs.from_checkpoint(settings.checkpoint_dir)
     tokenizer = Tokenizer.for_checkpoint(settings.checkpoint_dir, args.family)
     check_vocab(args, tokenizer.n_words, str(settings.checkpoint_dir / "params.json"))
-    ensure_model_parallel(1)
-    runner = LocalRunner(load_model_for_rank(settings, args), tokenizer, settings=settings, args=args)
+    runner: object
+    if settings.model_parallel_size == 1:
+        from .distributed import ensure_model_parallel
+        from .loading import load_model_for_rank
+        from .runner import LocalRunner
+
+        ensure_model_parallel(1)
+        runner = LocalRunner(load_model_for_rank(settings, args), tokenizer, settings=settings, args=args)
+    else:
+        from .parallel import ParallelRunner
+
+        runner = ParallelRunner(settings, args, tokenizer)
     return Engine(runner=runner, tokenizer=tokenizer, args=args, settings=settings, model_id=settings.model_id,
                   load_seconds=time.perf_counter() - start)  # fmt: skip
 
 
-def load(checkpoint: str | Path | None = None, **kwargs: Any) -> Engine:
-    """Load (or return the already loaded) engine; other settings free the old engine first."""
-    settings = resolve_settings(checkpoint, **kwargs)
+def load(checkpoint: str | Path | None = None, *, model: str | None = None, device: str | torch.device | None = None,
+         dtype: str | torch.dtype | None = None, max_batch_size: int | None = None, max_seq_len: int | None = None,
+         model_parallel_size: int | None = None, quantization: str | None = None) -> Engine:  # fmt: skip
+    """Load the engine, or return the loaded one when the effective settings are the same.
+
+    ``checkpoint`` is a folder or the name of a checkpoints.toml entry; unset keywords come from the
+    environment (Llama Stack's variables), then checkpoints.toml, then defaults (see
+    :mod:`workbench.config`).  ``model_parallel_size`` > 1 starts one worker process per rank
+    (``0`` = one per checkpoint shard).  Other settings free the old engine first — its weights,
+    KV cache and workers — so only one model is ever resident.  Bad settings raise before the old
+    engine is touched.
+    """
+    settings = resolve_settings(checkpoint, model=model, device=device, dtype=dtype, max_batch_size=max_batch_size,
+                                max_seq_len=max_seq_len, model_parallel_size=model_parallel_size,
+                                quantization=quantization)  # fmt: skip
     state = _state()
-    if state.engine is not None and state.settings == settings:
-        return state.engine
+    loaded = state.engine
+    if loaded is not None and _usable(loaded) and loaded.settings.identity() == settings.identity():
+        return loaded  # fast path: no filesystem access when nothing changed
+    settings = check_settings(settings)  # may resolve model_parallel_size=0; raises before unloading
+    if loaded is not None and _usable(loaded) and loaded.settings.identity() == settings.identity():
+        return loaded
     unload()
     engine = build_engine(settings)
-    state.engine, state.settings = engine, settings
+    state.engine = engine
+    state.loads += 1
     return engine
 
 
 def current() -> Engine | None:
-    """The loaded engine, or None."""
-    return _state().engine
+    """The loaded engine, or None (also after it was closed by hand)."""
+    state = _state()
+    if state.engine is not None and state.engine.closed:
+        state.engine = None
+    return state.engine
 
 
 def unload() -> None:
-    """Free the loaded engine (model weights, KV cache, workers)."""
+    """Free the loaded engine: model weights, KV cache and worker processes.
+
+    On CUDA the caching allocator's free blocks are returned to the driver too, so other
+    processes (and ``nvidia-smi``) see the memory come back.
+    """
     state = _state()
-    engine, state.engine, state.settings = state.engine, None, None
+    engine, state.engine = state.engine, None
     if engine is not None:
-        engine.close()
-        del engine
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        try:
+            engine.close()
+        finally:
+            del engine
+            gc.collect()
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()

@@ -1,0 +1,671 @@
+"""Model-parallel workers: one process per rank, driven from the kernel by request-numbered messages.
+
+Why processes: fairscale's layers run one rank per process over torch.distributed, and a notebook
+kernel must stay a plain Python process that survives re-run cells, errors and Ctrl-C.  So the
+kernel keeps the tokenizer and the Engine, and :class:`ParallelRunner` — the Engine's runner — starts
+``model_parallel_size`` workers with the ``spawn`` method (never ``fork``: the kernel holds torch
+threads) and talks to them over one pipe per rank.
+
+Protocol
+--------
+* **Start-up.**  The kernel hosts a ``TCPStore`` on a port the OS picks (bind to port 0: no port
+  race) and starts the workers.  Each worker ignores SIGINT (Ctrl-C belongs to the kernel, and
+  Jupyter and terminals signal the whole process group), joins the process group (NCCL on CUDA,
+  gloo on CPU) plus a gloo *control* group, says ``joined``, loads only its slices
+  (``loading.load_model_for_rank``) and says ``ready`` with its memory use, or ``failed`` with its
+  exception.  Every wait has a deadline and watches the processes, so a worker that crashes or
+  hangs is reported by rank instead of hanging the kernel.
+* **Requests.**  Every command carries a request id ``rid`` (1, 2, 3, ...) and goes to every rank,
+  the same pickled bytes, in the same order, while SIGINT is deferred — so all ranks see the same
+  command sequence.  All ranks run the same :class:`~workbench.generation.generator.Generator` over
+  the same requests; rows that sample get a concrete per-row seed in the kernel first, and the
+  logits every rank samples from are the all-gathered (identical) vocabulary-parallel outputs, so
+  every rank takes the same decisions and runs the same forwards.  Rank 0 streams its events back
+  as ``("event", rid, event)``; every rank ends each request with ``("end", rid, rank, status,
+  payload)``.
+* **Cancellation.**  The kernel never waits on a request it has given up on.  When the consumer
+  stops early (Ctrl-C, an exception in a callback, an abandoned stream), the kernel stores ``rid``
+  in a shared "cancel every request up to" counter.  Before every forward pass, each rank reads the
+  counter and the ranks all-reduce (MAX) the verdict over the control group, so they all stop at the
+  *same* forward — no rank is left alone inside a collective.  The next call first *settles*: it
+  waits (with a deadline) until every rank has ended every earlier request, discarding their stale
+  events, and only then sends the new command.  A request interrupted at any point (even a second
+  Ctrl-C during settling) therefore leaves the workers in step, and the next call returns exactly
+  what a fresh engine would.
+* **Failures.**  An exception raised on every rank (e.g. the same bad input) ends the request on
+  every rank and is re-raised in the kernel with its type and the worker's traceback; the engine
+  stays usable.  A worker that dies (its pipe closes or its process sentinel fires), or ranks that do
+  not finish within ``sync_timeout_s`` after a failure or a cancel, stop the whole pool and raise
+  :class:`~workbench.errors.WorkerError` naming the rank and the fix (reload).  Workers exit on
+  their own when the kernel goes away (pipe EOF, or their parent pid changes), so a killed kernel
+  leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from multiprocessing import connection as mp_connection
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp  # also registers torch's tensor reductions for pipes
+
+from .config import Settings
+from .errors import WorkbenchError, WorkerError
+from .generation.generator import Event, Generator, Request
+from .models.args import ModelArgs
+from .tokenizer import Tokenizer
+
+START_TIMEOUT_S = 180.0  # spawn + import + rendezvous of every rank
+LOAD_TIMEOUT_S = float(os.environ.get("WORKBENCH_LOAD_TIMEOUT", 4 * 3600))  # loading the slices (big models: long)
+SYNC_TIMEOUT_S = 60.0  # how long ranks may take to finish a cancelled/failed request
+COLLECTIVE_TIMEOUT_S = 600.0  # a collective waiting longer than this on a peer fails instead of hanging
+STOP_TIMEOUT_S = 10.0  # graceful exit before workers are terminated
+_POLL_S = 1.0
+
+
+# ============================================================================================= worker side
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one worker needs, pickled into the spawned process."""
+
+    rank: int
+    world_size: int
+    store_port: int
+    backend: str
+    settings: Settings
+    threads: int
+    parent_pid: int
+
+
+class _Cancelled(Exception):
+    """Raised on every rank at the same forward pass when the kernel gave up on the request."""
+
+
+class _CheckedModel:
+    """The rank's model as the Generator sees it, with the collective cancel check before each forward."""
+
+    def __init__(self, model: torch.nn.Module, worker: _Worker) -> None:
+        self._model = model
+        self._worker = worker
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def forward_full(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self._worker.checkpoint()
+        return self._model.forward_full(*args, **kwargs)
+
+    def forward_decode(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self._worker.checkpoint()
+        return self._model.forward_decode(*args, **kwargs)
+
+
+def _describe(exc: BaseException) -> dict[str, Any]:
+    """An exception as plain data (plus the pickled exception when it survives a round trip)."""
+    try:
+        blob: bytes | None = pickle.dumps(exc)
+        pickle.loads(blob)
+    except Exception:
+        blob = None
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "pickled": blob,
+    }
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, conn: mp_connection.Connection, cancel: Any) -> None:
+        self.spec = spec
+        self.conn = conn
+        self.cancel = cancel  # shared int64: every request id <= value is cancelled
+        self.rid = 0
+        self.forwards = 0
+        self.fault: dict[str, Any] | None = None
+        self.ctrl: Any = None
+        self.generator: Generator | None = None
+
+    def send(self, *message: Any) -> None:
+        self.conn.send(message)
+
+    def parent_gone(self) -> bool:
+        return os.getppid() != self.spec.parent_pid
+
+    def start(self) -> None:
+        from .checkpoint import check_vocab
+        from .distributed import init_worker_group
+        from .loading import load_model_for_rank
+        from .runner import model_memory, stop_token_reasons
+
+        spec = self.spec
+        self.ctrl = init_worker_group(rank=spec.rank, world_size=spec.world_size, store_host="127.0.0.1",
+                                      store_port=spec.store_port, backend=spec.backend,
+                                      timeout_s=COLLECTIVE_TIMEOUT_S)  # fmt: skip
+        self.send("joined", spec.rank)
+        settings = spec.settings
+        if spec.backend == "nccl":
+            settings = replace(settings, device=f"cuda:{spec.rank}")
+        args = ModelArgs.from_checkpoint(settings.checkpoint_dir)
+        tokenizer = Tokenizer.for_checkpoint(settings.checkpoint_dir, args.family)
+        check_vocab(args, tokenizer.n_words, str(settings.checkpoint_dir / "params.json"))
+        model = load_model_for_rank(settings, args, spec.rank)
+        self.generator = Generator(
+            _CheckedModel(model, self), stop_tokens=stop_token_reasons(tokenizer), decode_text=tokenizer.decode,
+            max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len,
+        )  # fmt: skip
+        info = model_memory(model, self.generator.cache.nbytes())
+        info["local_parameters"] = sum(p.numel() for p in model.parameters())
+        info["pid"] = os.getpid()
+        if spec.backend == "nccl":
+            info["device_allocated_bytes"] = torch.cuda.memory_allocated(spec.rank)
+        self.send("ready", spec.rank, info)
+
+    def checkpoint(self) -> None:
+        """Called before every forward: all ranks agree (MAX all-reduce) whether to stop here."""
+        self.forwards += 1
+        fault = self.fault
+        if fault is not None and self.forwards == fault["at_forward"] and self.spec.rank in fault["ranks"]:
+            if fault["action"] == "exit":
+                os._exit(17)
+            raise RuntimeError(f"injected fault on rank {self.spec.rank} at forward {self.forwards}")
+        stop = self.cancel.value >= self.rid or self.parent_gone()
+        flag = torch.tensor([1 if stop else 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ctrl)
+        if int(flag.item()):
+            raise _Cancelled
+
+    def run(self, kind: str, payload: Any) -> Any:
+        assert self.generator is not None
+        rank0 = self.spec.rank == 0
+        if kind == "generate":
+            for event in self.generator.generate(payload):
+                if rank0:
+                    self.send("event", self.rid, event)
+            return None
+        if kind == "logits":
+            out = self.generator.logits(payload)
+            return (torch.cat(out), [t.shape[0] for t in out]) if rank0 else None
+        if kind == "fault":
+            self.fault = payload if self.spec.rank in payload["ranks"] else None
+            return None
+        raise WorkbenchError(f"unknown worker command {kind!r}")
+
+    def serve(self) -> None:
+        while True:
+            if not self.conn.poll(_POLL_S):
+                if self.parent_gone():
+                    return
+                continue
+            try:
+                kind, rid, payload = self.conn.recv()
+            except (EOFError, OSError):  # the kernel went away
+                return
+            if kind == "stop":
+                return
+            self.rid, self.forwards = rid, 0
+            try:
+                status, result = "ok", self.run(kind, payload)
+            except _Cancelled:
+                status, result = "cancelled", None
+            except Exception as exc:
+                status, result = "error", _describe(exc)
+            if kind != "fault":
+                self.fault = None  # a test fault is armed for one request only
+            self.send("end", rid, self.spec.rank, status, result)
+
+
+def worker_main(spec: WorkerSpec, conn: mp_connection.Connection, cancel: Any) -> None:
+    """Entry point of a spawned worker process."""
+    from .distributed import shutdown_worker_group
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles Ctrl-C and cancels us
+    if spec.backend == "gloo":
+        torch.set_num_threads(spec.threads)
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(1)
+    worker = _Worker(spec, conn, cancel)
+    try:
+        worker.start()
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            conn.send(("failed", spec.rank, _describe(exc)))
+        shutdown_worker_group()
+        sys.exit(1)
+    try:
+        worker.serve()
+    except (BrokenPipeError, EOFError, ConnectionError):
+        pass  # the kernel went away mid-request
+    finally:
+        shutdown_worker_group()
+
+
+# ============================================================================================= kernel side
+class _RemoteTraceback(Exception):
+    """Carries a worker's traceback text as the ``__cause__`` of the error raised in the kernel."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C until the block is done (so a command reaches every rank or none), then deliver it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    except ValueError:  # not allowed here (embedded interpreter)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _exit_description(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "closed its connection"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}"
+    return f"exited with code {exitcode}"
+
+
+def _stop_workers(procs: list[Any], conns: list[mp_connection.Connection], graceful: bool) -> None:
+    """Stop worker processes: ask, then terminate, then kill; every step bounded in time."""
+    if graceful:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.send(("stop", 0, None))
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(5.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5.0)
+    for conn in conns:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def logical_parameter_count(args: ModelArgs) -> int:
+    """Parameters of the whole (unsharded) model, counted on a meta-device model: no memory used.
+
+    Summing the ranks' slices would over-count what is replicated (norms, routers) or repeated
+    (KV heads when there are more ranks than KV heads).
+    """
+    from .distributed import ensure_model_parallel
+    from .models.transformer import Transformer
+
+    ensure_model_parallel(1)
+    return sum(p.numel() for p in Transformer(args, max_seq_len=1, device="meta").parameters())
+
+
+class ParallelRunner:
+    """Runs the model in ``model_parallel_size`` worker processes; same interface as LocalRunner."""
+
+    def __init__(self, settings: Settings, args: ModelArgs, tokenizer: Tokenizer, *,
+                 sync_timeout_s: float = SYNC_TIMEOUT_S) -> None:  # fmt: skip
+        self.settings = settings
+        self.args = args
+        self.tokenizer = tokenizer
+        self.sync_timeout_s = sync_timeout_s
+        self._parameters = logical_parameter_count(args)
+        self._procs: list[Any] = []
+        self._conns: list[mp_connection.Connection] = []
+        self._store: Any = None
+        self._cancel: Any = None
+        self._finalizer: Any = None
+        self._ready: list[dict[str, Any]] = []
+        self._next_rid = 1
+        self._sent = 0
+        self._acked: list[int] = []
+        self._broken: str | None = None
+        self._launch(settings)
+
+    # ----------------------------------------------------------------------------- public
+    @property
+    def alive(self) -> bool:
+        """True while every worker runs and the pool is in step (False after a failure or close)."""
+        return self._broken is None and bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
+        """Events of rank 0, streamed as they are produced; stopping early cancels on every rank."""
+        requests = [self._seeded(r) for r in requests]
+        if not requests:
+            return
+        rid = self._send("generate", requests)
+        yield from self._collect(rid, f"generating (request {rid})")
+
+    def logits(self, token_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        lists = [list(t) for t in token_lists]
+        if not lists:
+            return []
+        rid = self._send("logits", lists)
+        results = self._collect(rid, f"scoring (request {rid})")
+        while True:
+            try:
+                next(results)
+            except StopIteration as done:
+                flat, lengths = done.value
+                return list(flat.split(lengths))
+
+    def parameter_count(self) -> int:
+        return self._parameters
+
+    def memory(self) -> dict[str, Any]:
+        """Bytes summed over ranks (what is resident in total), plus each rank's own numbers."""
+        by_dtype: dict[str, int] = defaultdict(int)
+        by_kind: dict[str, int] = defaultdict(int)
+        for info in self._ready:
+            for key, value in info["by_dtype"].items():
+                by_dtype[key] += value
+            for key, value in info["by_kind"].items():
+                by_kind[key] += value
+        return {
+            "weights_bytes": sum(i["weights_bytes"] for i in self._ready),
+            "by_dtype": dict(by_dtype),
+            "by_kind": dict(by_kind),
+            "kv_cache_bytes": sum(i["kv_cache_bytes"] for i in self._ready),
+            "per_rank": [dict(i) for i in self._ready],
+        }
+
+    def reload(self, settings: Settings) -> None:
+        """Restart the workers under ``settings`` (the old ones exit first: one copy of the model)."""
+        self._shutdown(graceful=True)
+        self.settings = settings
+        self._broken = None
+        self._launch(settings)
+
+    def close(self) -> None:
+        """Stop the workers (graceful, then terminate/kill); leaves no processes behind."""
+        self._shutdown(graceful=self._broken is None)
+        if self._broken is None:
+            self._broken = "the engine was closed"
+
+    # ----------------------------------------------------------------------------- start / stop
+    def _launch(self, settings: Settings) -> None:
+        ctx = torch_mp.get_context("spawn")
+        world = settings.model_parallel_size
+        backend = "nccl" if settings.device.startswith("cuda") else "gloo"
+        self._store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=START_TIMEOUT_S),
+                                    wait_for_workers=False)  # fmt: skip
+        self._cancel = ctx.Value("q", 0, lock=False)
+        procs: list[Any] = []
+        conns: list[mp_connection.Connection] = []
+        self._procs, self._conns = procs, conns
+        self._finalizer = weakref.finalize(self, _stop_workers, procs, conns, False)
+        try:
+            for rank in range(world):
+                parent_end, child_end = ctx.Pipe(duplex=True)
+                spec = WorkerSpec(rank=rank, world_size=world, store_port=self._store.port, backend=backend,
+                                  settings=settings, threads=max(1, _cpu_count() // world),
+                                  parent_pid=os.getpid())  # fmt: skip
+                proc = ctx.Process(target=worker_main, args=(spec, child_end, self._cancel),
+                                   name=f"workbench-rank{rank}", daemon=True)  # fmt: skip
+                proc.start()
+                child_end.close()  # only the worker holds it now: its death reads as EOF here
+                procs.append(proc)
+                conns.append(parent_end)
+            self._await_ready(world)
+        except BaseException:
+            self._shutdown(graceful=False)
+            raise
+        self._sent, self._acked, self._next_rid = 0, [0] * world, 1
+
+    def _await_ready(self, world: int) -> None:
+        joined: set[int] = set()
+        ready: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(ready) < world:
+            stage = "start and join the process group" if len(joined) < world else "load its checkpoint slices"
+            try:
+                rank, message = self._recv(deadline, "starting up")
+            except TimeoutError:
+                waiting = sorted(set(range(world)) - (joined if len(joined) < world else set(ready)))
+                raise self._fail(
+                    f"model-parallel worker rank(s) {waiting} did not {stage} within the time limit; the workers were "
+                    "stopped. Check that the machine is not overloaded and that 127.0.0.1 is reachable (firewall), "
+                    "then run workbench.load(...) again"
+                ) from None
+            kind = message[0]
+            if kind == "joined":
+                joined.add(rank)
+                if len(joined) == world:
+                    deadline = time.monotonic() + LOAD_TIMEOUT_S
+            elif kind == "ready":
+                ready[rank] = message[2]
+            elif kind == "failed":
+                raise self._start_error(rank, message[2])
+        self._ready = [ready[r] for r in range(world)]
+
+    def _start_error(self, rank: int, info: dict[str, Any]) -> BaseException:
+        """A worker's start-up exception, re-raised in the kernel: workbench errors keep their type."""
+        original = None
+        if info["pickled"] is not None:
+            with contextlib.suppress(Exception):
+                original = pickle.loads(info["pickled"])
+        if isinstance(original, WorkbenchError) and not isinstance(original, WorkerError):
+            with contextlib.suppress(Exception):
+                error = type(original)(f"model-parallel worker rank {rank} could not load the model: {original}")
+                self._fail(str(error))
+                error.__cause__ = _RemoteTraceback(info["traceback"])
+                return error
+        error = self._fail(
+            f"model-parallel worker rank {rank} failed to start: {info['type']}: {info['message']}. The workers were "
+            f"stopped; fix the cause and run workbench.load(...) again. Worker traceback:\n{info['traceback']}"
+        )
+        return error
+
+    def _shutdown(self, graceful: bool) -> None:
+        procs, conns = self._procs, self._conns
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        _stop_workers(procs, conns, graceful)
+        self._procs, self._conns = [], []
+        self._store = None
+
+    def _fail(self, reason: str) -> WorkerError:
+        """Stop the pool for good (until reload) and return the error that says why."""
+        self._broken = reason
+        self._shutdown(graceful=False)
+        return WorkerError(reason)
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise WorkerError(
+                f"{self._broken} — this engine's model-parallel workers are stopped; run workbench.load(...) "
+                "again to reload"
+            )
+        for rank, proc in enumerate(self._procs):
+            if not proc.is_alive():
+                raise self._died(rank, "idle between requests")
+
+    def _died(self, rank: int, doing: str) -> WorkerError:
+        proc = self._procs[rank]
+        proc.join(1.0)
+        how = _exit_description(proc.exitcode)
+        hint = " (SIGKILL often means the out-of-memory killer: check `dmesg`)" if proc.exitcode == -9 else ""
+        return self._fail(
+            f"model-parallel worker rank {rank} (pid {proc.pid}) {how} while {doing}{hint}; the other workers were "
+            f"stopped. Reload the engine with workbench.load(...) (same arguments)"
+        )
+
+    # ----------------------------------------------------------------------------- messaging
+    def _recv(self, deadline: float | None, doing: str) -> tuple[int, tuple[Any, ...]]:
+        """The next message from any rank.  A dead rank raises WorkerError; past ``deadline``, TimeoutError."""
+        rank_of = {id(c): r for r, c in enumerate(self._conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(self._procs)}
+        while True:
+            timeout = _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
+            ready = mp_connection.wait([*self._conns, *sentinels], timeout)
+            for obj in ready:  # messages first: a worker's last words come before its death
+                if not isinstance(obj, int):
+                    rank = rank_of[id(obj)]
+                    try:
+                        return rank, obj.recv()  # type: ignore[union-attr]
+                    except (EOFError, OSError):
+                        raise self._died(rank, doing) from None
+            for obj in ready:
+                if obj in sentinels and not self._conns[sentinels[obj]].poll(0):
+                    raise self._died(sentinels[obj], doing)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError
+
+    def _send(self, kind: str, payload: Any) -> int:
+        """Settle earlier requests, then send one command to every rank (all or none, even on Ctrl-C)."""
+        self._check_usable()
+        self._settle()
+        rid = self._next_rid
+        blob = bytes(ForkingPickler.dumps((kind, rid, payload)))
+        with _sigint_deferred():
+            self._next_rid += 1
+            self._sent = rid
+            for rank, conn in enumerate(self._conns):
+                try:
+                    conn.send_bytes(blob)
+                except OSError:
+                    raise self._died(rank, f"receiving request {rid}") from None
+        return rid
+
+    def _settle(self) -> None:
+        """Cancel every unfinished earlier request and wait until all ranks have ended it."""
+        if all(acked >= self._sent for acked in self._acked):
+            return
+        self._cancel.value = max(self._cancel.value, self._sent)
+        deadline = time.monotonic() + self.sync_timeout_s
+        while any(acked < self._sent for acked in self._acked):
+            try:
+                rank, message = self._recv(deadline, "finishing an interrupted request")
+            except TimeoutError:
+                late = [r for r, acked in enumerate(self._acked) if acked < self._sent]
+                raise self._fail(
+                    f"model-parallel worker rank(s) {late} did not stop an interrupted request within "
+                    f"{self.sync_timeout_s:.0f}s; the workers were stopped. Run workbench.load(...) again to reload"
+                ) from None
+            if message[0] == "end":
+                self._acked[rank] = max(self._acked[rank], message[1])
+            # events of abandoned requests are dropped
+
+    def _collect(self, rid: int, doing: str) -> Iterator[Event]:
+        """Yield rank 0's events of ``rid`` until every rank has ended it; return rank 0's payload."""
+        world = len(self._conns)
+        ends: dict[int, tuple[str, Any]] = {}
+        deadline: float | None = None
+        finished = False
+        try:
+            while len(ends) < world:
+                try:
+                    rank, message = self._recv(deadline, doing)
+                except TimeoutError:
+                    failed = sorted(r for r, (status, _) in ends.items() if status == "error")
+                    info = ends[failed[0]][1]
+                    stuck = sorted(set(range(world)) - set(ends))
+                    raise self._fail(
+                        f"model-parallel worker rank {failed[0]} raised {info['type']}: {info['message']}, and rank(s) "
+                        f"{stuck} were left waiting for it inside a collective operation; the workers were stopped. "
+                        f"Run workbench.load(...) again to reload. Worker traceback:\n{info['traceback']}"
+                    ) from None
+                kind, msg_rid = message[0], message[1]
+                if kind == "end":
+                    self._acked[rank] = max(self._acked[rank], msg_rid)
+                if msg_rid != rid:
+                    continue  # stale: an earlier, abandoned request
+                if kind == "event":
+                    yield message[2]
+                elif kind == "end":
+                    ends[rank] = (message[3], message[4])
+                    if message[3] == "error" and deadline is None:
+                        deadline = time.monotonic() + self.sync_timeout_s  # the others must follow soon
+            finished = True
+        finally:
+            if not finished:  # the consumer stopped early or was interrupted: stop every rank
+                self._cancel.value = max(self._cancel.value, rid)
+        for rank in sorted(ends):
+            status, payload = ends[rank]
+            if status == "error":
+                raise self._remote_error(rank, payload)
+        if any(status != "ok" for status, _ in ends.values()):
+            raise WorkerError(f"request {rid} was cancelled by the workers unexpectedly; run it again")
+        return ends[0][1]
+
+    def _remote_error(self, rank: int, info: dict[str, Any]) -> BaseException:
+        """An exception every rank raised: re-raised with its own type (the engine stays usable)."""
+        error = None
+        if info["pickled"] is not None:
+            with contextlib.suppress(Exception):
+                error = pickle.loads(info["pickled"])
+        if not isinstance(error, Exception):
+            error = WorkerError(
+                f"model-parallel worker rank {rank} raised {info['type']}: {info['message']} (the request was "
+                "abandoned on every rank; the engine is still usable)"
+            )
+        error.__cause__ = _RemoteTraceback(f"raised on model-parallel worker rank {rank}:\n{info['traceback']}")
+        return error
+
+    @staticmethod
+    def _seeded(request: Request) -> Request:
+        """Give sampled rows without a seed a concrete one, so every rank draws the same tokens."""
+        params = request.params
+        if params.greedy or params.seed is not None:
+            return request
+        seed = random.SystemRandom().randrange(2**63)
+        return Request(request.index, request.prompt, replace(params, seed=seed))
+
+    # ----------------------------------------------------------------------------- test hooks
+    def _inject_fault(self, at_forward: int, ranks: Sequence[int] | None = None, action: str = "raise") -> None:
+        """Arm a failure for the next request: ``ranks`` raise (or exit) before forward ``at_forward``."""
+        ranks = list(range(len(self._conns))) if ranks is None else list(ranks)
+        rid = self._send("fault", {"at_forward": at_forward, "ranks": ranks, "action": action})
+        for _ in self._collect(rid, "arming a test fault"):
+            pass
