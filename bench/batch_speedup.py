@@ -71,12 +71,22 @@ def main() -> None:
         print(f"  {'mode':>12} {'tok/s':>9} {'speed-up':>9} {'identical':>9}")
         print(f"  {'sequential':>12} {res['sequential_tok_s']:9.1f} {1.0:9.2f} {'-':>9}")
         for bs, row in res["batched"].items():
-            print(f"  {'batch ' + str(bs):>12} {row['tok_s']:9.1f} {row['speedup']:9.2f} {str(row['rows_identical']):>9}")
+            label = f"batch {bs}"
+            print(f"  {label:>12} {row['tok_s']:9.1f} {row['speedup']:9.2f} {str(row['rows_identical']):>9}")
     wb.unload()
     ratios = {name: round(s["batched"][max(batch_sizes)]["speedup"], 2) for name, s in summary.items()}
     print(f"\nspeed-up of batch {max(batch_sizes)} over sequential: {ratios}")
-    print(json.dumps({"bench": "batch_speedup", "max_tokens": args.max_tokens, "prompts": args.prompts,
-                      "results": summary}, default=lambda o: round(o, 2) if isinstance(o, float) else o))  # fmt: skip
+    print(json.dumps(rounded({"bench": "batch_speedup", "max_tokens": args.max_tokens, "prompts": args.prompts,
+                              "results": summary})))  # fmt: skip
+
+
+def rounded(value: object) -> object:
+    """Floats to 2 decimals, recursively, for a readable JSON line."""
+    if isinstance(value, float):
+        return round(value, 2)
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return value
 
 
 if __name__ == "__main__":

@@ -162,12 +162,12 @@ def test_ipython_autoreload_keeps_the_engine(llama3_dir, tmp_path):
             result = shell.run_cell(code)
             if not result.success:
                 result.raise_error()
-        run("import workbench as wb\\nengine = wb.load({str(llama3_dir)!r}, max_seq_len=64, max_batch_size=2)")
+        run("import sys, workbench as wb\\nengine = wb.load({str(llama3_dir)!r}, max_seq_len=64, max_batch_size=2)")
+        run("config_before = sys.modules['workbench.config'].Settings")
         reloader = shell.magics_manager.registry["AutoreloadMagics"]._reloader
         changed = [name for name in list(sys.modules) if name == "workbench" or name.startswith("workbench.")]
         for name in changed:  # pretend every workbench file was edited
             reloader.modules_mtimes[name] = 0.0
-        run("import sys; config_before = sys.modules['workbench.config'].Settings")
         run("again = wb.load({str(llama3_dir)!r}, max_seq_len=64, max_batch_size=2)")
         run("reloaded = sys.modules['workbench.config'].Settings is not config_before")
         ns = shell.user_ns

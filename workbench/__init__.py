@@ -1,5 +1,6 @@
 """workbench: a Jupyter-first research workbench for Meta's Llama 3.x and Llama 4 checkpoints."""
 
+from . import chat, tools
 from .engine import Engine
 from .errors import WorkbenchError
 from .session import current, load, unload
@@ -7,6 +8,6 @@ from .types import ChatCompletion, Completion, Message, StreamChunk, TokenLogpro
 
 __all__ = [
     "ChatCompletion", "Completion", "Engine", "Message", "StreamChunk", "TokenLogprob", "ToolCall",
-    "WorkbenchError", "current", "load", "unload",
+    "WorkbenchError", "chat", "current", "load", "tools", "unload",
 ]  # fmt: skip
 __version__ = "0.1.0"

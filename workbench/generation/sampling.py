@@ -34,23 +34,22 @@ class SamplingParams:
                seed: int | None = None, logprobs: int | bool | None = 0,
                stop: str | list[str] | tuple[str, ...] | None = None) -> SamplingParams:  # fmt: skip
         """Validate user keywords; each error names the keyword, the value and the allowed range."""
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-            raise SamplingError(f"max_tokens must be a positive integer or None (up to max_seq_len), got {max_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
-                or temperature < 0:  # fmt: skip
+        if max_tokens is not None and (_not_int(max_tokens) or max_tokens < 1):
+            raise SamplingError(f"max_tokens must be a positive integer or None (up to max_seq_len), got {max_tokens}")
+        if _not_number(temperature) or not math.isfinite(temperature) or temperature < 0:
             raise SamplingError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        if _not_number(top_p) or not 0.0 < top_p <= 1.0:
             raise SamplingError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        if _not_int(top_k) or top_k < 0:
             raise SamplingError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        if seed is not None and _not_int(seed):
             raise SamplingError(f"seed must be an integer or None, got {seed!r}")
         if logprobs is None or logprobs is False:
             logprobs = 0
         elif logprobs is True:
             logprobs = 1
-        if not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS:
-            raise SamplingError(f"logprobs must be an integer in 0..{MAX_LOGPROBS} (top-k alternatives), got {logprobs!r}")
+        if _not_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS:
+            raise SamplingError(f"logprobs must be an integer in 0..{MAX_LOGPROBS} (top-k per token), got {logprobs!r}")
         if stop is None:
             stops: tuple[str, ...] = ()
         elif isinstance(stop, str):
@@ -73,6 +72,14 @@ class SamplingParams:
             return None
         seed = self.seed if self.seed is not None else random.SystemRandom().randrange(2**63)
         return torch.Generator().manual_seed(seed)
+
+
+def _not_int(value: object) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int)
+
+
+def _not_number(value: object) -> bool:
+    return isinstance(value, bool) or not isinstance(value, (int, float))
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
