@@ -90,3 +90,16 @@ def test_vision_weights_load_without_error(tmp_path, llama4_dir):
     (folder / "params.json").write_text(json.dumps(params))
     engine = build_engine(resolve_settings(folder, max_seq_len=64, max_batch_size=1))
     assert len(engine.completion("hi", max_tokens=2).tokens) == 2
+
+
+def test_unused_tensors_are_ignored_with_a_warning(tmp_path, llama3_dir):
+    import torch
+
+    folder = tmp_path / "extra"
+    shutil.copytree(llama3_dir, folder)
+    state = torch.load(folder / "consolidated.00.pth", weights_only=True)
+    state["adapter.lora_A.weight"] = torch.zeros(2, 2)
+    torch.save(state, folder / "consolidated.00.pth")
+    with pytest.warns(UserWarning, match="adapter.lora_A.weight"):
+        engine = build_engine(resolve_settings(folder, max_seq_len=64, max_batch_size=1))
+    assert len(engine.completion("hi", max_tokens=2).tokens) == 2

@@ -157,7 +157,7 @@ def test_ipython_autoreload_keeps_the_engine(llama3_dir, tmp_path):
         from IPython.core.interactiveshell import InteractiveShell
         shell = InteractiveShell.instance()
         shell.run_line_magic("load_ext", "autoreload")
-        shell.run_line_magic("autoreload", "2")
+        shell.run_line_magic("autoreload", "2 --full")  # the classic full reload: new classes, new functions
         def run(code):
             result = shell.run_cell(code)
             if not result.success:

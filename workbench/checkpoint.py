@@ -13,6 +13,7 @@ Pipeline per model-parallel rank:
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -208,13 +209,18 @@ def build_model(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, 
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
+    if missing:
         raise CheckpointError(
             f"{ckpt_dir}: checkpoint keys do not match a {args.family} model with these params.json: "
-            f"missing {missing[:6]}{'…' if len(missing) > 6 else ''}, "
-            f"unexpected {unexpected[:6]}{'…' if len(unexpected) > 6 else ''}; check that params.json belongs "
-            "to these shards"
+            f"missing {missing[:6]}{'…' if len(missing) > 6 else ''} "
+            f"(the shards hold {unexpected[:6]}{'…' if len(unexpected) > 6 else ''} instead); check that "
+            "params.json belongs to these shards"
         )
+    if unexpected:  # the reference loads non-strictly too; say what is ignored rather than fail
+        warnings.warn(f"{ckpt_dir}: ignoring {len(unexpected)} checkpoint tensors the text model does not use: "
+                      f"{unexpected[:6]}{'…' if len(unexpected) > 6 else ''}", stacklevel=2)  # fmt: skip
+        for key in unexpected:
+            del state[key]
     for key, want in expected.items():
         got = state[key]
         if tuple(got.shape) != tuple(want.shape):

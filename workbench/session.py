@@ -105,10 +105,10 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None, devi
                                 quantization=quantization)  # fmt: skip
     state = _state()
     loaded = state.engine
-    if loaded is not None and _usable(loaded) and loaded.settings.identity() == settings.identity():
+    if loaded is not None and _usable(loaded) and loaded.settings == settings:
         return loaded  # fast path: no filesystem access when nothing changed
     settings = check_settings(settings)  # may resolve model_parallel_size=0; raises before unloading
-    if loaded is not None and _usable(loaded) and loaded.settings.identity() == settings.identity():
+    if loaded is not None and _usable(loaded) and loaded.settings == settings:
         return loaded
     unload()
     engine = build_engine(settings)

@@ -90,13 +90,15 @@ class ModelArgs:
     def rope_scaling(self) -> tuple[float, float, float] | None:
         """(scale_factor, low_freq_factor, high_freq_factor) of scaled RoPE, or None when off.
 
-        Llama 3.1+ use (8, 1, 4); Llama 4 Scout uses (16, 1, 1) unless params.json says otherwise.
+        Llama 3.1+ always use (8, 1, 4): Meta's Llama 3 reference ignores any scaling fields in
+        params.json, and we match the reference.  Llama 4 reads ``rope_scaling_factor`` and
+        ``rope_high_freq_factor``, defaulting to Scout's (16, 1, 1).
         """
         if not self.use_scaled_rope:
             return None
         if self.family == "llama4":
             return (self.rope_scaling_factor or 16.0, 1.0, self.rope_high_freq_factor or 1.0)
-        return (self.rope_scaling_factor or 8.0, 1.0, self.rope_high_freq_factor or 4.0)
+        return (8.0, 1.0, 4.0)
 
     def is_nope_layer(self, layer_id: int) -> bool:
         """NoPE (no rotary embedding, global attention) every ``nope_layer_interval``-th layer."""
