@@ -19,7 +19,7 @@ from fairscale.nn.model_parallel import initialize as fs_init
 import workbench as wb
 import workbench.session as session
 from workbench.config import ENV_VARS
-from workbench.errors import MissingCheckpointFileError, WorkbenchError
+from workbench.errors import ConfigError, MissingCheckpointFileError, WorkbenchError
 
 SMALL = dict(max_seq_len=64, max_batch_size=2)
 
@@ -97,6 +97,37 @@ def test_memory_is_released_even_when_a_traceback_holds_the_model(llama3_dir):
     assert kept[2] is not None
 
 
+def test_interrupt_inside_a_forward_in_process(llama4_dir):
+    """Ctrl-C lands mid-forward (a layer's KV cache half written) or in a streaming callback: the next
+    call returns exactly what a fresh engine would."""
+    engine = wb.load(llama4_dir, max_seq_len=96, max_batch_size=3)
+    prompts = ["Hi", "The capital of France is", "Once upon a time " * 8, "a", "b c d"]
+    expected = engine.batch_completion(prompts, max_tokens=10)
+    attention = engine._runner.model.layers[2].attention
+    calls = {"n": 0}
+    real_forward = attention.forward
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:  # a decode step, after other layers already wrote this step's keys
+            raise KeyboardInterrupt
+        return real_forward(*args, **kwargs)
+
+    attention.forward = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.batch_completion(prompts, max_tokens=10)
+    finally:
+        del attention.forward
+    with pytest.raises(ZeroDivisionError):
+        for i, _chunk in enumerate(engine.stream_completion(prompts[2], max_tokens=10)):
+            if i == 4:
+                raise ZeroDivisionError("user callback")
+    assert [r.tokens for r in engine.batch_completion(prompts, max_tokens=10)] == [r.tokens for r in expected]
+    fresh = wb.load(llama4_dir, max_seq_len=96, max_batch_size=2)  # other settings: a fresh engine
+    assert [r.tokens for r in fresh.batch_completion(prompts, max_tokens=10)] == [r.tokens for r in expected]
+
+
 def test_current_unload_and_closing_by_hand(llama3_dir):
     assert wb.current() is None
     engine = wb.load(llama3_dir, **SMALL)
@@ -113,6 +144,8 @@ def test_current_unload_and_closing_by_hand(llama3_dir):
 
 def test_bad_settings_leave_the_loaded_engine_alone(llama3_dir, tmp_path):
     engine = wb.load(llama3_dir, **SMALL)
+    with pytest.raises(ConfigError, match="max_seq= .*did you mean max_seq_len="):
+        wb.load(llama3_dir, max_seq=64)
     with pytest.raises(MissingCheckpointFileError):
         wb.load(tmp_path / "missing", **SMALL)
     with pytest.raises(WorkbenchError):
@@ -143,6 +176,7 @@ def test_repeated_loads_never_trip_fairscale(llama3_dir, llama4_dir):
 def test_importlib_reload_keeps_the_engine(llama3_dir):
     engine = wb.load(llama3_dir, **SMALL)
     loads = kernel_state().loads
+    importlib.reload(importlib.import_module("workbench.config"))  # a new Settings class from here on
     importlib.reload(importlib.import_module("workbench.session"))
     importlib.reload(wb)
     assert wb.current() is engine

@@ -330,6 +330,18 @@ def check_entry(name: str, entry: dict[str, Any], path: Path) -> dict[str, tuple
 
 
 # --------------------------------------------------------------------------------------------- resolution
+LOAD_SETTINGS = ("checkpoint", "model", "device", "dtype", "max_batch_size", "max_seq_len", "model_parallel_size",
+                 "quantization")
+
+
+def unknown_setting_error(name: str) -> ConfigError:
+    """A ``load()`` keyword that is not a setting: name the closest one (a typo would otherwise be ignored)."""
+    close = difflib.get_close_matches(name, LOAD_SETTINGS, n=1)
+    hint = f"did you mean {close[0]}=? " if close else ""
+    return ConfigError(f"{name}= (from argument) is not a setting of workbench.load(); {hint}settings are "
+                       f"{', '.join(LOAD_SETTINGS)}")  # fmt: skip
+
+
 def _env_value(environ: Mapping[str, str], name: str) -> str | None:
     """An environment value, with Llama Stack's unset spellings ('' and 'null') treated as unset."""
     value = environ.get(ENV_VARS[name])

@@ -193,7 +193,14 @@ class Engine:
     # ----------------------------------------------------------------------------- quantization
     def set_quantization(self, mode: str | None) -> None:
         """Re-load the weights from the checkpoint under another quantization mode (None | "bf16" |
-        "fp8_mixed" | "int4_mixed").  The old model is freed first, so only one copy is resident."""
+        "fp8_mixed" | "int4_mixed").  The old model is freed first, so only one copy is resident.
+
+        The mode is checked against the device *before* anything is freed: a bad mode raises
+        QuantizationError and leaves the current model loaded.
+        """
+        from .quantization import check_supported
+
+        mode = check_supported(mode, self.settings.device)
         settings = self.settings.with_quantization(mode)
         if settings == self.settings:
             return

@@ -15,12 +15,13 @@ from .models.transformer import Transformer
 
 def load_model_for_rank(settings: Settings, args: ModelArgs, rank: int = 0) -> Transformer:
     """The model slice of ``rank`` (of ``settings.model_parallel_size``), quantized as asked."""
+    from .quantization import load_options, quantize_model
+
+    # fp8/int4 on a GPU assemble on the CPU and quantize onto the GPU module by module (see load_options).
+    device, dtype = load_options(settings.quantization, settings.device, settings.dtype)
     model = build_model(
-        settings.checkpoint_dir, args, device=torch.device(settings.device), dtype=settings.dtype,
+        settings.checkpoint_dir, args, device=torch.device(device), dtype=dtype,
         max_seq_len=settings.max_seq_len, mp_size=settings.model_parallel_size, rank=rank,
     )  # fmt: skip
-    if settings.quantization is not None:
-        from .quantization import quantize_model
-
-        model = quantize_model(model, settings.quantization, settings=settings, rank=rank)
-    return model
+    # Called for every mode: a pre-quantized checkpoint's shards hold unscaled fp8 codes that need their scales.
+    return quantize_model(model, settings.quantization, settings=settings, rank=rank)

@@ -39,6 +39,10 @@ Protocol
   :class:`~workbench.errors.WorkerError` naming the rank and the fix (reload).  Workers exit on
   their own when the kernel goes away (pipe EOF, or their parent pid changes), so a killed kernel
   leaves no orphans.
+
+Time limits: ``WORKBENCH_WORKER_START_TIMEOUT`` (seconds for every rank to spawn, import and join,
+default 180) and ``WORKBENCH_LOAD_TIMEOUT`` (seconds to load the slices, default 4 hours); the
+liveness of every worker is watched throughout, so a crash is reported at once, not at the limit.
 """
 
 from __future__ import annotations
@@ -53,7 +57,6 @@ import threading
 import time
 import traceback
 import weakref
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -71,8 +74,18 @@ from .generation.generator import Event, Generator, Request
 from .models.args import ModelArgs
 from .tokenizer import Tokenizer
 
-START_TIMEOUT_S = 180.0  # spawn + import + rendezvous of every rank
-LOAD_TIMEOUT_S = float(os.environ.get("WORKBENCH_LOAD_TIMEOUT", 4 * 3600))  # loading the slices (big models: long)
+
+def _seconds_from_env(name: str, default: float) -> float:
+    """A positive number of seconds from the environment, else ``default`` (a typo must not break import)."""
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+START_TIMEOUT_S = _seconds_from_env("WORKBENCH_WORKER_START_TIMEOUT", 180.0)  # spawn + import + rendezvous
+LOAD_TIMEOUT_S = _seconds_from_env("WORKBENCH_LOAD_TIMEOUT", 4 * 3600.0)  # loading the slices (big models: long)
 SYNC_TIMEOUT_S = 60.0  # how long ranks may take to finish a cancelled/failed request
 COLLECTIVE_TIMEOUT_S = 600.0  # a collective waiting longer than this on a peer fails instead of hanging
 STOP_TIMEOUT_S = 10.0  # graceful exit before workers are terminated
@@ -97,6 +110,10 @@ class _Cancelled(Exception):
     """Raised on every rank at the same forward pass when the kernel gave up on the request."""
 
 
+class RanksDivergedError(WorkerError):
+    """The ranks were about to run different forward passes (a bug: they must take identical steps)."""
+
+
 class _CheckedModel:
     """The rank's model as the Generator sees it, with the collective cancel check before each forward."""
 
@@ -107,13 +124,13 @@ class _CheckedModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def forward_full(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        self._worker.checkpoint()
-        return self._model.forward_full(*args, **kwargs)
+    def forward_full(self, tokens: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        self._worker.checkpoint("prefill", tokens)
+        return self._model.forward_full(tokens, **kwargs)
 
-    def forward_decode(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        self._worker.checkpoint()
-        return self._model.forward_decode(*args, **kwargs)
+    def forward_decode(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self._worker.checkpoint("decode", tokens)
+        return self._model.forward_decode(tokens, *args, **kwargs)
 
 
 def _describe(exc: BaseException) -> dict[str, Any]:
@@ -177,18 +194,33 @@ class _Worker:
             info["device_allocated_bytes"] = torch.cuda.memory_allocated(spec.rank)
         self.send("ready", spec.rank, info)
 
-    def checkpoint(self) -> None:
-        """Called before every forward: all ranks agree (MAX all-reduce) whether to stop here."""
+    def checkpoint(self, kind: str, tokens: torch.Tensor) -> None:
+        """Called before every forward: the ranks agree (one MAX all-reduce) whether to stop here,
+        and check that they are all about to run the same forward on the same tokens — a rank that
+        sampled differently would otherwise silently mix its hidden states into the others'."""
         self.forwards += 1
+        rows, width = tokens.shape[0], (tokens.shape[1] if tokens.dim() > 1 else 1)
+        step = ((1 if kind == "prefill" else 2) * 1_000_003 + rows) * 1_000_003 + width
+        checksum = int(tokens.sum())
         fault = self.fault
         if fault is not None and self.forwards == fault["at_forward"] and self.spec.rank in fault["ranks"]:
             if fault["action"] == "exit":
                 os._exit(17)
-            raise RuntimeError(f"injected fault on rank {self.spec.rank} at forward {self.forwards}")
+            if fault["action"] == "diverge":
+                step += 1
+            else:
+                raise RuntimeError(f"injected fault on rank {self.spec.rank} at forward {self.forwards}")
         stop = self.cancel.value >= self.rid or self.parent_gone()
-        flag = torch.tensor([1 if stop else 0], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ctrl)
-        if int(flag.item()):
+        votes = torch.tensor([1 if stop else 0, step, -step, checksum, -checksum], dtype=torch.int64)
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.ctrl)
+        stop_all, high, neg_low, sum_high, neg_sum_low = votes.tolist()
+        if high != -neg_low or sum_high != -neg_sum_low:
+            raise RanksDivergedError(
+                f"model-parallel ranks diverged at forward {self.forwards} of request {self.rid} (rank "
+                f"{self.spec.rank} was about to run {kind} of {rows}x{width} tokens, checksum {checksum}); this is a "
+                "workbench bug — please report it. The request was stopped on every rank"
+            )
+        if stop_all:
             raise _Cancelled
 
     def run(self, kind: str, payload: Any) -> Any:
@@ -236,8 +268,7 @@ def worker_main(spec: WorkerSpec, conn: mp_connection.Connection, cancel: Any) -
     from .distributed import shutdown_worker_group
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles Ctrl-C and cancels us
-    if spec.backend == "gloo":
-        torch.set_num_threads(spec.threads)
+    torch.set_num_threads(spec.threads)  # share the cores: N workers x all cores would oversubscribe them
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
     worker = _Worker(spec, conn, cancel)
@@ -403,21 +434,10 @@ class ParallelRunner:
         return self._parameters
 
     def memory(self) -> dict[str, Any]:
-        """Bytes summed over ranks (what is resident in total), plus each rank's own numbers."""
-        by_dtype: dict[str, int] = defaultdict(int)
-        by_kind: dict[str, int] = defaultdict(int)
-        for info in self._ready:
-            for key, value in info["by_dtype"].items():
-                by_dtype[key] += value
-            for key, value in info["by_kind"].items():
-                by_kind[key] += value
-        return {
-            "weights_bytes": sum(i["weights_bytes"] for i in self._ready),
-            "by_dtype": dict(by_dtype),
-            "by_kind": dict(by_kind),
-            "kv_cache_bytes": sum(i["kv_cache_bytes"] for i in self._ready),
-            "per_rank": [dict(i) for i in self._ready],
-        }
+        """Bytes summed over ranks (what is resident in total), plus each rank's own numbers (``per_rank``)."""
+        from .runner import merge_memory
+
+        return merge_memory(self._ready)
 
     def reload(self, settings: Settings) -> None:
         """Restart the workers under ``settings`` (the old ones exit first: one copy of the model)."""
@@ -443,7 +463,10 @@ class ParallelRunner:
         procs: list[Any] = []
         conns: list[mp_connection.Connection] = []
         self._procs, self._conns = procs, conns
+        # A runner dropped without close() still stops its workers.  At interpreter exit the session's
+        # atexit hook closes gracefully, and multiprocessing terminates any other daemonic workers.
         self._finalizer = weakref.finalize(self, _stop_workers, procs, conns, False)
+        self._finalizer.atexit = False
         try:
             for rank in range(world):
                 parent_end, child_end = ctx.Pipe(duplex=True)
@@ -513,6 +536,7 @@ class ParallelRunner:
             self._finalizer = None
         _stop_workers(procs, conns, graceful)
         self._procs, self._conns = [], []
+        self._ready = []  # their memory is returned: memory() and info() now report zero
         self._store = None
 
     def _fail(self, reason: str) -> WorkerError:
@@ -522,10 +546,10 @@ class ParallelRunner:
         return WorkerError(reason)
 
     def _check_usable(self) -> None:
-        if self._broken is not None:
+        if self._broken is not None or not self._procs:
             raise WorkerError(
-                f"{self._broken} — this engine's model-parallel workers are stopped; run workbench.load(...) "
-                "again to reload"
+                f"{self._broken or 'the workers did not start'} — this engine's model-parallel workers are stopped; "
+                "run workbench.load(...) again to reload"
             )
         for rank, proc in enumerate(self._procs):
             if not proc.is_alive():
@@ -583,10 +607,9 @@ class ParallelRunner:
         if all(acked >= self._sent for acked in self._acked):
             return
         self._cancel.value = max(self._cancel.value, self._sent)
-        deadline = time.monotonic() + self.sync_timeout_s
         while any(acked < self._sent for acked in self._acked):
-            try:
-                rank, message = self._recv(deadline, "finishing an interrupted request")
+            try:  # the ranks stop at their next forward; allow sync_timeout_s of silence
+                rank, message = self._recv(time.monotonic() + self.sync_timeout_s, "finishing an interrupted request")
             except TimeoutError:
                 late = [r for r, acked in enumerate(self._acked) if acked < self._sent]
                 raise self._fail(
@@ -601,16 +624,25 @@ class ParallelRunner:
         """Yield rank 0's events of ``rid`` until every rank has ended it; return rank 0's payload."""
         world = len(self._conns)
         ends: dict[int, tuple[str, Any]] = {}
-        deadline: float | None = None
         finished = False
         try:
             while len(ends) < world:
+                # The ranks run in lockstep, so once one has ended the others have at most some queued
+                # messages left: from then on, sync_timeout_s of silence means a stuck rank.  Only time
+                # spent waiting here counts, so a slow consumer is never mistaken for a stuck rank.
+                deadline = time.monotonic() + self.sync_timeout_s if ends else None
                 try:
                     rank, message = self._recv(deadline, doing)
                 except TimeoutError:
-                    failed = sorted(r for r, (status, _) in ends.items() if status == "error")
-                    info = ends[failed[0]][1]
                     stuck = sorted(set(range(world)) - set(ends))
+                    failed = sorted(r for r, (status, _) in ends.items() if status == "error")
+                    if not failed:
+                        raise self._fail(
+                            f"model-parallel worker rank(s) {stuck} did not finish request {rid} within "
+                            f"{self.sync_timeout_s:.0f}s of rank(s) {sorted(ends)}; the workers were stopped. Run "
+                            "workbench.load(...) again to reload"
+                        ) from None
+                    info = ends[failed[0]][1]
                     raise self._fail(
                         f"model-parallel worker rank {failed[0]} raised {info['type']}: {info['message']}, and rank(s) "
                         f"{stuck} were left waiting for it inside a collective operation; the workers were stopped. "
@@ -619,14 +651,10 @@ class ParallelRunner:
                 kind, msg_rid = message[0], message[1]
                 if kind == "end":
                     self._acked[rank] = max(self._acked[rank], msg_rid)
-                if msg_rid != rid:
-                    continue  # stale: an earlier, abandoned request
-                if kind == "event":
+                    if msg_rid == rid:
+                        ends[rank] = (message[3], message[4])
+                if kind == "event" and msg_rid == rid:
                     yield message[2]
-                elif kind == "end":
-                    ends[rank] = (message[3], message[4])
-                    if message[3] == "error" and deadline is None:
-                        deadline = time.monotonic() + self.sync_timeout_s  # the others must follow soon
             finished = True
         finally:
             if not finished:  # the consumer stopped early or was interrupted: stop every rank
@@ -664,7 +692,8 @@ class ParallelRunner:
 
     # ----------------------------------------------------------------------------- test hooks
     def _inject_fault(self, at_forward: int, ranks: Sequence[int] | None = None, action: str = "raise") -> None:
-        """Arm a failure for the next request: ``ranks`` raise (or exit) before forward ``at_forward``."""
+        """Arm a failure for the next request: before forward ``at_forward``, ``ranks`` raise
+        (``action="raise"``), exit (``"exit"``) or announce a different step (``"diverge"``)."""
         ranks = list(range(len(self._conns))) if ranks is None else list(ranks)
         rid = self._send("fault", {"at_forward": at_forward, "ranks": ranks, "action": action})
         for _ in self._collect(rid, "arming a test fault"):

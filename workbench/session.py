@@ -20,10 +20,11 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .config import Settings, check_settings, resolve_settings
+from .config import Settings, check_settings, resolve_settings, unknown_setting_error
 from .engine import Engine
 
 __all__ = ["build_engine", "current", "load", "resolve_settings", "unload"]
@@ -88,9 +89,10 @@ def build_engine(settings: Settings) -> Engine:
                   load_seconds=time.perf_counter() - start)  # fmt: skip
 
 
-def load(checkpoint: str | Path | None = None, *, model: str | None = None, device: str | torch.device | None = None,
-         dtype: str | torch.dtype | None = None, max_batch_size: int | None = None, max_seq_len: int | None = None,
-         model_parallel_size: int | None = None, quantization: str | None = None) -> Engine:  # fmt: skip
+def load(checkpoint: str | Path | None = None, *, model: str | None = None,
+         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+         max_batch_size: int | None = None, max_seq_len: int | None = None, model_parallel_size: int | None = None,
+         quantization: str | None = None, **unknown: Any) -> Engine:  # fmt: skip
     """Load the engine, or return the loaded one when the effective settings are the same.
 
     ``checkpoint`` is a folder or the name of a checkpoints.toml entry; unset keywords come from the
@@ -100,15 +102,17 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None, devi
     KV cache and workers — so only one model is ever resident.  Bad settings raise before the old
     engine is touched.
     """
+    if unknown:
+        raise unknown_setting_error(next(iter(unknown)))
     settings = resolve_settings(checkpoint, model=model, device=device, dtype=dtype, max_batch_size=max_batch_size,
                                 max_seq_len=max_seq_len, model_parallel_size=model_parallel_size,
                                 quantization=quantization)  # fmt: skip
     state = _state()
     loaded = state.engine
-    if loaded is not None and _usable(loaded) and loaded.settings == settings:
+    if loaded is not None and _usable(loaded) and loaded.settings.identity() == settings.identity():
         return loaded  # fast path: no filesystem access when nothing changed
     settings = check_settings(settings)  # may resolve model_parallel_size=0; raises before unloading
-    if loaded is not None and _usable(loaded) and loaded.settings == settings:
+    if loaded is not None and _usable(loaded) and loaded.settings.identity() == settings.identity():
         return loaded
     unload()
     engine = build_engine(settings)

@@ -301,4 +301,7 @@ class Transformer(nn.Module):
         return self._logits(h)[:, 0]  # [B, V]
 
     def parameter_count(self) -> int:
-        return sum(p.numel() for p in self.parameters()) * model_parallel_size()
+        """Weights of the whole model (all ranks); quantized modules count the weights they stand for."""
+        local = sum(p.numel() for p in self.parameters())
+        local += sum(m.logical_numel() for m in self.modules() if hasattr(m, "logical_numel"))
+        return local * model_parallel_size()

@@ -99,7 +99,7 @@ def _scaled_mm_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, ub:
 
 
 # ------------------------------------------------------------------------------------------ capabilities
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def storage_supported(device: str) -> bool:
     """Whether float8 tensors can be created and widened on ``device`` (the minimum fp8_mixed needs)."""
     try:
@@ -118,7 +118,7 @@ def check_storage(device: torch.device | str) -> None:
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def scaled_mm_works(device: str) -> bool:
     """True on CUDA GPUs with fp8 tensor cores where row-wise ``torch._scaled_mm`` gives the right answer.
 

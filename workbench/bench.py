@@ -1,0 +1,130 @@
+"""Notebook-level measurements.  ``quantization``: what each quantization mode costs and gains.
+
+A researcher toggles quantization to make a model fit; before trusting the numbers that come out they
+need to see, on their own prompts, how far each mode moves the model from the unquantized one and
+what it buys in memory and speed.  :func:`quantization` measures all modes on one engine, one model
+resident at a time (it toggles ``engine.set_quantization`` and restores the original mode).
+
+Accuracy is measured against the unquantized model (mode None) on the same token sequences — each
+prompt followed by the unquantized model's own greedy continuation, so positions the model generated
+are scored too:
+
+* ``top1_agreement``: fraction of positions whose most likely next token is the same;
+* ``mean_kl``: mean over positions of KL(p_unquantized || p_mode) of the next-token distributions
+  (nats);
+* ``greedy_match``: fraction of the unquantized greedy tokens a greedy run reproduces before it first
+  diverges (after a divergence the two continuations condition on different text, so later
+  positions are not comparable).
+
+Speed: ``prefill_tok_s`` (teacher-forced scoring of all sequences in one batch) and ``decode_tok_s``
+(generated tokens per second of ``batch_completion`` over all prompts), after one warm-up call.
+Memory: ``weights_bytes`` from ``engine.memory()`` (all ranks; quantized buffers, scales and zeros
+included) and its ratio to mode None; ``quantized_vs_bf16``: bytes of the quantized modules (scales
+included) over what they take in bfloat16 — the part of the model quantization actually shrinks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+import torch
+
+DEFAULT_MODES: tuple[str | None, ...] = (None, "bf16", "fp8_mixed", "int4_mixed")
+
+
+def quantization(engine_or_settings: Any, prompts: Sequence[str | Sequence[int]], *,
+                 modes: Sequence[str | None] = DEFAULT_MODES, max_tokens: int = 32,
+                 repeats: int = 1) -> pd.DataFrame:  # fmt: skip
+    """One row per mode: memory, speed, and accuracy against the unquantized model (see module doc).
+
+    ``engine_or_settings``: a loaded :class:`~workbench.engine.Engine` (toggled through ``modes`` and
+    restored to its mode afterwards) or a :class:`~workbench.config.Settings` (loaded here and freed
+    afterwards).  ``prompts``: strings (encoded with BOS) or token-id lists.  ``repeats``: each
+    timing is the best of this many runs (use 3+ on a shared machine).
+    """
+    from .engine import Engine
+
+    if isinstance(engine_or_settings, Engine):
+        engine, owned = engine_or_settings, False
+    else:
+        from .session import build_engine
+
+        engine, owned = build_engine(engine_or_settings), True
+    original = engine.settings.quantization
+    try:
+        return _measure(engine, prompts, list(modes), max_tokens, max(int(repeats), 1))
+    finally:
+        if owned:
+            engine.close()
+        else:
+            engine.set_quantization(original)
+
+
+def _measure(engine: Any, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
+             repeats: int) -> pd.DataFrame:  # fmt: skip
+    encoded = [engine.tokenizer.encode(p, bos=True) if isinstance(p, str) else list(p) for p in prompts]
+    engine.set_quantization(None)
+    ref_runs = engine.batch_completion(encoded, max_tokens=max_tokens, temperature=0.0)
+    sequences = [p + r.tokens for p, r in zip(encoded, ref_runs)]
+    ref_logprobs = [torch.log_softmax(lg, dim=-1) for lg in engine.logits(sequences)]  # [T, V] each
+    baseline_bytes = engine.memory()["weights_bytes"]
+    rows = []
+    for mode in modes:
+        start = time.perf_counter()
+        engine.set_quantization(mode)
+        load_s = time.perf_counter() - start
+        memory = engine.memory()
+        engine.batch_completion(encoded[:2], max_tokens=2)  # warm-up (kernel selection, allocator)
+        logits, prefill_s = _best_of(repeats, lambda: engine.logits(sequences))
+        runs, decode_s = _best_of(repeats, lambda: engine.batch_completion(encoded, max_tokens=max_tokens,
+                                                                           temperature=0.0))  # fmt: skip
+        agree = positions = 0
+        kl_sum = 0.0
+        for ref, lg in zip(ref_logprobs, logits):
+            logq = torch.log_softmax(lg, dim=-1)  # [T, V]
+            kl_sum += float((ref.exp() * (ref - logq)).sum())
+            agree += int((ref.argmax(-1) == lg.argmax(-1)).sum())
+            positions += ref.shape[0]
+        matched = sum(_prefix_match(r.tokens, q.tokens) for r, q in zip(ref_runs, runs))
+        generated = sum(len(q.tokens) for q in runs)
+        rows.append({
+            "mode": mode or "none",
+            "weights_bytes": memory["weights_bytes"],
+            "weights_ratio": memory["weights_bytes"] / baseline_bytes,
+            "quantized_bytes": memory.get("quantized_bytes", 0),
+            "scale_bytes": memory.get("scale_bytes", 0),
+            "quantized_vs_bf16": ((memory.get("quantized_bytes", 0) + memory.get("scale_bytes", 0))
+                                  / memory["quantized_bf16_bytes"]) if memory.get("quantized_bf16_bytes") else None,
+            "kernels": ",".join(sorted(memory.get("by_kernel", {}))) or "-",
+            "load_s": load_s,
+            "prefill_tok_s": sum(len(s) for s in sequences) / prefill_s,
+            "decode_tok_s": generated / decode_s,
+            "top1_agreement": agree / positions,
+            "mean_kl": kl_sum / positions,
+            "greedy_match": matched / max(sum(len(r.tokens) for r in ref_runs), 1),
+        })  # fmt: skip
+    return pd.DataFrame(rows).set_index("mode")
+
+
+def _best_of(repeats: int, run: Any) -> tuple[Any, float]:
+    """``run()``'s result and its shortest wall time over ``repeats`` calls."""
+    best = float("inf")
+    result = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = run()
+        best = min(best, time.perf_counter() - start)
+    return result, best
+
+
+def _prefix_match(reference: list[int], other: list[int]) -> int:
+    """Number of leading tokens ``other`` shares with ``reference``."""
+    n = 0
+    for a, b in zip(reference, other):
+        if a != b:
+            break
+        n += 1
+    return n
