@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -74,11 +75,11 @@ def main() -> None:
 
 
 def _plain(value: object) -> object:
-    """numpy scalars to Python numbers, floats to 4 significant digits, for a readable JSON line."""
+    """numpy scalars to Python numbers, floats to 4 significant digits (NaN to null), for a valid JSON line."""
     if hasattr(value, "item"):
         value = value.item()  # type: ignore[union-attr]
     if isinstance(value, float):
-        return float(f"{value:.4g}")
+        return None if math.isnan(value) else float(f"{value:.4g}")
     return value
 
 

@@ -272,6 +272,7 @@ def test_scheme_memory_and_untouched_layers(dirs, family, mode):
     mem, base_mem = model_memory(quant, 0), model_memory(base, 0)
     rows = summary(quant)
     assert mem["quantized_bytes"] + mem["scale_bytes"] == sum(r["bytes"] for r in rows)
+    assert mem["quantized_bf16_bytes"] == sum(r["bf16_bytes"] for r in rows)
     assert mem["weights_bytes"] == sum(t.numel() * t.element_size() for t in [*quant.parameters(), *quant.buffers()])
     label = "int4" if fmt == "int4" else "float8_e4m3fn"
     assert mem["by_dtype"][label] == mem["quantized_bytes"]
@@ -437,6 +438,10 @@ def test_scale_files_that_do_not_match_the_shards_are_refused(tmp_path, dirs):
     torch.save({"1_attention.wq_0": torch.ones(128)}, folder / "fp8_scales_0.pt")
     with pytest.raises(QuantizationError, match="names no feed-forward"):
         load_model(folder, "fp8_mixed")
+    (folder / "fp8_scales_0.pt").unlink()
+    torch.save({}, folder / "int4_scales_0.pt")  # Meta's pre-quantized int4 format: refused up front
+    with pytest.raises(QuantizationError, match="int4_mixed"):
+        load_model(folder, "int4_mixed")
 
 
 # --------------------------------------------------------------------------------------------- model parallel
@@ -474,7 +479,9 @@ def test_bench_quantization_table(dirs):
     assert none.top1_agreement == 1.0 and none.greedy_match == 1.0 and abs(none.mean_kl) < 1e-6
     assert none.weights_ratio == 1.0 and table.loc["bf16"].weights_ratio < 0.51
     assert table.loc["int4_mixed"].weights_bytes < table.loc["fp8_mixed"].weights_bytes
-    assert table.loc["int4_mixed"].kernels == "int4/cpu"
+    assert table.loc["int4_mixed"].kernels == "int4/cpu" and table.loc["fp8_mixed"].kernels == "fp8/dequant"
+    assert table.loc["fp8_mixed"].quantized_vs_bf16 <= MAX_BF16_FRACTION["fp8"]
+    assert table.loc["int4_mixed"].quantized_vs_bf16 <= MAX_BF16_FRACTION["int4"]
     assert (table.decode_tok_s > 0).all() and (table.prefill_tok_s > 0).all()
     for mode, (max_kl, _) in BOUNDS.items():
         assert 0 < table.loc[mode].mean_kl <= max_kl

@@ -30,9 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="model id, e.g. Llama3.2-3B-Instruct")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--model-parallel-size", type=int, default=None)
+    parser.add_argument("--quantization", default=None, choices=["bf16", "fp8_mixed", "int4_mixed"])
     args = parser.parse_args(argv)
 
-    engine = load(args.checkpoint, model=args.model, device=args.device)
+    engine = load(args.checkpoint, model=args.model, device=args.device,
+                  model_parallel_size=args.model_parallel_size, quantization=args.quantization)  # fmt: skip
     print(engine)
     start = time.perf_counter()
     batched = engine.batch_completion(PROMPTS, max_tokens=args.max_tokens, temperature=0.0)

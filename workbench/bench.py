@@ -18,6 +18,8 @@ are scored too:
 
 Speed: ``prefill_tok_s`` (teacher-forced scoring of all sequences in one batch) and ``decode_tok_s``
 (generated tokens per second of ``batch_completion`` over all prompts), after one warm-up call.
+``load_s``: the ``engine.set_quantization(mode)`` call that switched to the mode (re-load from the
+checkpoint and quantize; ~0 for mode None, which is already loaded as the reference).
 Memory: ``weights_bytes`` from ``engine.memory()`` (all ranks; quantized buffers, scales and zeros
 included) and its ratio to mode None; ``quantized_vs_bf16``: bytes of the quantized modules (scales
 included) over what they take in bfloat16 — the part of the model quantization actually shrinks.

@@ -18,7 +18,7 @@ def load_model_for_rank(settings: Settings, args: ModelArgs, rank: int = 0) -> T
     from .quantization import load_options, quantize_model
 
     # fp8/int4 on a GPU assemble on the CPU and quantize onto the GPU module by module (see load_options).
-    device, dtype = load_options(settings.quantization, settings.device, settings.dtype)
+    device, dtype = load_options(settings)
     model = build_model(
         settings.checkpoint_dir, args, device=torch.device(device), dtype=dtype,
         max_seq_len=settings.max_seq_len, mp_size=settings.model_parallel_size, rank=rank,

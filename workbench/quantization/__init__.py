@@ -25,6 +25,7 @@ runner does.  It never touches global torch state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -74,14 +75,23 @@ def check_supported(mode: object, device: torch.device | str) -> str | None:
     return mode
 
 
-def load_options(mode: str | None, device: str, dtype: torch.dtype) -> tuple[str, torch.dtype]:
+def load_options(settings: Any) -> tuple[str, torch.dtype]:
     """(device, dtype) in which to assemble a rank's weights before :func:`quantize_model`.
 
     fp8/int4 on a GPU assemble on the CPU (memory-mapped, no copy when dtypes agree) and quantize one
     module at a time onto the GPU, so a model whose bf16 weights would not fit there still loads — the
-    point of quantizing.  bf16 assembles directly in bfloat16 (one cast, not two).
+    point of quantizing.  bf16 assembles directly in bfloat16 (one cast, not two).  Checkpoints this
+    package cannot read (Meta's pre-quantized int4 format) are refused here, before any shard is read.
     """
-    mode = check_mode(mode)
+    mode = check_mode(settings.quantization)
+    int4_files = sorted(Path(settings.checkpoint_dir).glob("int4_scales_*.pt"))
+    if int4_files:
+        raise QuantizationError(
+            f"{settings.checkpoint_dir} is a pre-quantized int4 checkpoint ({int4_files[0].name}), whose packed "
+            "shards workbench cannot load; use the bf16 checkpoint of the same model with quantization='int4_mixed' "
+            "(quantized at load), or a pre-quantized fp8 checkpoint"
+        )
+    device, dtype = settings.device, settings.dtype
     if mode in ("fp8_mixed", "int4_mixed") and torch.device(device).type == "cuda":
         return "cpu", dtype
     if mode == "bf16":
@@ -141,7 +151,8 @@ def quantize_model(model: Transformer, mode: str | None, *, settings: Any = None
         num_experts = model.args.moe_args.num_experts if model.args.moe_args is not None else None
         scales = rank_scales(settings.checkpoint_dir, settings.model_parallel_size, rank, num_experts)
         direct = _apply_prequantized(model, scales, [t for t in plan if t.fmt == "fp8"])
-    kernels = {"fp8": fp8.pick_kernel(device), "int4": int4.pick_kernel(device)} if plan else {}
+    pickers = {"fp8": fp8.pick_kernel, "int4": int4.pick_kernel}
+    kernels = {fmt: pickers[fmt](device) for fmt in {t.fmt for t in plan}}
     for target in plan:
         _replace(model, target, device=device, kernel=kernels[target.fmt], direct=direct)
     if mode == "bf16":
@@ -206,7 +217,7 @@ class _FusedExperts:
 
 
 # ------------------------------------------------------------------------------------------ pre-quantized
-def _oriented(param: torch.Tensor, key: str) -> torch.Tensor:
+def _oriented(param: torch.Tensor) -> torch.Tensor:
     """The parameter as ``[E?, N, K]`` (out, in): expert stacks are stored ``[E, in, out]``."""
     return param.transpose(1, 2) if param.dim() == 3 else param
 
@@ -237,7 +248,7 @@ def _apply_prequantized(model: Transformer, scales: dict[str, RowScales], fp8_ta
                 f"the fp8 scales name {key}, which this model does not have; the fp8_scales_*.pt files do not "
                 "belong to these shards/params.json — re-download the checkpoint"
             ) from exc
-        w = _oriented(param, key)  # [E?, N, K], values are e4m3 codes
+        w = _oriented(param)  # [E?, N, K], values are e4m3 codes
         codes = w.to(fp8.FP8_DTYPE)
         if not torch.equal(codes.to(w.dtype), w):
             raise QuantizationError(
@@ -251,7 +262,7 @@ def _apply_prequantized(model: Transformer, scales: dict[str, RowScales], fp8_ta
         dense = _dequantize_blocks(w, row_scales, key).to(param.dtype)  # [E?, N, K]
         module_path, _, name = key.rpartition(".")
         setattr(model.get_submodule(module_path), name,
-                nn.Parameter(_oriented(dense, key).contiguous(), requires_grad=False))  # fmt: skip
+                nn.Parameter(_oriented(dense).contiguous(), requires_grad=False))  # fmt: skip
     return direct
 
 
