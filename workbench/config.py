@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError, ConfigError, WorkbenchError
+from .errors import CheckpointError, ConfigError, QuantizationError, WorkbenchError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -193,8 +193,9 @@ def check_quantization(mode: object, name: str = "quantization", source: Source 
     if mode in ("", "none", "None"):
         mode = None
     if mode not in QUANTIZATION_MODES:
-        raise _problem(name, mode, src, f"is not a quantization mode: use one of "
-                       f"{', '.join(repr(m) for m in QUANTIZATION_MODES)}")  # fmt: skip
+        problem = _problem(name, mode, src, f"is not a quantization mode: use one of "
+                           f"{', '.join(repr(m) for m in QUANTIZATION_MODES)}")  # fmt: skip
+        raise QuantizationError(str(problem))
     return mode  # type: ignore[return-value]
 
 

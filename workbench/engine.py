@@ -216,7 +216,7 @@ class Engine:
             "family": self.family,
             "checkpoint": str(self.settings.checkpoint_dir),
             "parameters": self._runner.parameter_count(),
-            "dtype": str(self.settings.dtype).replace("torch.", ""),
+            "dtype": self._compute_dtype(),
             "device": str(self.settings.device),
             "model_parallel_size": self.settings.model_parallel_size,
             "quantization": self.settings.quantization,
@@ -226,6 +226,11 @@ class Engine:
             "kv_cache_bytes": memory["kv_cache_bytes"],
             "load_seconds": round(self.load_seconds, 2),
         }
+
+    def _compute_dtype(self) -> str:
+        """bf16 mode runs the whole model in bfloat16, whatever dtype was asked for at load."""
+        dtype = torch.bfloat16 if self.settings.quantization == "bf16" else self.settings.dtype
+        return str(dtype).replace("torch.", "")
 
     def memory(self) -> dict[str, Any]:
         """Bytes of parameters (by dtype and by module kind) and of the KV cache."""

@@ -52,8 +52,8 @@ class ConfigError(WorkbenchError, ValueError):
     """A setting (argument, environment variable, checkpoints.toml entry) is invalid."""
 
 
-class QuantizationError(WorkbenchError, ValueError):
-    """A quantization mode is unknown or cannot be applied to this model/device."""
+class QuantizationError(ConfigError):
+    """A quantization mode is unknown or cannot be applied to this model/device (a ConfigError too)."""
 
 
 class WorkerError(WorkbenchError, RuntimeError):
