@@ -13,25 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
+
+from common import make_prompts, small_llama3_dir
 
 import workbench as wb
-from workbench.factory import SMALL_LLAMA3, cache_root, write_checkpoint
-
-TOPICS = ["llamas", "the French revolution", "prime numbers", "photosynthesis", "jazz", "the moon landing",
-          "neural networks", "volcanoes"]  # fmt: skip
-
-
-def make_prompts(n: int) -> list[str]:
-    """Prompts of very different lengths (a few to ~100 tokens)."""
-    return [f"Write about {TOPICS[i % len(TOPICS)]}. " * (1 + (i * 7) % 12) for i in range(n)]
-
-
-def small_llama3_dir() -> Path:
-    folder = cache_root() / "bench-small-llama3-v1"
-    if not (folder / "params.json").exists():
-        write_checkpoint(folder, SMALL_LLAMA3, seed=7)
-    return folder
 
 
 def run(engine: wb.Engine, prompts: list[str], max_tokens: int, batch_sizes: list[int]) -> dict:

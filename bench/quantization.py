@@ -16,28 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 
 import pandas as pd
+from common import make_prompts, small_llama3_dir
 
 import workbench as wb
 from workbench import bench
-from workbench.factory import SMALL_LLAMA3, cache_root, write_checkpoint
-
-TOPICS = ["llamas", "the French revolution", "prime numbers", "photosynthesis", "jazz", "the moon landing",
-          "neural networks", "volcanoes"]  # fmt: skip
-
-
-def make_prompts(n: int) -> list[str]:
-    """Prompts of different lengths (a few to ~60 tokens)."""
-    return [f"Write about {TOPICS[i % len(TOPICS)]}. " * (1 + (i * 5) % 7) for i in range(n)]
-
-
-def small_llama3_dir() -> Path:
-    folder = cache_root() / "bench-small-llama3-v1"
-    if not (folder / "params.json").exists():
-        write_checkpoint(folder, SMALL_LLAMA3, seed=7)
-    return folder
 
 
 def main() -> None:
@@ -47,7 +31,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timings are the best of this many runs")
     parser.add_argument("--device", default=None)
     args = parser.parse_args()
-    prompts = make_prompts(args.prompts)
+    prompts = make_prompts(args.prompts, max_repeats=7)
     models = {"tiny-llama4 (default)": None, "small-llama3 (~50M)": small_llama3_dir()}
     results = {}
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):

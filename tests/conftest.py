@@ -9,9 +9,19 @@ from typing import Any
 
 import pytest
 
+from workbench.config import ENV_VARS
 from workbench.factory import TINY_LLAMA3, TINY_LLAMA4, write_checkpoint
 
 CheckpointMaker = Callable[..., Path]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_host_settings():
+    """Llama Stack variables or a checkpoints.toml pointer from the host must not leak into any test."""
+    with pytest.MonkeyPatch.context() as mp:
+        for var in (*ENV_VARS.values(), "WORKBENCH_CHECKPOINTS"):
+            mp.delenv(var, raising=False)
+        yield
 
 
 @pytest.fixture(scope="session")

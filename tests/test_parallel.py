@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.config import ENV_VARS
 from workbench.errors import CheckpointError, WorkerError
 from workbench.factory import TINY_LLAMA3, TINY_LLAMA4
 from workbench.parallel import ParallelRunner
@@ -56,14 +55,6 @@ def wait_gone(pids: list[int], limit_s: float = 30.0) -> list[int]:
     while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     return alive
-
-
-@pytest.fixture(scope="module", autouse=True)
-def clean_env():
-    with pytest.MonkeyPatch.context() as mp:
-        for var in (*ENV_VARS.values(), "WORKBENCH_CHECKPOINTS"):
-            mp.delenv(var, raising=False)
-        yield
 
 
 def engine_for(folder: Path, mp: int) -> wb.Engine:

@@ -34,7 +34,6 @@ import torch
 
 import workbench as wb
 from workbench import bench
-from workbench.config import ENV_VARS
 from workbench.distributed import ensure_model_parallel
 from workbench.errors import QuantizationError
 from workbench.factory import TINY_LLAMA3, TINY_LLAMA4, fuse_keys, random_state_dict, shard_state_dict
@@ -76,14 +75,6 @@ EXPECTED = {
     ("llama4", "fp8_mixed"): {(1, "experts")},  # layer 3 is the last layer
     ("llama4", "int4_mixed"): {(1, "experts"), (1, "shared_expert"), (3, "experts"), (3, "shared_expert")},
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def clean_env():
-    with pytest.MonkeyPatch.context() as mp:
-        for var in (*ENV_VARS.values(), "WORKBENCH_CHECKPOINTS"):
-            mp.delenv(var, raising=False)
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -179,9 +179,17 @@ class Generator:
         yield Event(index, token, logprob)
 
     def _stop_string_hit(self, row: _Row) -> int | None:
-        """Character offset where the first stop string starts in the text so far, if any."""
+        """Character offset where the first stop string starts in the text so far, if any.
+
+        Checked after every token, so a new hit can only involve the last few tokens: only that tail is
+        decoded on the hot path (a character spans at most 4 tokens), the whole text only on a hit.
+        """
+        stops = row.request.params.stop
+        tail = self.decode_text(row.tokens[-(4 * max(map(len, stops)) + 4) :])
+        if not any(s in tail for s in stops):
+            return None
         text = self.decode_text(row.tokens)
-        hits = [text.find(s) for s in row.request.params.stop]
+        hits = [text.find(s) for s in stops]
         hits = [h for h in hits if h >= 0]
         return min(hits) if hits else None
 
