@@ -444,7 +444,7 @@ def test_model_parallel_2_matches_1(dirs, family, modes):
     the model differs from the one-process one by quantization noise — bounded like the modes themselves.
     (Unquantized mp=2 == mp=1 is tests/test_parallel.py's; bf16 is a plain dtype, run once, on the MoE
     model.)  Each mode is a fresh ``workbench.load``: every load starts two worker processes."""
-    pytest.importorskip("workbench.parallel")
+
     seqs = token_lists(dirs[family])[:5]
     try:
         for mode in modes:

@@ -4,7 +4,7 @@ fairscale's parallel layers ask for the model-parallel group even at size 1, and
 ``initialize_model_parallel`` raises if called twice, so every entry point goes through
 :func:`ensure_model_parallel`, which is idempotent.  In the kernel process (size 1) a single-rank
 gloo group over an in-memory store is used: no port, no file, no peers.  Model-parallel worker
-processes (``workbench.parallel``) join a real group with :func:`init_worker_group` instead.
+processes (``workbench.parallel.worker``) join a real group with :func:`init_worker_group` instead.
 """
 
 from __future__ import annotations

@@ -1,49 +1,4 @@
-"""Model-parallel workers: one process per rank, driven from the kernel by request-numbered messages.
-
-Why processes: fairscale's layers run one rank per process over torch.distributed, and a notebook
-kernel must stay a plain Python process that survives re-run cells, errors and Ctrl-C.  So the
-kernel keeps the tokenizer and the Engine, and :class:`ParallelRunner` — the Engine's runner — starts
-``model_parallel_size`` workers with the ``spawn`` method (never ``fork``: the kernel holds torch
-threads) and talks to them over one pipe per rank.
-
-Protocol
---------
-* **Start-up.**  The kernel hosts a ``TCPStore`` on a port the OS picks (bind to port 0: no port
-  race) and starts the workers.  Each worker ignores SIGINT (Ctrl-C belongs to the kernel, and
-  Jupyter and terminals signal the whole process group), joins the process group (NCCL on CUDA,
-  gloo on CPU) plus a gloo *control* group, says ``joined``, loads only its slices
-  (``loading.load_model_for_rank``) and says ``ready`` with its memory use, or ``failed`` with its
-  exception.  Every wait has a deadline and watches the processes, so a worker that crashes or
-  hangs is reported by rank instead of hanging the kernel.
-* **Requests.**  Every command carries a request id ``rid`` (1, 2, 3, ...) and goes to every rank,
-  the same pickled bytes, in the same order, while SIGINT is deferred — so all ranks see the same
-  command sequence.  All ranks run the same :class:`~workbench.generation.generator.Generator` over
-  the same requests; rows that sample get a concrete per-row seed in the kernel first, and the
-  logits every rank samples from are the all-gathered (identical) vocabulary-parallel outputs, so
-  every rank takes the same decisions and runs the same forwards.  Rank 0 streams its events back
-  as ``("event", rid, event)``; every rank ends each request with ``("end", rid, rank, status,
-  payload)``.
-* **Cancellation.**  The kernel never waits on a request it has given up on.  When the consumer
-  stops early (Ctrl-C, an exception in a callback, an abandoned stream), the kernel stores ``rid``
-  in a shared "cancel every request up to" counter.  Before every forward pass, each rank reads the
-  counter and the ranks all-reduce (MAX) the verdict over the control group, so they all stop at the
-  *same* forward — no rank is left alone inside a collective.  The next call first *settles*: it
-  waits (with a deadline) until every rank has ended every earlier request, discarding their stale
-  events, and only then sends the new command.  A request interrupted at any point (even a second
-  Ctrl-C during settling) therefore leaves the workers in step, and the next call returns exactly
-  what a fresh engine would.
-* **Failures.**  An exception raised on every rank (e.g. the same bad input) ends the request on
-  every rank and is re-raised in the kernel with its type and the worker's traceback; the engine
-  stays usable.  A worker that dies (its pipe closes or its process sentinel fires), or ranks that do
-  not finish within ``sync_timeout_s`` after a failure or a cancel, stop the whole pool and raise
-  :class:`~workbench.errors.WorkerError` naming the rank and the fix (reload).  Workers exit on
-  their own when the kernel goes away (pipe EOF, or their parent pid changes), so a killed kernel
-  leaves no orphans.
-
-Time limits: ``WORKBENCH_WORKER_START_TIMEOUT`` (seconds for every rank to spawn, import and join,
-default 180) and ``WORKBENCH_LOAD_TIMEOUT`` (seconds to load the slices, default 4 hours); the
-liveness of every worker is watched throughout, so a crash is reported at once, not at the limit.
-"""
+"""The kernel side: :class:`ParallelRunner` starts the workers, sends them commands and collects results."""
 
 from __future__ import annotations
 
@@ -52,13 +7,11 @@ import os
 import pickle
 import random
 import signal
-import sys
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
 from multiprocessing import connection as mp_connection
 from multiprocessing.reduction import ForkingPickler
@@ -68,226 +21,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp  # also registers torch's tensor reductions for pipes
 
-from .config import Settings
-from .errors import WorkbenchError, WorkerError
-from .generation.generator import Event, Generator, Request
-from .models.args import ModelArgs
-from .tokenizer import Tokenizer
+from ..config import Settings
+from ..errors import WorkbenchError, WorkerError
+from ..generation.generator import Event, Request
+from ..models.args import ModelArgs
+from ..tokenizer import Tokenizer
+from .limits import LOAD_TIMEOUT_S, POLL_S, START_TIMEOUT_S, STOP_TIMEOUT_S, SYNC_TIMEOUT_S
+from .worker import WorkerSpec, worker_main
 
 
-def _seconds_from_env(name: str, default: float) -> float:
-    """A positive number of seconds from the environment, else ``default`` (a typo must not break import)."""
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value > 0 else default
-
-
-START_TIMEOUT_S = _seconds_from_env("WORKBENCH_WORKER_START_TIMEOUT", 180.0)  # spawn + import + rendezvous
-LOAD_TIMEOUT_S = _seconds_from_env("WORKBENCH_LOAD_TIMEOUT", 4 * 3600.0)  # loading the slices (big models: long)
-SYNC_TIMEOUT_S = 60.0  # how long ranks may take to finish a cancelled/failed request
-COLLECTIVE_TIMEOUT_S = 600.0  # a collective waiting longer than this on a peer fails instead of hanging
-STOP_TIMEOUT_S = 10.0  # graceful exit before workers are terminated
-_POLL_S = 1.0
-
-
-# ============================================================================================= worker side
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything one worker needs, pickled into the spawned process."""
-
-    rank: int
-    world_size: int
-    store_port: int
-    backend: str
-    settings: Settings
-    threads: int
-    parent_pid: int
-
-
-class _Cancelled(Exception):
-    """Raised on every rank at the same forward pass when the kernel gave up on the request."""
-
-
-class RanksDivergedError(WorkerError):
-    """The ranks were about to run different forward passes (a bug: they must take identical steps)."""
-
-
-class _CheckedModel:
-    """The rank's model as the Generator sees it, with the collective cancel check before each forward."""
-
-    def __init__(self, model: torch.nn.Module, worker: _Worker) -> None:
-        self._model = model
-        self._worker = worker
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def forward_full(self, tokens: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        self._worker.checkpoint("prefill", tokens)
-        return self._model.forward_full(tokens, **kwargs)
-
-    def forward_decode(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        self._worker.checkpoint("decode", tokens)
-        return self._model.forward_decode(tokens, *args, **kwargs)
-
-
-def _describe(exc: BaseException) -> dict[str, Any]:
-    """An exception as plain data (plus the pickled exception when it survives a round trip)."""
-    try:
-        blob: bytes | None = pickle.dumps(exc)
-        pickle.loads(blob)
-    except Exception:
-        blob = None
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        "pickled": blob,
-    }
-
-
-class _Worker:
-    def __init__(self, spec: WorkerSpec, conn: mp_connection.Connection, cancel: Any) -> None:
-        self.spec = spec
-        self.conn = conn
-        self.cancel = cancel  # shared int64: every request id <= value is cancelled
-        self.rid = 0
-        self.forwards = 0
-        self.fault: dict[str, Any] | None = None
-        self.ctrl: Any = None
-        self.generator: Generator | None = None
-
-    def send(self, *message: Any) -> None:
-        self.conn.send(message)
-
-    def parent_gone(self) -> bool:
-        return os.getppid() != self.spec.parent_pid
-
-    def start(self) -> None:
-        from .checkpoint import check_vocab
-        from .distributed import init_worker_group
-        from .loading import load_model_for_rank
-        from .runner import model_memory, stop_token_reasons
-
-        spec = self.spec
-        self.ctrl = init_worker_group(rank=spec.rank, world_size=spec.world_size, store_host="127.0.0.1",
-                                      store_port=spec.store_port, backend=spec.backend,
-                                      timeout_s=COLLECTIVE_TIMEOUT_S)  # fmt: skip
-        self.send("joined", spec.rank)
-        settings = spec.settings
-        if spec.backend == "nccl":
-            settings = replace(settings, device=f"cuda:{spec.rank}")
-        args = ModelArgs.from_checkpoint(settings.checkpoint_dir)
-        tokenizer = Tokenizer.for_checkpoint(settings.checkpoint_dir, args.family)
-        check_vocab(args, tokenizer.n_words, str(settings.checkpoint_dir / "params.json"))
-        model = load_model_for_rank(settings, args, spec.rank)
-        self.generator = Generator(
-            _CheckedModel(model, self), stop_tokens=stop_token_reasons(tokenizer), decode_text=tokenizer.decode,
-            max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len,
-        )  # fmt: skip
-        info = model_memory(model, self.generator.cache.nbytes())
-        info["local_parameters"] = sum(p.numel() for p in model.parameters())
-        info["pid"] = os.getpid()
-        if spec.backend == "nccl":
-            info["device_allocated_bytes"] = torch.cuda.memory_allocated(spec.rank)
-        self.send("ready", spec.rank, info)
-
-    def checkpoint(self, kind: str, tokens: torch.Tensor) -> None:
-        """Called before every forward: the ranks agree (one MAX all-reduce) whether to stop here,
-        and check that they are all about to run the same forward on the same tokens — a rank that
-        sampled differently would otherwise silently mix its hidden states into the others'."""
-        self.forwards += 1
-        rows, width = tokens.shape[0], (tokens.shape[1] if tokens.dim() > 1 else 1)
-        step = ((1 if kind == "prefill" else 2) * 1_000_003 + rows) * 1_000_003 + width
-        checksum = int(tokens.sum())
-        fault = self.fault
-        if fault is not None and self.forwards == fault["at_forward"] and self.spec.rank in fault["ranks"]:
-            if fault["action"] == "exit":
-                os._exit(17)
-            if fault["action"] == "diverge":
-                step += 1
-            else:
-                raise RuntimeError(f"injected fault on rank {self.spec.rank} at forward {self.forwards}")
-        stop = self.cancel.value >= self.rid or self.parent_gone()
-        votes = torch.tensor([1 if stop else 0, step, -step, checksum, -checksum], dtype=torch.int64)
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.ctrl)
-        stop_all, high, neg_low, sum_high, neg_sum_low = votes.tolist()
-        if high != -neg_low or sum_high != -neg_sum_low:
-            raise RanksDivergedError(
-                f"model-parallel ranks diverged at forward {self.forwards} of request {self.rid} (rank "
-                f"{self.spec.rank} was about to run {kind} of {rows}x{width} tokens, checksum {checksum}); this is a "
-                "workbench bug — please report it. The request was stopped on every rank"
-            )
-        if stop_all:
-            raise _Cancelled
-
-    def run(self, kind: str, payload: Any) -> Any:
-        assert self.generator is not None
-        rank0 = self.spec.rank == 0
-        if kind == "generate":
-            for event in self.generator.generate(payload):
-                if rank0:
-                    self.send("event", self.rid, event)
-            return None
-        if kind == "logits":
-            out = self.generator.logits(payload)
-            return (torch.cat(out), [t.shape[0] for t in out]) if rank0 else None
-        if kind == "fault":
-            self.fault = payload if self.spec.rank in payload["ranks"] else None
-            return None
-        raise WorkbenchError(f"unknown worker command {kind!r}")
-
-    def serve(self) -> None:
-        while True:
-            if not self.conn.poll(_POLL_S):
-                if self.parent_gone():
-                    return
-                continue
-            try:
-                kind, rid, payload = self.conn.recv()
-            except (EOFError, OSError):  # the kernel went away
-                return
-            if kind == "stop":
-                return
-            self.rid, self.forwards = rid, 0
-            try:
-                status, result = "ok", self.run(kind, payload)
-            except _Cancelled:
-                status, result = "cancelled", None
-            except Exception as exc:
-                status, result = "error", _describe(exc)
-            if kind != "fault":
-                self.fault = None  # a test fault is armed for one request only
-            self.send("end", rid, self.spec.rank, status, result)
-
-
-def worker_main(spec: WorkerSpec, conn: mp_connection.Connection, cancel: Any) -> None:
-    """Entry point of a spawned worker process."""
-    from .distributed import shutdown_worker_group
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles Ctrl-C and cancels us
-    torch.set_num_threads(spec.threads)  # share the cores: N workers x all cores would oversubscribe them
-    with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(1)
-    worker = _Worker(spec, conn, cancel)
-    try:
-        worker.start()
-    except BaseException as exc:
-        with contextlib.suppress(Exception):
-            conn.send(("failed", spec.rank, _describe(exc)))
-        shutdown_worker_group()
-        sys.exit(1)
-    try:
-        worker.serve()
-    except (BrokenPipeError, EOFError, ConnectionError):
-        pass  # the kernel went away mid-request
-    finally:
-        shutdown_worker_group()
-
-
-# ============================================================================================= kernel side
 class _RemoteTraceback(Exception):
     """Carries a worker's traceback text as the ``__cause__`` of the error raised in the kernel."""
 
@@ -370,8 +112,8 @@ def logical_parameter_count(args: ModelArgs) -> int:
     Summing the ranks' slices would over-count what is replicated (norms, routers) or repeated
     (KV heads when there are more ranks than KV heads).
     """
-    from .distributed import ensure_model_parallel
-    from .models.transformer import Transformer
+    from ..distributed import ensure_model_parallel
+    from ..models.transformer import Transformer
 
     ensure_model_parallel(1)
     return sum(p.numel() for p in Transformer(args, max_seq_len=1, device="meta").parameters())
@@ -435,7 +177,7 @@ class ParallelRunner:
 
     def memory(self) -> dict[str, Any]:
         """Bytes summed over ranks (what is resident in total), plus each rank's own numbers (``per_rank``)."""
-        from .runner import merge_memory
+        from ..runner import merge_memory
 
         return merge_memory(self._ready)
 
@@ -571,7 +313,7 @@ class ParallelRunner:
         rank_of = {id(c): r for r, c in enumerate(self._conns)}
         sentinels = {p.sentinel: r for r, p in enumerate(self._procs)}
         while True:
-            timeout = _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
+            timeout = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
             ready = mp_connection.wait([*self._conns, *sentinels], timeout)
             for obj in ready:  # messages first: a worker's last words come before its death
                 if not isinstance(obj, int):
