@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -250,16 +249,16 @@ def test_code_interpreter_runs_in_a_subprocess(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.timeout(120)  # hang guard: the run only returns if the timeout also killed the grandchild
 def test_code_interpreter_errors_and_timeout() -> None:
     interp = CodeInterpreter(timeout=1.0)
     failed = interp.run("raise SystemExit('nope')")
     assert failed.startswith("failed\n[stderr]\nnope")
     err = interp.run("1/0")
     assert err.startswith("failed") and "ZeroDivisionError" in err
-    start = time.perf_counter()
-    spawn = "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    spawn = "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
     slow = interp.run(spawn + "while True: pass")
-    assert slow.startswith("timed out") and time.perf_counter() - start < 10
+    assert slow.startswith("timed out")
     assert CodeInterpreter(max_output_chars=10).run("print('x' * 100)").endswith("(90 chars cut)\n[/stdout]")
     with pytest.raises(ToolError, match="timeout"):
         CodeInterpreter(timeout=0)
