@@ -231,3 +231,13 @@ def test_batched_greedy_equals_reference_cache_free_greedy(which, ckpt, request)
     for prompt, row in zip(prompts, rows):
         ids = engine.tokenizer.encode(prompt, bos=True)
         assert row.tokens == reference_greedy(ckpt_dir, ids, 30, stops), prompt
+
+
+def test_streaming_with_stop_strings_never_leaks_the_stop_text(llama3_engine):
+    free = llama3_engine.completion("The capital of France is", max_tokens=12)
+    needle = llama3_engine.tokenizer.decode(free.tokens[4:7])
+    chunks = list(llama3_engine.stream_completion("The capital of France is", max_tokens=12, stop=needle))
+    cut = llama3_engine.completion("The capital of France is", max_tokens=12, stop=needle)
+    streamed = "".join(c.text for c in chunks)
+    assert streamed == cut.text == chunks[-1].final.text
+    assert all(needle not in "".join(c.text for c in chunks[: i + 1]) for i in range(len(chunks)))

@@ -93,7 +93,7 @@ class Engine:
         self._check_lengths([prompt])
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
-        emitted = ""
+        decoded, text, emitted = 0, "", 0  # tokens decoded into `text`; characters of `text` yielded
         for event in self._runner.generate([Request(0, prompt, params)]):
             if event.token is not None:
                 tokens.append(event.token)
@@ -101,12 +101,15 @@ class Engine:
                     logprobs.append(event.logprob)
             if event.stop_reason is not None:
                 final = self._completion(tokens, logprobs, event, params, len(prompt))
-                yield StreamChunk(token=event.token, text=final.text[len(emitted) :], final=final)
+                yield StreamChunk(token=event.token, text=final.text[emitted:], final=final)
                 return
-            text = self.tokenizer.decode(tokens)
-            if not text.endswith("\ufffd"):  # hold back a half-decoded UTF-8 character
-                delta, emitted = text[len(emitted) :], text
-                yield StreamChunk(token=event.token, text=delta)
+            piece = self.tokenizer.decode(tokens[decoded:])  # only the new tokens: no re-decoding per step
+            if piece.endswith("\ufffd"):  # hold back a half-decoded UTF-8 character
+                continue
+            text, decoded = text + piece, len(tokens)
+            safe = len(text) - _stop_prefix_overlap(text, params.stop)  # never leak the start of a stop string
+            delta, emitted = text[emitted:safe], max(emitted, safe)
+            yield StreamChunk(token=event.token, text=delta)
 
     def _completion(self, tokens: list[int], logprobs: list[TokenLogprob], final: Event | None,
                     params: SamplingParams, prompt_len: int) -> Completion:  # fmt: skip
@@ -264,6 +267,12 @@ class _ClosedRunner:
         from .errors import WorkbenchError
 
         raise WorkbenchError("this engine was unloaded; call workbench.load(...) again")
+
+
+def _stop_prefix_overlap(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of ``text`` that could still grow into one of ``stops``."""
+    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])),
+               default=0)  # fmt: skip
 
 
 def _fmt_bytes(n: int) -> str:

@@ -104,15 +104,15 @@ class Generator:
 
     def _prefill_groups(self, order: list[int], lengths: list[int]) -> Iterator[list[int]]:
         """Split into forwards of similar lengths, each under MAX_PREFILL_TOKENS padded tokens."""
-        order = sorted(order, key=lambda i: lengths[i])
         group: list[int] = []
-        for i in order:
-            width = max([lengths[j] for j in group] + [lengths[i]])
-            real = sum(lengths[j] for j in group) + lengths[i]
-            if group and (width * (len(group) + 1) > MAX_PREFILL_TOKENS or width * (len(group) + 1) > 2 * real + 64):
+        real = 0  # unpadded tokens in the group
+        for i in sorted(order, key=lambda i: lengths[i]):
+            padded = lengths[i] * (len(group) + 1)  # ascending order: the newcomer sets the width
+            if group and (padded > MAX_PREFILL_TOKENS or padded > 2 * (real + lengths[i]) + 64):
                 yield group
-                group = []
+                group, real = [], 0
             group.append(i)
+            real += lengths[i]
         if group:
             yield group
 
