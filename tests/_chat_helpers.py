@@ -9,9 +9,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
-import importlib.util
-import sys
-import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,18 +21,11 @@ PINNED_DATE = dt.date(2024, 9, 21)
 
 
 def install_torchvision_stub() -> None:
-    """The Llama 4 reference chat format imports torchvision for image preprocessing; text-only use never
-    calls it, so an empty stand-in module is enough when torchvision is not installed."""
-    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is not None:
-        return
-    tv = types.ModuleType("torchvision")
-    transforms = types.ModuleType("torchvision.transforms")
-    functional = types.ModuleType("torchvision.transforms.functional")
-    transforms.functional = functional  # type: ignore[attr-defined]
-    tv.transforms = transforms  # type: ignore[attr-defined]
-    sys.modules.update(
-        {"torchvision": tv, "torchvision.transforms": transforms, "torchvision.transforms.functional": functional}
-    )
+    """The Llama 4 reference chat format imports torchvision for image preprocessing; without an installable
+    torchvision the tests use a minimal stand-in of the transforms it needs (tests/torchvision_standin.py)."""
+    import torchvision_standin
+
+    torchvision_standin.install()
 
 
 # --- our side -----------------------------------------------------------------------------------------------

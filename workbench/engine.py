@@ -52,7 +52,7 @@ class Engine:
         if self._formatter is None:
             from .formats import make_formatter
 
-            self._formatter = make_formatter(self.tokenizer, self.model_id)
+            self._formatter = make_formatter(self.tokenizer, self.model_id, vision_args=self.args.vision_args)
         return self._formatter
 
     # ----------------------------------------------------------------------------- completions

@@ -58,3 +58,7 @@ class QuantizationError(ConfigError):
 
 class WorkerError(WorkbenchError, RuntimeError):
     """A model-parallel worker process died or failed; the engine must be reloaded."""
+
+
+class ImageError(InputError):
+    """An image in a message cannot be used: unreadable, or the model has no vision encoder."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .callables import from_callable, parse_docstring, schema_of_type
 from .calls import TOOL_PROMPT_FORMATS, python_literal, render_tool_call, render_tool_calls
-from .chat_format import ChatFormat
+from .chat_format import ChatFormat, ImageTokens, Prompt, PromptImage
 from .formatter import Formatter, coerce_messages, make_formatter, normalize_tool_choice
 from .models import ModelInfo, resolve_model
 from .parser import ParseResult, parse_assistant, parse_tool_calls
@@ -19,9 +19,12 @@ __all__ = [
     "BUILTIN_TOOLS",
     "TOOL_PROMPT_FORMATS",
     "ChatFormat",
+    "ImageTokens",
     "Formatter",
     "ModelInfo",
     "ParseResult",
+    "Prompt",
+    "PromptImage",
     "ToolDefinition",
     "ToolParam",
     "coerce_messages",

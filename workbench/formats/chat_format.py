@@ -16,10 +16,13 @@ first would produce different ids.  Rules that differ by family:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError
+from ..errors import ImageError, InputError
 from ..types import Message
+from ..vision.images import is_image_item, open_image
+from ..vision.layout import ImageLayout, image_layout
 from .calls import render_tool_call
 
 _TOKENS = {
@@ -30,41 +33,82 @@ _TOKENS = {
 }  # fmt: skip
 
 
-def content_items(content: Any) -> list[str]:
-    """The text items of a message's content (a string, or a list of strings / ``{"type": "text"}`` items).
+@dataclass
+class PromptImage:
+    """An image placed in a prompt: the RGB PIL image and how it is tiled (which fixed its tokens)."""
 
-    Images are refused: the engine is text-only, and silently dropping them would change the prompt.
+    image: Any
+    layout: ImageLayout
+
+
+@dataclass
+class Prompt:
+    """A rendered dialog: token ids plus the images whose ``<|patch|>`` tokens it holds, in prompt order."""
+
+    tokens: list[int]
+    images: list[PromptImage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ImageTokens:
+    """What the chat format needs to lay out image tokens: tile side, tokens per tile, tile budget."""
+
+    tile_size: int
+    tokens_per_tile: int
+    max_tiles: int = 16
+
+
+def content_items(content: Any) -> list[Any]:
+    """The items of a message's content: strings, and image items (see :mod:`workbench.vision.images`) as given.
+
+    Content is a string, one item, or a list of strings / ``{"type": "text"}`` items / image items.
     """
     if isinstance(content, str):
         return [content]
     items = content if isinstance(content, (list, tuple)) else [content]
-    out: list[str] = []
+    out: list[Any] = []
     for item in items:
-        if isinstance(item, str):
+        if isinstance(item, str) and not is_image_item(item):
             out.append(item)
         elif isinstance(item, dict) and item.get("type", "text") == "text" and isinstance(item.get("text"), str):
             out.append(item["text"])
         elif isinstance(getattr(item, "text", None), str) and getattr(item, "type", "text") == "text":
             out.append(item.text)
+        elif is_image_item(item):
+            out.append(_ImageRef(item))
         else:
             kind = item.get("type") if isinstance(item, dict) else type(item).__name__
             raise InputError(
-                f"message content item of type {kind!r} is not supported; workbench is text-only, give strings "
-                "or {'type': 'text', 'text': ...} items"
+                f"message content item of type {kind!r} is not supported; give strings, {{'type': 'text', 'text': "
+                "...}} items or images (PIL image, Path, bytes, data URL, {'type': 'image', 'image': ...})"
             )
     return out
 
 
+@dataclass
+class _ImageRef:
+    """An image item not opened yet (opening happens only where images are allowed)."""
+
+    item: Any
+
+
 def content_text(content: Any, sep: str = "\n") -> str:
-    """Content as one string (items joined by ``sep``), for places that paste it into a prompt."""
-    return sep.join(content_items(content))
+    """Content as one string (items joined by ``sep``), for places that paste it into a prompt (no images there)."""
+    items = content_items(content)
+    if any(isinstance(i, _ImageRef) for i in items):
+        raise InputError("images are not supported in this message (it is pasted into a tool prompt as text); "
+                         "put images in user messages")  # fmt: skip
+    return sep.join(items)
 
 
 class ChatFormat:
     """Encodes messages into token ids for one tokenizer family (``tokenizer.family``)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, image_tokens: ImageTokens | None = None, *,
+                 no_images_reason: str | None = None) -> None:  # fmt: skip
         self.tokenizer = tokenizer
+        self.image_tokens = image_tokens
+        self.no_images_reason = no_images_reason
         self.family = getattr(tokenizer, "family", "llama3")
         if self.family not in _TOKENS:
             raise InputError(f"unknown tokenizer family {self.family!r}; expected llama3 or llama4")
@@ -86,19 +130,56 @@ class ChatFormat:
             *self.tokenizer.encode("\n\n", bos=False, eos=False),
         ]
 
-    def encode_content(self, content: Any) -> list[int]:
+    def encode_content(self, content: Any, images: list[PromptImage] | None = None) -> list[int]:
+        """Token ids of the content; opened images are appended to ``images``."""
         ids: list[int] = []
-        for text in content_items(content):
-            ids.extend(self.tokenizer.encode(text, bos=False, eos=False))
+        for item in content_items(content):
+            if isinstance(item, _ImageRef):
+                image = self.place_image(item.item)
+                if images is not None:
+                    images.append(image)
+                ids.extend(self.encode_image(image.layout))
+            else:
+                ids.extend(self.tokenizer.encode(item, bos=False, eos=False))
         return ids
 
-    def encode_message(self, message: Message, tool_prompt_format: str) -> list[int]:
+    def place_image(self, item: Any) -> PromptImage:
+        """Open an image item and plan its tiles (errors when this model takes no images)."""
+        if self.image_tokens is None:
+            raise ImageError(self.no_images_reason or "this model is text-only: it has no vision encoder")
+        image = open_image(item)
+        cfg = self.image_tokens
+        return PromptImage(image, image_layout(image.width, image.height, cfg.tile_size, cfg.max_tiles))
+
+    def encode_image(self, layout: ImageLayout) -> list[int]:
+        """The image's tokens: ``<|image_start|>``, per tile ``<|patch|>`` x tokens_per_tile with
+        ``<|tile_x_separator|>`` between columns and ``<|tile_y_separator|>`` after each row, then ``<|image|>``
+        and the global thumbnail's patches, ``<|image_end|>``.  A single tile has no separators and no
+        thumbnail: ``<|image_start|><|image|>`` patches ``<|image_end|>``."""
+        assert self.image_tokens is not None
+        sp = self.tokenizer.special_tokens
+        patches = [sp["<|patch|>"]] * self.image_tokens.tokens_per_tile
+        ids = [sp["<|image_start|>"]]
+        if layout.rows * layout.cols > 1:
+            for _ in range(layout.rows):
+                for col in range(layout.cols):
+                    ids.extend(patches)
+                    if col < layout.cols - 1:
+                        ids.append(sp["<|tile_x_separator|>"])
+                ids.append(sp["<|tile_y_separator|>"])
+        ids.append(sp["<|image|>"])
+        ids.extend(patches)
+        ids.append(sp["<|image_end|>"])
+        return ids
+
+    def encode_message(self, message: Message, tool_prompt_format: str,
+                       images: list[PromptImage] | None = None) -> list[int]:  # fmt: skip
         role = "tool" if message.role in ("tool", "ipython") else message.role
         ids = self.encode_header(role)
         calls = message.tool_calls if role == "assistant" else []
         if self.family == "llama3" and calls and str(_name(calls[0])) == "code_interpreter":
             ids.append(self.python_tag)
-        ids.extend(self.encode_content(message.content))
+        ids.extend(self.encode_content(message.content, images))
         for call in calls:
             ids.extend(self.tokenizer.encode(render_tool_call(call, tool_prompt_format), bos=False, eos=False))
         stop = _stop_value(message.stop_reason)
@@ -110,11 +191,16 @@ class ChatFormat:
         return ids
 
     def encode_dialog(self, messages: Sequence[Message], tool_prompt_format: str) -> list[int]:
+        return self.encode_prompt(messages, tool_prompt_format).tokens
+
+    def encode_prompt(self, messages: Sequence[Message], tool_prompt_format: str) -> Prompt:
+        """The dialog's token ids and its images in prompt order."""
+        images: list[PromptImage] = []
         ids = [self.bos]
         for message in messages:
-            ids.extend(self.encode_message(message, tool_prompt_format))
+            ids.extend(self.encode_message(message, tool_prompt_format, images))
         ids.extend(self.encode_header("assistant"))
-        return ids
+        return Prompt(ids, images)
 
 
 def _name(call: Any) -> str:

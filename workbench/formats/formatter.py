@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import InputError
 from ..types import Message
 from .calls import normalize_tool_prompt_format
-from .chat_format import ChatFormat
+from .chat_format import ChatFormat, ImageTokens, Prompt
 from .models import ModelInfo, resolve_model
 from .parser import parse_assistant
 from .tool_prompts import TodayLike, augment_llama3_1, augment_llama3_2
@@ -71,14 +71,27 @@ class Formatter:
 
     ``model_id`` selects the tool-prompt style (Llama 3.1 vs 3.2/3.3/4); None infers it from the tokenizer
     family.  ``today`` pins the date written into Llama 3.1 tool prompts (a date, a string, or a callable);
-    by default it is the current date, as in the reference.
+    by default it is the current date, as in the reference.  ``vision_args`` (a Llama 4 checkpoint's
+    :class:`~workbench.models.args.VisionArgs`) enables images in messages, tiled into at most
+    ``max_image_tiles`` tiles (Meta's default 16).
     """
 
-    def __init__(self, tokenizer: Any, model_id: str | None = None, *, today: TodayLike = None) -> None:
+    def __init__(self, tokenizer: Any, model_id: str | None = None, *, today: TodayLike = None,
+                 vision_args: Any = None, max_image_tiles: int = 16) -> None:  # fmt: skip
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.model: ModelInfo = resolve_model(model_id, getattr(tokenizer, "family", "llama3"))
-        self.chat = ChatFormat(tokenizer)
+        family = getattr(tokenizer, "family", "llama3")
+        image_tokens, reason = None, None
+        if family != "llama4":
+            reason = ("images need a Llama 4 model: workbench runs Llama 3 models text-only (Llama 3.2 Vision's "
+                      "cross-attention image layers are not supported)")  # fmt: skip
+        elif vision_args is None:
+            reason = ("this Llama 4 checkpoint is text-only: its params.json has no vision_args (no vision encoder); "
+                      "load a checkpoint with vision weights, such as Llama-4-Scout-17B-16E-Instruct")  # fmt: skip
+        else:
+            image_tokens = ImageTokens(vision_args.tile_size, vision_args.tokens_per_tile, max_image_tiles)
+        self.chat = ChatFormat(tokenizer, image_tokens, no_images_reason=reason)
         self.family = self.chat.family
         self.today = today
 
@@ -136,6 +149,20 @@ class Formatter:
         today: TodayLike = None,
     ) -> list[int]:
         """Token ids of the dialog, ending with the open assistant header the model completes."""
+        return self.encode_prompt(messages, tools, tool_choice, tool_prompt_format,
+                                  system_message_behavior=system_message_behavior, today=today).tokens  # fmt: skip
+
+    def encode_prompt(
+        self,
+        messages: DialogLike,
+        tools: Iterable[Any] | None = None,
+        tool_choice: Any = "auto",
+        tool_prompt_format: Any = None,
+        *,
+        system_message_behavior: str = "append",
+        today: TodayLike = None,
+    ) -> Prompt:
+        """Like :meth:`encode_dialog`, plus the dialog's images (opened and tiled) in prompt order."""
         msgs, fmt = self.prepare_dialog(
             messages,
             tools,
@@ -144,7 +171,7 @@ class Formatter:
             system_message_behavior=system_message_behavior,
             today=today,
         )
-        return self.chat.encode_dialog(msgs, fmt)
+        return self.chat.encode_prompt(msgs, fmt)
 
     def render(
         self,
@@ -171,6 +198,8 @@ class Formatter:
         return parse_assistant(self.tokenizer.decode(list(tokens)), stop_reason)
 
 
-def make_formatter(tokenizer: Any, model_id: str | None = None, *, today: TodayLike = None) -> Formatter:
-    """The formatter for an engine: chat tokens from ``tokenizer.family``, tool prompts from ``model_id``."""
-    return Formatter(tokenizer, model_id, today=today)
+def make_formatter(tokenizer: Any, model_id: str | None = None, *, today: TodayLike = None, vision_args: Any = None,
+                   max_image_tiles: int = 16) -> Formatter:  # fmt: skip
+    """The formatter for an engine: chat tokens from ``tokenizer.family``, tool prompts from ``model_id``, images
+    when ``vision_args`` is given."""
+    return Formatter(tokenizer, model_id, today=today, vision_args=vision_args, max_image_tiles=max_image_tiles)

@@ -40,6 +40,46 @@ class LoRAArgs:
 
 
 @dataclass
+class Size:
+    height: int
+    width: int
+
+
+@dataclass
+class VisionArgs:
+    """The Llama 4 vision encoder's shape (``vision_args`` of params.json).
+
+    Images are cut into ``image_size`` tiles of ``patch_size`` patches; the encoder (``dim``, ``n_layers``,
+    ``n_heads``, ``mlp_ratio``) embeds every patch, pixel shuffle by ``pixel_shuffle_ratio`` merges neighbouring
+    patches, and an MLP maps them to ``output_dim`` before the projection to the text model's ``dim``.
+    """
+
+    image_size: Size
+    patch_size: Size
+    dim: int
+    n_layers: int
+    n_heads: int
+    mlp_ratio: float
+    output_dim: int
+    pixel_shuffle_ratio: float
+
+    @property
+    def tile_size(self) -> int:
+        """Side of a square tile in pixels (Meta's preprocessing tiles on ``image_size.width``)."""
+        return self.image_size.width
+
+    @property
+    def patches_per_tile(self) -> int:
+        """Encoder patches per tile (before pixel shuffle)."""
+        return (self.image_size.height // self.patch_size.height) * (self.image_size.width // self.patch_size.width)
+
+    @property
+    def tokens_per_tile(self) -> int:
+        """``<|patch|>`` tokens per tile in the prompt: patches merged by pixel shuffle."""
+        return self.patches_per_tile // int(round(1.0 / self.pixel_shuffle_ratio**2))
+
+
+@dataclass
 class ModelArgs:
     dim: int
     n_layers: int
@@ -64,7 +104,7 @@ class ModelArgs:
     moe_args: MoEArgs | None = None
     quantization_args: QuantizationArgs | None = None
     lora_args: LoRAArgs | None = None
-    vision_args: dict[str, Any] | None = None  # kept verbatim: image inputs are not wired yet
+    vision_args: VisionArgs | None = None
     # Llama 3.2 vision fields (cross-attention models); parsed so such params.json load cleanly.
     vision_chunk_size: int = -1
     vision_max_num_chunks: int = 4
@@ -195,9 +235,32 @@ class ModelArgs:
             raise bad(f"attention_chunk_size must be positive, got {self.attention_chunk_size}")
         if self.nope_layer_interval is not None and self.nope_layer_interval <= 0:
             raise bad(f"nope_layer_interval must be positive, got {self.nope_layer_interval}")
+        if self.vision_args is not None:
+            _validate_vision(self.vision_args, bad)
 
 
-_NESTED = {"moe_args": MoEArgs, "quantization_args": QuantizationArgs, "lora_args": LoRAArgs}
+def _validate_vision(v: VisionArgs, bad: Any) -> None:
+    for name in ("dim", "n_layers", "n_heads", "output_dim"):
+        if getattr(v, name) <= 0:
+            raise bad(f"vision_args.{name} must be positive, got {getattr(v, name)}")
+    sizes = (v.image_size.height, v.image_size.width, v.patch_size.height, v.patch_size.width)
+    if min(sizes) <= 0:
+        raise bad("vision_args.image_size and patch_size must be positive")
+    if v.image_size.height % v.patch_size.height or v.image_size.width % v.patch_size.width:
+        raise bad(f"vision_args.image_size {v.image_size} is not a whole number of patches {v.patch_size}")
+    if v.image_size.height != v.image_size.width or v.patch_size.height != v.patch_size.width:
+        raise bad("vision_args: tiles and patches must be square (Meta's encoder assumes it)")
+    if v.dim % v.n_heads or (v.dim // v.n_heads) % 4:
+        raise bad(f"vision_args.dim ({v.dim}) must split into n_heads ({v.n_heads}) heads of a size divisible by 4")
+    grid = v.image_size.width // v.patch_size.width
+    ratio = v.pixel_shuffle_ratio
+    if not 0 < ratio <= 1 or abs(grid * ratio - round(grid * ratio)) > 1e-9:
+        raise bad(f"vision_args.pixel_shuffle_ratio ({ratio}) must shrink the {grid}x{grid} patch grid "
+                  "to whole patches")
+
+
+_NESTED = {"moe_args": MoEArgs, "quantization_args": QuantizationArgs, "lora_args": LoRAArgs,
+           "vision_args": VisionArgs, "vision_args.image_size": Size, "vision_args.patch_size": Size}
 
 
 def _convert(name: str, value: Any, annotation: Any, source: str) -> Any:
@@ -212,9 +275,13 @@ def _convert(name: str, value: Any, annotation: Any, source: str) -> Any:
         unknown = sorted(set(value) - set(nested_known))
         if unknown:
             raise ModelArgsError(f"{source}: unknown field(s) {unknown} in {name!r}; known: {sorted(nested_known)}")
+        missing = sorted(k for k, f in nested_known.items() if k not in value and _required(f))
+        if missing:
+            raise ModelArgsError(f"{source}: field(s) {missing} missing in {name!r}; add them to params.json")
         return nested_cls(
             **{k: _convert(f"{name}.{k}", v, nested_known[k].type, source) for k, v in value.items()}
         )
+
     text = str(annotation)
     if value is None:
         if "None" in text:
@@ -241,3 +308,9 @@ def _convert(name: str, value: Any, annotation: Any, source: str) -> Any:
             raise ModelArgsError(f"{source}: field {name!r} must be a string, got {value!r}")
         return value
     return value
+
+
+def _required(f: Any) -> bool:
+    from dataclasses import MISSING
+
+    return f.default is MISSING and f.default_factory is MISSING
