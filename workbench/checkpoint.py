@@ -128,6 +128,13 @@ _SPLIT_RULES: list[tuple[re.Pattern[str], int | None]] = [
     (re.compile(r"feed_forward\.experts\.w2$"), 1),
     (re.compile(r"^tok_embeddings\.weight$"), 0),
     (re.compile(r"^output\.weight$"), 0),
+    # Llama 4 vision encoder, adapter and projection (Meta's reshard rules for vision_embeddings.*)
+    (re.compile(r"\.attn\.(wq|wk|wv)\.(weight|bias)$"), 0),
+    (re.compile(r"\.attn\.wo\.weight$"), 1),
+    (re.compile(r"\.mlp\.c_fc\.(weight|bias)$"), 0),
+    (re.compile(r"\.mlp\.c_proj\.weight$"), 1),
+    (re.compile(r"conv1\._linear\.weight$"), 0),
+    (re.compile(r"^vision_projection\.weight$"), 0),
 ]
 
 
@@ -171,22 +178,61 @@ def reshard(shards: list[dict[str, torch.Tensor]], *, n_saved: int, mp_size: int
     return out
 
 
+def _load_shard(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as exc:  # corrupted, truncated or pickled with arbitrary objects
+        raise CheckpointError(
+            f"could not load {path} with weights_only=True ({type(exc).__name__}: {exc}); the file is "
+            "corrupt or not a tensor-only checkpoint — re-download it"
+        ) from exc
+
+
 def load_state_dict_for_rank(ckpt_dir: str | Path, args: ModelArgs, mp_size: int = 1,
                              rank: int = 0) -> dict[str, torch.Tensor]:  # fmt: skip
     """This rank's canonical state dict, memory-mapped where no copy is needed."""
     paths = shard_paths(ckpt_dir)
     picked = source_shards_for_rank(len(paths), mp_size, rank)
-    shards = []
-    for i in picked:
-        try:
-            raw = torch.load(paths[i], map_location="cpu", mmap=True, weights_only=True)
-        except Exception as exc:  # corrupted, truncated or pickled with arbitrary objects
-            raise CheckpointError(
-                f"could not load {paths[i]} with weights_only=True ({type(exc).__name__}: {exc}); the file is "
-                "corrupt or not a tensor-only checkpoint — re-download it"
-            ) from exc
-        shards.append(canonicalize(raw, args))
+    shards = [canonicalize(_load_shard(paths[i]), args) for i in picked]
     return reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
+
+
+def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype,
+                 mp_size: int = 1, rank: int = 0) -> torch.nn.Module:  # fmt: skip
+    """This rank's slice of the Llama 4 vision encoder, adapter and projection (``vision_embeddings.*``,
+    ``vision_projection.weight``), read from the shards on demand (the text model never holds them)."""
+    from .models.vision import VisionModel
+
+    if args.vision_args is None:
+        raise CheckpointError(f"{ckpt_dir}: params.json has no vision_args, so the model has no vision encoder")
+    paths = shard_paths(ckpt_dir)
+    picked = source_shards_for_rank(len(paths), mp_size, rank)
+    shards = [{k: v for k, v in _load_shard(paths[i]).items() if k.startswith(("vision_embeddings.",
+              "vision_projection."))} for i in picked]  # fmt: skip
+    state = reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
+    model = VisionModel(args, device="meta", dtype=dtype)
+    _assign(model, state, ckpt_dir, mp_size, device, what="vision encoder")
+    return model.eval()
+
+
+def _assign(model: torch.nn.Module, state: dict[str, torch.Tensor], ckpt_dir: str | Path, mp_size: int,
+            device: torch.device, what: str) -> None:  # fmt: skip
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise CheckpointError(
+            f"{ckpt_dir}: the checkpoint lacks {len(missing)} {what} tensors the params.json vision_args imply, e.g. "
+            f"{missing[:4]}; this checkpoint cannot take images (use one with vision weights)"
+        )
+    for key, want in expected.items():
+        got = state[key]
+        if tuple(got.shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"{ckpt_dir}: {key} has shape {tuple(got.shape)} but params.json implies {tuple(want.shape)} "
+                f"at model_parallel_size={mp_size}; check vision_args in params.json"
+            )
+        state[key] = got.to(device=device, dtype=want.dtype)
+    model.load_state_dict({k: state[k] for k in expected}, assign=True, strict=True)
 
 
 def check_vocab(args: ModelArgs, n_words: int, source: str) -> ModelArgs:

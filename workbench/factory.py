@@ -38,6 +38,13 @@ TINY_LLAMA4: dict[str, Any] = {
                  "interleave_moe_layer_step": 2},
 }  # fmt: skip
 
+# TINY_LLAMA4 with a tiny vision encoder: 56-pixel tiles of 4x4 patches, 4 <|patch|> tokens per tile.
+TINY_VISION_ARGS: dict[str, Any] = {
+    "image_size": {"height": 56, "width": 56}, "patch_size": {"height": 14, "width": 14}, "dim": 64, "n_layers": 2,
+    "n_heads": 4, "mlp_ratio": 2.0, "output_dim": 96, "pixel_shuffle_ratio": 0.5,
+}  # fmt: skip
+TINY_LLAMA4_VISION: dict[str, Any] = {**TINY_LLAMA4, "vision_args": TINY_VISION_ARGS}
+
 # About 50M parameters (most in the embedding/output of the 128k vocabulary): the "larger tiny" model.
 SMALL_LLAMA3: dict[str, Any] = {**TINY_LLAMA3, "dim": 192, "n_layers": 6, "n_heads": 6, "n_kv_heads": 2}
 
@@ -51,6 +58,10 @@ def random_state_dict(args: ModelArgs, seed: int = 0) -> dict[str, torch.Tensor]
 
     ensure_model_parallel(1)
     shapes = {k: tuple(v.shape) for k, v in Transformer(args, max_seq_len=8, device="meta").state_dict().items()}
+    if args.vision_args is not None:
+        from .models.vision import VisionModel
+
+        shapes.update({k: tuple(v.shape) for k, v in VisionModel(args, device="meta").state_dict().items()})
     gen = torch.Generator().manual_seed(seed)
     state: dict[str, torch.Tensor] = {}
     for key in sorted(shapes):
@@ -63,6 +74,11 @@ def random_state_dict(args: ModelArgs, seed: int = 0) -> dict[str, torch.Tensor]
             tensor = torch.randn(shape, generator=gen) * (2.0 / args.dim**0.5)
         elif key.endswith("router_DE"):
             tensor = torch.randn(shape, generator=gen) / args.dim**0.5
+        elif key.startswith("vision_") and key.endswith((".bias", "ln_1.weight", "ln_2.weight", "ln_pre.weight",
+                                                         "ln_post.weight")):  # fmt: skip
+            tensor = (1.0 if key.endswith("weight") else 0.0) + 0.1 * torch.randn(shape, generator=gen)
+        elif key.endswith(("class_embedding", "positional_embedding_vlm")):
+            tensor = torch.randn(shape, generator=gen) * shape[-1] ** -0.5
         elif key.endswith(("experts.w1", "experts.w3", "experts.w2")):
             tensor = torch.randn(shape, generator=gen) / shape[1] ** 0.5  # fan-in is dim 1 of [E, in, out]
         else:

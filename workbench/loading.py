@@ -5,9 +5,11 @@ Shared by the in-process runner and the model-parallel workers, so both load exa
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from .checkpoint import build_model
+from .checkpoint import build_model, build_vision
 from .config import Settings
 from .models.args import ModelArgs
 from .models.transformer import Transformer
@@ -24,4 +26,13 @@ def load_model_for_rank(settings: Settings, args: ModelArgs, rank: int = 0) -> T
         max_seq_len=settings.max_seq_len, mp_size=settings.model_parallel_size, rank=rank,
     )  # fmt: skip
     # Called for every mode: a pre-quantized checkpoint's shards hold unscaled fp8 codes that need their scales.
-    return quantize_model(model, settings.quantization, settings=settings, rank=rank)
+    model = quantize_model(model, settings.quantization, settings=settings, rank=rank)
+    if args.vision_args is not None:
+        model.vision_loader = functools.partial(_load_vision, settings, args, rank, model)
+    return model
+
+
+def _load_vision(settings: Settings, args: ModelArgs, rank: int, model: Transformer) -> torch.nn.Module:
+    """The vision encoder of this rank, in the text model's (possibly bf16) dtype and on its device."""
+    return build_vision(settings.checkpoint_dir, args, device=model.device, dtype=model.dtype,
+                        mp_size=settings.model_parallel_size, rank=rank)  # fmt: skip

@@ -30,7 +30,7 @@ class ColumnParallel(ColumnParallelLinear):
     """Y = X A^T with A split on the output dim; the weight is [out / mp, in]."""
 
     def __init__(self, in_features: int, out_features: int, *, gather_output: bool,
-                 device: torch.device | str, dtype: torch.dtype) -> None:  # fmt: skip
+                 device: torch.device | str, dtype: torch.dtype, bias: bool = False) -> None:  # fmt: skip
         nn.Module.__init__(self)
         self.in_features = in_features
         self.out_features = out_features
@@ -39,7 +39,10 @@ class ColumnParallel(ColumnParallelLinear):
         self.weight = nn.Parameter(
             torch.empty(self.output_size_per_partition, in_features, device=device, dtype=dtype), requires_grad=False
         )
-        self.register_parameter("bias", None)
+        if bias:  # split like the output features
+            self.bias = nn.Parameter(torch.empty(self.output_size_per_partition, device=device, dtype=dtype), False)
+        else:
+            self.register_parameter("bias", None)
         self.master_weight = None
 
 
@@ -47,7 +50,7 @@ class RowParallel(RowParallelLinear):
     """Y = X A^T with A split on the input dim (input already split); outputs are summed across ranks."""
 
     def __init__(self, in_features: int, out_features: int, *, device: torch.device | str,
-                 dtype: torch.dtype) -> None:  # fmt: skip
+                 dtype: torch.dtype, bias: bool = False) -> None:  # fmt: skip
         nn.Module.__init__(self)
         self.in_features = in_features
         self.out_features = out_features
@@ -56,7 +59,10 @@ class RowParallel(RowParallelLinear):
         self.weight = nn.Parameter(
             torch.empty(out_features, self.input_size_per_partition, device=device, dtype=dtype), requires_grad=False
         )
-        self.register_parameter("bias", None)
+        if bias:  # whole on every rank, added once after the sum over ranks
+            self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
         self.master_weight = None
 
 

@@ -13,6 +13,7 @@ layout loads with ``load_state_dict`` directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -215,6 +216,8 @@ class Transformer(nn.Module):
         self.output = ColumnParallel(args.dim, args.vocab_size, gather_output=True, **kw)
         self._rope_freqs = rope_frequencies(args.rope_head_dim, args.rope_theta, args.rope_scaling())
         self._rope_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Vision weights (``vision_embeddings``, ``vision_projection``) are attached on first use: see attach_vision.
+        self.vision_loader: Callable[[], nn.Module] | None = None
 
     # ----------------------------------------------------------------------------- helpers
     @property
@@ -251,15 +254,68 @@ class Transformer(nn.Module):
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.output(self.norm(h)).float()
 
+    # ----------------------------------------------------------------------------- vision
+    @property
+    def vision_loaded(self) -> bool:
+        return "vision_embeddings" in self._modules
+
+    def attach_vision(self, vision: nn.Module) -> None:
+        """Register a loaded :class:`~workbench.models.vision.VisionModel`'s ``vision_embeddings`` and
+        ``vision_projection`` as submodules (Meta's names), so they count in parameters and memory."""
+        self.vision_embeddings = vision.vision_embeddings
+        self.vision_projection = vision.vision_projection
+
+    def ensure_vision(self) -> None:
+        """Load the vision weights now if they are not loaded (through ``vision_loader``)."""
+        if self.vision_loaded:
+            return
+        if self.args.vision_args is None or self.vision_loader is None:
+            from ..errors import ImageError
+
+            raise ImageError("this model has no vision encoder (params.json has no vision_args); it is text-only")
+        self.attach_vision(self.vision_loader())
+
+    @torch.inference_mode()
+    def encode_images(self, tiles: torch.Tensor) -> torch.Tensor:
+        """Normalized tiles [N, 3, T, T] -> one text embedding per ``<|patch|>`` token: [N, tokens_per_tile, D]."""
+        from .vision import encode_tiles
+
+        self.ensure_vision()
+        return encode_tiles(self.vision_embeddings, self.vision_projection, tiles.to(self.device))
+
+    def _merge_images(self, h: torch.Tensor, tokens: torch.Tensor, images: Sequence[torch.Tensor | None],
+                      image_token: int) -> torch.Tensor:  # fmt: skip
+        """Replace the embeddings of each row's ``image_token`` positions by its images' patch embeddings."""
+        rows = [b for b, tiles in enumerate(images) if tiles is not None]
+        feats = self.encode_images(torch.cat([images[b] for b in rows])).to(h.dtype)  # [N, P, D]
+        start = 0
+        for b in rows:
+            count = images[b].shape[0]
+            row_feats = feats[start : start + count].reshape(-1, h.shape[-1])  # [count * P, D]
+            start += count
+            mask = tokens[b] == image_token  # [T]
+            if int(mask.sum()) != row_feats.shape[0]:
+                from ..errors import InputError
+
+                raise InputError(
+                    f"prompt row {b} has {int(mask.sum())} <|patch|> tokens but its images give {row_feats.shape[0]} "
+                    "patch embeddings; build image prompts with engine.formatter.encode_prompt"
+                )
+            h[b, mask] = row_feats
+        return h
+
     # ----------------------------------------------------------------------------- forwards
     @torch.inference_mode()
     def forward_full(self, tokens: torch.Tensor, *, cache: KVCache | None = None,
-                     cache_rows: torch.Tensor | None = None,
-                     logit_index: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                     cache_rows: torch.Tensor | None = None, logit_index: torch.Tensor | None = None,
+                     images: Sequence[torch.Tensor | None] | None = None,
+                     image_token: int | None = None) -> torch.Tensor:  # fmt: skip
         """Whole sequences from position 0: ``tokens`` [B, T] -> float32 logits [B, T, V].
 
         With ``cache`` the keys/values are written to cache slots ``cache_rows`` [B] (prefill).
         With ``logit_index`` [B] only the logits at those positions are computed: [B, V].
+        With ``images`` (per row: all its image tiles [n, 3, T, T] in prompt order, or None) the embeddings at
+        the row's ``image_token`` (``<|patch|>``) positions are replaced by the encoded images.
         """
         bsz, seqlen = tokens.shape
         positions = torch.arange(seqlen, device=tokens.device).expand(bsz, seqlen)  # [B, T]
@@ -273,6 +329,9 @@ class Transformer(nn.Module):
         ctx = StepContext(positions, cos, sin, None, local_mask, self._temperature(positions), cache, cache_rows,
                           decode=False)  # fmt: skip
         h = self.tok_embeddings(tokens)  # [B, T, D]
+        if images is not None and any(tiles is not None for tiles in images):
+            assert image_token is not None, "images need the <|patch|> token id"
+            h = self._merge_images(h, tokens, images, image_token)
         for layer in self.layers:
             h = layer(h, ctx)
         if logit_index is not None:
