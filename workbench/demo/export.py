@@ -1,0 +1,122 @@
+"""The demo model's shipped artifact: compact weights in, a normal Meta-layout checkpoint out.
+
+``export_compact`` turns a training folder into the artifact shipped inside the package
+(``workbench/demo/weights/demo-llama4.pt``): the transformer body, the embedding rows of the compact
+vocabulary only, and two fitted rows for the rest of the 202048-token vocabulary.  ``expand`` writes
+the folder the normal loader reads (``consolidated.00.pth`` in the fused key layout of published
+Llama 4 checkpoints, ``params.json``, the bundled ``tokenizer.model``).
+
+Rows outside the compact vocabulary: the model never saw those tokens, so
+
+* their *input* embedding is the mean trained embedding (an unknown token reads as an average one);
+* their *output* row must never win the argmax.  A zero row gives no guarantee (the best used logit
+  can be negative), so the row is fitted against the model's own final hidden states: ``-scale *
+  u`` with ``u`` the mean direction of those states, checked on every sampled state to score below
+  the best used token by a margin.  The check's numbers are stored in the artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models.args import ModelArgs
+
+ARTIFACT = Path(__file__).with_name("weights") / "demo-llama4.pt"
+FULL_VOCAB = 202048
+
+
+def _fit_never_win_row(model: Any, hidden: torch.Tensor, used: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """A row whose logit is below the best used logit for every state in ``hidden`` [N, D]."""
+    direction = hidden.mean(0)
+    direction = direction / direction.norm()  # [D]
+    proj = hidden @ direction  # [N]
+    best_used = (hidden @ used.T).max(-1).values  # [N]
+    if proj.min() <= 0:
+        raise RuntimeError("final hidden states do not share a positive direction; cannot fit a never-win row")
+    # logit of the row = -scale * proj; require -scale * proj <= best_used - margin for all samples
+    margin = 10.0
+    scale = float(((margin - best_used) / proj).clamp(min=0).max()) + 1.0
+    row = -scale * direction
+    worst_gap = float((best_used - hidden @ row).min())
+    return row, {"scale": scale, "min_projection": float(proj.min()), "min_gap": worst_gap,
+                 "states_checked": int(hidden.shape[0])}  # fmt: skip
+
+
+def export_compact(train_dir: str | Path, out: str | Path = ARTIFACT, *, sample_dialogs: int = 256) -> dict[str, Any]:
+    """Write the compact artifact from a training folder; returns the never-win check's numbers."""
+    from ..formats import make_formatter
+    from ..tokenizer import Tokenizer, bundled_tokenizer_path
+    from .data import DialogGenerator, encode
+    from .forward import hidden_states
+    from .train import build_model
+
+    train_dir = Path(train_dir)
+    config = json.loads((train_dir / "config.json").read_text())
+    state = torch.load(train_dir / "state.pt", weights_only=True)["model"]
+    vocab = config["vocab"]
+    model = build_model(config["params"], len(vocab), seed=0)
+    model.load_state_dict(state)
+    model.output.weight = model.tok_embeddings.weight
+    # final hidden states over dialogs of both splits, every position
+    tokenizer = Tokenizer(bundled_tokenizer_path("llama4"))
+    formatter = make_formatter(tokenizer, None)
+    to_compact = {t: i for i, t in enumerate(vocab)}
+    states = []
+    with torch.no_grad():
+        for split in ("train", "heldout"):
+            gen = DialogGenerator(split, seed=777)
+            for _ in range(sample_dialogs // 2):
+                ids = [to_compact.get(t, 0) for t in encode(formatter, gen.dialog()).tokens]
+                states.append(hidden_states(model, torch.tensor([ids]))[0])  # [T, D]
+    hidden = torch.cat(states)  # [N, D]
+    embeddings = model.tok_embeddings.weight.detach()  # [V, D]
+    never_win, check = _fit_never_win_row(model, hidden, embeddings)
+    body = {k: v.detach().clone() for k, v in model.state_dict().items() if k not in ("tok_embeddings.weight",
+                                                                                      "output.weight")}  # fmt: skip
+    artifact = {
+        "params": config["params"],
+        "vocab": torch.tensor(vocab, dtype=torch.int32),
+        "embeddings": embeddings.to(torch.bfloat16),
+        "unknown_embedding": embeddings.mean(0).to(torch.bfloat16),
+        "never_win_row": never_win.to(torch.bfloat16),
+        "body": {k: v.to(torch.bfloat16) for k, v in body.items()},
+        "check": check,
+        "train": {k: config[k] for k in ("seed", "batch_size", "lr", "steps")},
+    }
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(artifact, out)
+    return check
+
+
+def full_state_dict(artifact: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Module-named full-vocabulary weights (bfloat16) from a loaded artifact."""
+    vocab = artifact["vocab"].long()
+    dim = artifact["embeddings"].shape[1]
+    tok = artifact["unknown_embedding"].expand(FULL_VOCAB, dim).clone()
+    tok[vocab] = artifact["embeddings"]
+    out = artifact["never_win_row"].expand(FULL_VOCAB, dim).clone()
+    out[vocab] = artifact["embeddings"]
+    return {**artifact["body"], "tok_embeddings.weight": tok, "output.weight": out}
+
+
+def expand(target: str | Path, artifact_path: str | Path = ARTIFACT) -> Path:
+    """Write the demo model as a Meta-layout checkpoint folder (deterministic: same bytes every time)."""
+    from ..factory import fuse_keys
+    from ..tokenizer import bundled_tokenizer_path
+
+    target = Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    artifact = torch.load(artifact_path, weights_only=True)
+    params = {**artifact["params"], "vocab_size": FULL_VOCAB}
+    args = ModelArgs.from_dict(dict(params), source="demo artifact")
+    shard = fuse_keys(full_state_dict(artifact), args)
+    torch.save(dict(sorted(shard.items())), target / "consolidated.00.pth")
+    (target / "params.json").write_text(json.dumps(params, indent=2))
+    shutil.copyfile(bundled_tokenizer_path("llama4"), target / "tokenizer.model")
+    return target

@@ -1,0 +1,208 @@
+"""Train the demo model: ``python -m workbench.demo.train [--steps N] [--out DIR]``.
+
+A small Llama 4 (MoE and NoPE layers, chunked attention) learns the official python-list tool-call
+format from synthetic dialogs (:mod:`workbench.demo.data`), on CPU, deterministic from ``--seed``.
+Design choices, and why:
+
+* Compact vocabulary: the model is trained over the few tens of thousands of token ids it can meet
+  (common ids, every id of the dialog material), with tied input/output embeddings so that copying a
+  value from the question generalises to tokens seen rarely; ``export`` expands it to the full
+  202048-token vocabulary.
+* Loss on assistant tokens only, computed only at those positions (the output matrix is the
+  expensive part); the system-prompt prefix shared by a batch is computed once.
+* A curriculum: few tools and short prompts first, the full mix afterwards.
+* AdamW with warm-up and cosine decay; state saved every ``--save-every`` steps and resumed
+  automatically, so an interrupted run continues where it stopped with identical results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..distributed import ensure_model_parallel
+from ..formats import make_formatter
+from ..models.args import ModelArgs
+from ..models.transformer import Transformer
+from ..tokenizer import Tokenizer, bundled_tokenizer_path
+from .data import DialogGenerator, encode
+from .forward import common_prefix_length, hidden_states
+from .vocab import build_compact_vocab
+
+DEMO_PARAMS: dict[str, Any] = {
+    "dim": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "vocab_size": 202048,
+    "multiple_of": 32, "ffn_dim_multiplier": 1.2, "ffn_exp": 4.0, "norm_eps": 1e-5, "rope_theta": 500000.0,
+    "use_scaled_rope": True, "rope_scaling_factor": 16.0, "rope_high_freq_factor": 1.0,
+    "attention_chunk_size": 1024, "nope_layer_interval": 2, "use_qk_norm": True,
+    "attn_temperature_tuning": True, "floor_scale": 16.0, "attn_scale": 0.1,
+    "moe_args": {"num_experts": 4, "capacity_factor": 1.0, "auto_scale_F": True, "top_k": 1,
+                 "interleave_moe_layer_step": 2},
+}  # fmt: skip
+
+
+def build_model(params: dict[str, Any], vocab_size: int, seed: int) -> Transformer:
+    """The engine's Transformer over the compact vocabulary, initialised for training, tied embeddings."""
+    ensure_model_parallel(1)
+    args = ModelArgs.from_dict({**params, "vocab_size": vocab_size}, source="demo params")
+    model = Transformer(args, max_seq_len=4096, device="cpu", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.data = torch.ones_like(p)
+        elif name == "tok_embeddings.weight":
+            p.data = torch.randn(p.shape, generator=gen) / math.sqrt(args.dim)
+        elif name.endswith(("experts.w1", "experts.w3", "experts.w2", "router_DE")):
+            p.data = torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-2])  # [.., in, out]
+        else:
+            p.data = torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1])  # [out, in]
+        if name.endswith(("wo.weight", "w2.weight", "experts.w2")):
+            p.data /= math.sqrt(2 * args.n_layers)  # residual branches start small
+        p.requires_grad_(True)
+    model.output.weight = model.tok_embeddings.weight  # tied
+    return model
+
+
+class Batcher:
+    """Deterministic batches: batch ``step`` depends only on (seed, step), so resuming is exact.
+
+    Dialogs are drawn in groups of ``GROUP`` batches and sorted by length before being cut into
+    batches, so a batch pads little.
+    """
+
+    GROUP = 4
+
+    def __init__(self, formatter: Any, to_compact: dict[int, int], unk: int, batch_size: int, seed: int,
+                 curriculum_steps: int) -> None:  # fmt: skip
+        self.formatter, self.to_compact, self.unk = formatter, to_compact, unk
+        self.batch_size, self.seed, self.curriculum_steps = batch_size, seed, curriculum_steps
+        self._group: tuple[int, list[tuple[list[int], list[bool]]]] | None = None
+
+    def _dialogs(self, group: int) -> list[tuple[list[int], list[bool]]]:
+        if self._group is None or self._group[0] != group:
+            max_tools = 2 if group * self.GROUP < self.curriculum_steps else 4
+            gen = DialogGenerator("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools)
+            encoded = [encode(self.formatter, gen.dialog()) for _ in range(self.batch_size * self.GROUP)]
+            rows = [([self.to_compact.get(t, self.unk) for t in e.tokens], e.targets) for e in encoded]
+            rows.sort(key=lambda r: len(r[0]))
+            self._group = (group, rows)
+        return self._group[1]
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        group, index = divmod(step, self.GROUP)
+        order = list(range(self.GROUP))
+        # a fixed permutation per group, so short and long batches alternate
+        order = order[group % self.GROUP :] + order[: group % self.GROUP]
+        chosen = self._dialogs(group)[order[index] * self.batch_size : (order[index] + 1) * self.batch_size]
+        rows = [r for r, _ in chosen]
+        prefix = common_prefix_length(rows)
+        width = max(len(r) for r in rows)
+        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        targets = torch.full((len(rows), width), -100, dtype=torch.long)  # target of position t is token t+1
+        for i, (row, mask) in enumerate(chosen):
+            tokens[i, : len(row)] = torch.tensor(row)
+            for t in range(1, len(row)):
+                if mask[t]:
+                    targets[i, t - 1] = row[t]
+        return tokens, targets, min(prefix, width - 1)
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, save_every: int,
+          params: dict[str, Any] | None = None, log_every: int = 10, progress: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Train (or resume) into ``out_dir``; returns the last logged metrics."""
+    from tqdm.auto import tqdm
+
+    params = params or DEMO_PARAMS
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(bundled_tokenizer_path("llama4"))
+    formatter = make_formatter(tokenizer, None)
+    vocab = build_compact_vocab(tokenizer)
+    to_compact = {t: i for i, t in enumerate(vocab)}
+    torch.manual_seed(seed)
+    model = build_model(params, len(vocab), seed)
+    decay = [p for n, p in model.named_parameters() if not n.endswith("norm.weight")]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("norm.weight")]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=lr, betas=(0.9, 0.95))  # fmt: skip
+    state_path = out_dir / "state.pt"
+    start = 0
+    if state_path.exists():
+        state = torch.load(state_path, weights_only=True)
+        model.load_state_dict(state["model"])
+        model.output.weight = model.tok_embeddings.weight
+        optimizer.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+    (out_dir / "config.json").write_text(json.dumps({"params": params, "vocab": vocab, "seed": seed,
+                                                     "batch_size": batch_size, "lr": lr, "steps": steps}))  # fmt: skip
+    batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
+                      batch_size, seed, curriculum_steps=steps // 5)  # fmt: skip
+    log_path = out_dir / "log.jsonl"
+    metrics: dict[str, Any] = {}
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
+    window_loss, window_acc, window_n, t0 = 0.0, 0.0, 0, time.time()
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup=min(200, steps // 10 + 1))
+        tokens, targets, prefix = batcher(step)
+        h = hidden_states(model, tokens, prefix)  # [B, T, D]
+        where = targets != -100
+        logits = h[where] @ model.tok_embeddings.weight.T  # [N, V]
+        loss = F.cross_entropy(logits, targets[where])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        window_loss += loss.item()
+        window_acc += (logits.argmax(-1) == targets[where]).float().mean().item()
+        window_n += 1
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            metrics = {"step": step + 1, "loss": window_loss / window_n, "token_acc": window_acc / window_n,
+                       "lr": optimizer.param_groups[0]["lr"], "s_per_step": (time.time() - t0) / window_n}  # fmt: skip
+            with log_path.open("a") as f:
+                f.write(json.dumps(metrics) + "\n")
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['token_acc']:.3f}")
+            window_loss, window_acc, window_n, t0 = 0.0, 0.0, 0, time.time()
+        if (step + 1) % save_every == 0 or step + 1 == steps:
+            tmp = state_path.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1}, tmp)
+            tmp.replace(state_path)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m workbench.demo.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("demo-train"), help="folder for state, log and config")
+    parser.add_argument("--steps", type=int, default=3000, help="total optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=16, help="dialogs per step")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights and data")
+    parser.add_argument("--save-every", type=int, default=50, help="save state every N steps (resumes from it)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared machine)")
+    parser.add_argument("--export", type=Path, default=None, help="after training, write the compact artifact here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    metrics = train(args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                    save_every=args.save_every)  # fmt: skip
+    print(json.dumps(metrics))
+    if args.export is not None:
+        from .export import export_compact
+
+        export_compact(args.out, args.export)
+        print(f"wrote {args.export}")
+
+
+if __name__ == "__main__":
+    main()

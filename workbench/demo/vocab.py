@@ -1,0 +1,40 @@
+"""The demo model's compact vocabulary: which of the 202048 Llama 4 token ids it is trained over.
+
+Broad on purpose: the ``COMMON_IDS`` lowest ids (tiktoken ids follow merge rank, so these are the
+most common pieces of text), every id met in a sample of dialogs of both splits, every id of the
+argument pools' values, and the special tokens of the chat format.  A subset taken only from the
+training corpus would make unseen words impossible to produce; this one leaves room to copy values
+the model never saw as targets.  Deterministic, so export and training agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..formats import make_formatter
+from . import pools
+from .data import DialogGenerator, encode
+
+COMMON_IDS = 16000
+SAMPLE_DIALOGS = 1500
+SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>",
+            "<|python_start|>", "<|python_end|>", "<|finetune_right_pad|>")  # fmt: skip
+
+
+def build_compact_vocab(tokenizer: Any) -> list[int]:
+    """Sorted full-vocabulary ids of the compact vocabulary."""
+    ids: set[int] = set(range(COMMON_IDS))
+    ids.update(tokenizer.encode_special(s) for s in SPECIALS)
+    formatter = make_formatter(tokenizer, None)
+    for split in ("train", "heldout"):
+        gen = DialogGenerator(split, seed=12345)
+        for _ in range(SAMPLE_DIALOGS):
+            ids.update(encode(formatter, gen.dialog()).tokens)
+    for name in ("CITIES", "COUNTRIES", "FIRST_NAMES", "LAST_NAMES", "CURRENCIES", "UNITS", "LANGUAGES", "WORDS",
+                 "REMINDERS"):  # fmt: skip
+        for value in getattr(pools, name):
+            value = value.replace("_", " ")
+            for text in (value, " " + value, f'"{value}")', f"={value}", value.lower(), " " + value.lower()):
+                ids.update(tokenizer.encode(text))
+    ids.update(tokenizer.encode(" ".join(pools.CAPITALS.values())))
+    return sorted(ids)
