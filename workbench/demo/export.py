@@ -28,6 +28,7 @@ from ..models.args import ModelArgs
 
 ARTIFACT = Path(__file__).with_name("weights") / "demo-llama4.pt"
 FULL_VOCAB = 202048
+NEVER_WRITTEN = ("<|finetune_right_pad|>", "<|begin_of_text|>", "<|header_start|>", "<|header_end|>")
 
 
 def _fit_never_win_row(model: Any, hidden: torch.Tensor, used: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -85,6 +86,9 @@ def export_compact(train_dir: str | Path, out: str | Path = ARTIFACT, *, sample_
         "unknown_embedding": embeddings.mean(0).to(torch.bfloat16),
         "never_win_row": never_win.to(torch.bfloat16),
         "body": {k: v.to(torch.bfloat16) for k, v in body.items()},
+        # special tokens the model reads but must never write (the padding token stood for unknown
+        # tokens while training); their output rows become never-win rows
+        "never_written": torch.tensor([tokenizer.encode_special(t) for t in NEVER_WRITTEN], dtype=torch.int32),
         "check": check,
         "train": {k: config[k] for k in ("seed", "batch_size", "lr", "steps")},
     }
@@ -102,6 +106,7 @@ def full_state_dict(artifact: dict[str, Any]) -> dict[str, torch.Tensor]:
     tok[vocab] = artifact["embeddings"]
     out = artifact["never_win_row"].expand(FULL_VOCAB, dim).clone()
     out[vocab] = artifact["embeddings"]
+    out[artifact["never_written"].long()] = artifact["never_win_row"]
     return {**artifact["body"], "tok_embeddings.weight": tok, "output.weight": out}
 
 

@@ -108,7 +108,7 @@ class Batcher:
         for i, (row, mask) in enumerate(chosen):
             tokens[i, : len(row)] = torch.tensor(row)
             for t in range(1, len(row)):
-                if mask[t]:
+                if mask[t] and row[t] != self.unk:  # a token outside the compact vocabulary is no target
                     targets[i, t - 1] = row[t]
         return tokens, targets, min(prefix, width - 1)
 

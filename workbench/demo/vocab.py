@@ -37,4 +37,10 @@ def build_compact_vocab(tokenizer: Any) -> list[int]:
             for text in (value, " " + value, f'"{value}")', f"={value}", value.lower(), " " + value.lower()):
                 ids.update(tokenizer.encode(text))
     ids.update(tokenizer.encode(" ".join(pools.CAPITALS.values())))
+    # numbers and short upper-case codes (amounts, tickers, currency codes) are split into these pieces
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    pieces = [str(n) for n in range(1000)] + [a + b for a in letters for b in letters] + list(letters)
+    for piece in pieces:
+        for text in (piece, " " + piece, "=" + piece, '"' + piece):
+            ids.update(tokenizer.encode(text))
     return sorted(ids)

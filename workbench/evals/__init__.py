@@ -1,0 +1,20 @@
+"""Tool-calling evaluation: cases (JSONL), a batched harness that scores every case, summaries, plots.
+
+::
+
+    from workbench import evals
+    cases = evals.synthetic_cases(100)                 # or evals.load_cases("my_cases.jsonl")
+    results = evals.run_cases(engine, cases)           # one row per case
+    evals.summarize(results)                           # accuracy at a glance
+    table = evals.compare(engine, cases, [{"tool_prompt_format": "python_list"},
+                                          {"quantization": "int4_mixed"}])
+    evals.plot_summary(evals.summarize(table, by=["quantization"]))
+"""
+
+from .cases import EvalCase, Turn, load_cases, save_cases, synthetic_cases
+from .harness import SETTING_KEYS, call_key, calls_match, compare, plot_summary, run_cases, summarize
+
+__all__ = [
+    "SETTING_KEYS", "EvalCase", "Turn", "call_key", "calls_match", "compare", "load_cases", "plot_summary",
+    "run_cases", "save_cases", "summarize", "synthetic_cases",
+]  # fmt: skip

@@ -1,0 +1,285 @@
+"""Run tool-calling cases through an engine, batched, and score every case.
+
+Each model step is one ``engine.batch_completion`` over every dialog still running; a dialog is
+rendered with its own offered tools by the engine's formatter, so cases with different tools share
+a batch.  The loop is the tool loop's: calls are executed by :class:`workbench.tools.Toolbox` (or
+answered with the case's fixed ``tool_results``), results go back as tool messages, and a reply
+without calls ends the turn.  Scoring compares the calls of each turn with the expected ones,
+order-insensitive, and checks that the final answer restates what the tools returned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ..chat import to_chat_completion
+from ..tools import Toolbox
+from ..types import Message, ToolCall
+from .cases import EvalCase
+
+
+def _canonical(value: Any) -> Any:
+    """Arguments compared as values: 5 == 5.0, dicts by content, lists in order."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(float(value)) else str(value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _canonical(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_canonical(v) for v in value)
+    return str(value)
+
+
+def call_key(call: ToolCall | Mapping[str, Any]) -> tuple[str, Any]:
+    """A hashable (name, arguments) pair for order-insensitive comparison of calls."""
+    if isinstance(call, ToolCall):
+        return call.tool_name, _canonical(call.arguments)
+    return str(call["tool_name"]), _canonical(call.get("arguments") or {})
+
+
+def calls_match(made: Sequence[Any], expected: Sequence[Any], *, names_only: bool = False) -> bool:
+    """Same calls as multisets (order-insensitive; arguments by value unless ``names_only``)."""
+    key = (lambda c: call_key(c)[0]) if names_only else call_key
+    return Counter(key(c) for c in made) == Counter(key(c) for c in expected)
+
+
+@dataclass
+class _Run:
+    case: EvalCase
+    messages: list[Message]
+    toolbox: Toolbox
+    turn: int = 0
+    replies_in_turn: int = 0
+    done: bool = False
+    turn_calls: list[list[ToolCall]] = field(default_factory=list)
+    turn_results: list[list[str]] = field(default_factory=list)
+    turn_answers: list[str | None] = field(default_factory=list)
+    parse_failures: int = 0
+    replies: int = 0
+    tokens: int = 0
+
+
+def _start_turn(run: _Run) -> None:
+    run.messages.append(Message(role="user", content=run.case.turns[run.turn].user))
+    run.turn_calls.append([])
+    run.turn_results.append([])
+    run.turn_answers.append(None)
+    run.replies_in_turn = 0
+
+
+def run_cases(
+    engine: Any,
+    cases: Sequence[EvalCase],
+    *,
+    tools: Mapping[str, Callable[..., Any]] | None = None,
+    tool_prompt_format: str | None = None,
+    tool_choice: str = "auto",
+    system_prompt: str | None = None,
+    max_replies_per_turn: int = 3,
+    max_tokens: int = 96,
+    temperature: float = 0.0,
+    seed: int = 0,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Run ``cases`` and return one scored row per case (see :func:`score_columns`)."""
+    from ..demo.tools import DEMO_TOOLS
+
+    registry = dict(DEMO_TOOLS if tools is None else tools)
+    runs = []
+    for case in cases:
+        unknown = [n for n in case.tools if n not in registry]
+        if unknown:
+            from ..errors import InputError
+
+            raise InputError(f"case {case.id!r} offers unknown tool(s) {', '.join(unknown)}; "
+                             "pass tools={name: function} to the harness")  # fmt: skip
+        system = case.system if case.system is not None else system_prompt
+        messages = [Message(role="system", content=system)] if system else []
+        run = _Run(case, messages, Toolbox.create([registry[n] for n in case.tools]))
+        _start_turn(run)
+        runs.append(run)
+    bar = _progress(progress, len(runs))
+    while True:
+        active = [r for r in runs if not r.done]
+        if not active:
+            break
+        prompts = [engine.formatter.encode_dialog(r.messages, [registry[n] for n in r.case.tools],
+                                                  tool_choice=tool_choice if r.replies_in_turn == 0 else "auto",
+                                                  tool_prompt_format=tool_prompt_format)
+                   for r in active]  # fmt: skip
+        completions = engine.batch_completion(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed)
+        for run, completion in zip(active, completions):
+            reply = to_chat_completion(engine, completion).message
+            run.messages.append(reply)
+            run.replies += 1
+            run.replies_in_turn += 1
+            run.tokens += len(completion.tokens)
+            run.parse_failures += reply.parse_error is not None
+            if reply.tool_calls and run.replies_in_turn <= max_replies_per_turn:
+                turn = run.case.turns[run.turn]
+                for k, call in enumerate(reply.tool_calls):
+                    run.turn_calls[-1].append(call)
+                    fixed = turn.tool_results
+                    if fixed is not None and k < len(fixed):
+                        result = Message(role="tool", content=fixed[k], call_id=call.call_id)
+                    else:
+                        result = run.toolbox.execute(call)
+                    run.messages.append(result)
+                    run.turn_results[-1].append(str(result.content))
+                continue
+            run.turn_answers[-1] = reply.content if not reply.tool_calls else None
+            run.turn += 1
+            if run.turn < len(run.case.turns):
+                _start_turn(run)
+            else:
+                run.done = True
+                bar.update(1)
+    bar.close()
+    return pd.DataFrame([_score(r) for r in runs])
+
+
+def _progress(enabled: bool, total: int) -> Any:
+    if enabled:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc="evaluating", unit="case")
+
+    class _Null:
+        def update(self, n: int) -> None: ...
+        def close(self) -> None: ...
+
+    return _Null()
+
+
+def _score(run: _Run) -> dict[str, Any]:
+    case = run.case
+    name_ok, exact_ok, answer_ok, direct_ok = [], [], [], []
+    for i, turn in enumerate(case.turns):
+        made = run.turn_calls[i] if i < len(run.turn_calls) else []
+        answer = run.turn_answers[i] if i < len(run.turn_answers) else None
+        if turn.expected_calls:
+            name_ok.append(calls_match(made, turn.expected_calls, names_only=True))
+            exact_ok.append(calls_match(made, turn.expected_calls))
+            needles = turn.answer_contains if turn.answer_contains is not None else run.turn_results[i]
+            answer_ok.append(answer is not None and all(n in answer for n in needles))
+        else:
+            direct_ok.append(not made and answer is not None)
+    tool_case = bool(name_ok)
+    return {
+        "id": case.id,
+        "kind": case.kind,
+        "tools_offered": len(case.tools),
+        "expected_calls": json.dumps([[_show(c) for c in t.expected_calls] for t in case.turns]),
+        "calls_made": json.dumps([[_show(c) for c in calls] for calls in run.turn_calls]),
+        "name_match": all(name_ok) if tool_case else None,
+        "exact_match": all(exact_ok) if tool_case else None,
+        "answer_has_result": all(answer_ok) if tool_case else None,
+        "direct_answer": all(direct_ok) if direct_ok else None,
+        "parse_failures": run.parse_failures,
+        "turns": len(case.turns),
+        "replies": run.replies,
+        "tokens": run.tokens,
+        "final_answer": run.turn_answers[-1] if run.turn_answers else None,
+    }
+
+
+def _show(call: ToolCall | Mapping[str, Any]) -> str:
+    name, _ = call_key(call)
+    args = call.arguments if isinstance(call, ToolCall) else call.get("arguments") or {}
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+
+
+SETTING_KEYS = ("tool_prompt_format", "system_prompt", "tool_choice", "quantization", "temperature")
+
+
+def summarize(results: pd.DataFrame, by: Iterable[str] | None = None) -> pd.DataFrame:
+    """Accuracy per setting: exact-match calls, name match, answers restating results, direct answers."""
+    by = [c for c in (by if by is not None else SETTING_KEYS) if c in results.columns]
+
+    def rates(df: pd.DataFrame) -> pd.Series:
+        tool = df[df["exact_match"].notna()]
+        direct = df[df["direct_answer"].notna()]
+        return pd.Series({
+            "cases": len(df),
+            "tool_call_exact": tool["exact_match"].astype(float).mean() if len(tool) else float("nan"),
+            "tool_name_match": tool["name_match"].astype(float).mean() if len(tool) else float("nan"),
+            "answer_restates_result": tool["answer_has_result"].astype(float).mean() if len(tool) else float("nan"),
+            "direct_answer": direct["direct_answer"].astype(float).mean() if len(direct) else float("nan"),
+            "parse_failure_rate": float((df["parse_failures"] > 0).mean()),
+            "tokens_per_case": float(df["tokens"].mean()),
+        })  # fmt: skip
+
+    if not by:
+        return rates(results).to_frame().T
+    return results.groupby(by, dropna=False).apply(rates, include_groups=False).reset_index()
+
+
+def compare(engine: Any, cases: Sequence[EvalCase], settings: Sequence[Mapping[str, Any]],
+            **kwargs: Any) -> pd.DataFrame:  # fmt: skip
+    """Run ``cases`` under each setting (keys of :data:`SETTING_KEYS`; ``system_prompt`` may be a
+    ``(label, text)`` pair) and return every scored row with the setting's columns.  A
+    ``quantization`` setting re-loads the engine in that mode; the original mode is restored after."""
+    frames = []
+    original = engine.info().get("quantization") if "quantization" in {k for s in settings for k in s} else None
+    try:
+        for setting in settings:
+            unknown = set(setting) - set(SETTING_KEYS)
+            if unknown:
+                from ..errors import InputError
+
+                raise InputError(f"unknown setting(s) {', '.join(sorted(unknown))}; use {', '.join(SETTING_KEYS)}")
+            run_kwargs = dict(kwargs)
+            label = {}
+            for key, value in setting.items():
+                if key == "quantization":
+                    engine.set_quantization(value)
+                    label[key] = value or "none"
+                elif key == "system_prompt" and isinstance(value, tuple):
+                    label[key], run_kwargs[key] = value
+                else:
+                    run_kwargs[key] = value
+                    label[key] = value if value is not None else "default"
+            frame = run_cases(engine, cases, **run_kwargs)
+            for key, value in label.items():
+                frame.insert(0, key, value)
+            frames.append(frame)
+    finally:
+        if original is not None or "quantization" in {k for s in settings for k in s}:
+            engine.set_quantization(original)
+    return pd.concat(frames, ignore_index=True)
+
+
+def plot_summary(summary: pd.DataFrame, *, by: str | None = None, metrics: Sequence[str] = (
+        "tool_call_exact", "answer_restates_result", "direct_answer"), ax: Any = None, path: str | None = None) -> Any:
+    """Grouped bars of accuracy per setting; returns the matplotlib Figure (saved to ``path`` if given)."""
+    import matplotlib.pyplot as plt
+
+    if by is None:
+        by = next((c for c in SETTING_KEYS if c in summary.columns), None)
+    labels = summary[by].astype(str).tolist() if by else ["all"]
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(labels) * len(metrics) / 2, 3.2))
+    else:
+        fig = ax.figure
+    width = 0.8 / len(metrics)
+    for j, metric in enumerate(metrics):
+        values = summary[metric].astype(float).tolist()
+        bars = ax.bar([i + j * width for i in range(len(labels))], values, width, label=metric.replace("_", " "))
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks([i + width * (len(metrics) - 1) / 2 for i in range(len(labels))], labels)
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("accuracy")
+    ax.set_xlabel(by or "")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110)
+    return fig
