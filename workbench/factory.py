@@ -1,4 +1,4 @@
-"""Writes random-weight checkpoints in Meta's native layout, for tests, notebooks and benchmarks.
+"""Writes random-weight checkpoints in Meta's native layout, for tests and benchmarks; finds the default model.
 
 A written folder is indistinguishable in form from a downloaded one: ``params.json``,
 ``consolidated.NN.pth`` shards in bfloat16 (split on Meta's model-parallel dims), the real
@@ -8,6 +8,7 @@ checkpoints.  Weights are deterministic in ``seed``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -48,7 +49,8 @@ TINY_LLAMA4_VISION: dict[str, Any] = {**TINY_LLAMA4, "vision_args": TINY_VISION_
 # About 50M parameters (most in the embedding/output of the 128k vocabulary): the "larger tiny" model.
 SMALL_LLAMA3: dict[str, Any] = {**TINY_LLAMA3, "dim": 192, "n_layers": 6, "n_heads": 6, "n_kv_heads": 2}
 
-DEFAULT_MODEL_VERSION = "tiny-llama4-v1"
+DEFAULT_MODEL_VERSION = "demo-llama4-v1"
+DEFAULT_MODEL_NAME = "workbench-demo-llama4 (trained tool-calling demo, 53M parameters)"
 
 
 def random_state_dict(args: ModelArgs, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -153,17 +155,23 @@ def cache_root() -> Path:
 
 
 def default_checkpoint_dir() -> Path:
-    """The embedded default model (tiny Llama 4 with MoE, NoPE and chunked layers), written on first use.
+    """The embedded default model: the trained demo model (a tiny Llama 4 with MoE, NoPE and chunked
+    layers that calls tools; see docs/demo-model.md), expanded on first use from the compact weights
+    shipped in the package into a normal Meta-layout folder in the cache.
 
-    Written to a temporary folder and renamed into place, so concurrent first uses cannot see a
-    half-written checkpoint.
+    The folder name carries a hash of the shipped weights, so a new artifact never reuses an old
+    expansion.  Written to a temporary folder and renamed into place, so concurrent first uses cannot
+    see a half-written checkpoint.
     """
-    target = cache_root() / DEFAULT_MODEL_VERSION
+    from .demo.export import ARTIFACT, expand
+
+    digest = hashlib.sha256(ARTIFACT.read_bytes()).hexdigest()[:12]
+    target = cache_root() / f"{DEFAULT_MODEL_VERSION}-{digest}"
     if (target / "params.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    write_checkpoint(tmp, TINY_LLAMA4, layout="fused", seed=1234)
+    expand(tmp, ARTIFACT)
     try:
         os.replace(tmp, target)
     except OSError:  # another process won the race

@@ -36,6 +36,7 @@ class Dialog:
     tools: list[str]
     messages: list[Message]
     expected_calls: list[list[ToolCall]] = field(default_factory=list)  # per assistant reply that calls
+    needed: list[str] = field(default_factory=list)  # tools the questions ask for (not offered for no_tool)
 
     def tool_functions(self) -> list[Any]:
         return [DEMO_TOOLS[name] for name in self.tools]
@@ -112,17 +113,17 @@ class DialogGenerator:
         if kind == "single":
             tool = self.rng.choice(names)
             messages, calls = self._round([tool])
-            return Dialog(kind, self._offer([tool]), messages, [calls])
+            return Dialog(kind, self._offer([tool]), messages, [calls], [tool])
         if kind == "double":
             first = self.rng.choice(names)
             second = first if self.rng.random() < 0.3 and first == "get_weather" else self.rng.choice(names)
             messages, calls = self._round([first, second])
-            return Dialog(kind, self._offer([first, second]), messages, [calls])
+            return Dialog(kind, self._offer([first, second]), messages, [calls], [first, second])
         if kind == "two_round":
             first, second = self.rng.choice(names), self.rng.choice(names)
             m1, c1 = self._round([first])
             m2, c2 = self._round([second])
-            return Dialog(kind, self._offer([first, second]), m1 + m2, [c1, c2])
+            return Dialog(kind, self._offer([first, second]), m1 + m2, [c1, c2], [first, second])
         if kind == "no_tool":
             wanted = self.rng.choice(names)
             spec = SPECS[wanted]
@@ -130,7 +131,7 @@ class DialogGenerator:
             offered = self._offer([], exclude=[wanted])[: self.rng.randint(1, self.max_tools)]
             messages = [Message(role="user", content=question),
                         Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]  # fmt: skip
-            return Dialog(kind, offered, messages, [])
+            return Dialog(kind, offered, messages, [], [wanted])
         if kind == "small_talk":
             train_q, heldout_q, answer = SMALL_TALK[self.rng.choice(list(SMALL_TALK))]
             question = self.rng.choice(train_q if self.split == "train" else heldout_q)

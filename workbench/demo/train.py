@@ -121,15 +121,19 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 
 def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, save_every: int,
-          params: dict[str, Any] | None = None, log_every: int = 10, progress: bool = True) -> dict[str, Any]:  # fmt: skip
-    """Train (or resume) into ``out_dir``; returns the last logged metrics."""
+          params: dict[str, Any] | None = None, log_every: int = 10, progress: bool = True,
+          vocab_sample: int | None = None, stop_after: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Train (or resume) into ``out_dir``; returns the last logged metrics.
+
+    ``stop_after`` ends the run early after that step (saving first), as an interruption would.
+    """
     from tqdm.auto import tqdm
 
     params = params or DEMO_PARAMS
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(bundled_tokenizer_path("llama4"))
     formatter = make_formatter(tokenizer, None)
-    vocab = build_compact_vocab(tokenizer)
+    vocab = build_compact_vocab(tokenizer) if vocab_sample is None else build_compact_vocab(tokenizer, vocab_sample)
     to_compact = {t: i for i, t in enumerate(vocab)}
     torch.manual_seed(seed)
     model = build_model(params, len(vocab), seed)
@@ -179,6 +183,12 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
             tmp = state_path.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1}, tmp)
             tmp.replace(state_path)
+        if stop_after is not None and step + 1 >= stop_after:
+            if (step + 1) % save_every:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1},
+                           state_path)  # fmt: skip
+            break
+    bar.close()
     return metrics
 
 
@@ -191,17 +201,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and data")
     parser.add_argument("--save-every", type=int, default=50, help="save state every N steps (resumes from it)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared machine)")
+    parser.add_argument("--params", type=Path, default=None,
+                        help="params.json-style model shape (default: the shipped demo model's shape)")
+    parser.add_argument("--vocab-sample", type=int, default=None,
+                        help="dialogs sampled per split to build the compact vocabulary (default 1500)")
     parser.add_argument("--export", type=Path, default=None, help="after training, write the compact artifact here")
+    parser.add_argument("--export-sample", type=int, default=256,
+                        help="dialogs whose hidden states fit the never-win output row")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    params = json.loads(args.params.read_text()) if args.params is not None else None
     metrics = train(args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                    save_every=args.save_every)  # fmt: skip
+                    save_every=args.save_every, params=params, vocab_sample=args.vocab_sample)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         from .export import export_compact
 
-        export_compact(args.out, args.export)
-        print(f"wrote {args.export}")
+        check = export_compact(args.out, args.export, sample_dialogs=args.export_sample)
+        print(f"wrote {args.export}: {json.dumps(check)}")
 
 
 if __name__ == "__main__":

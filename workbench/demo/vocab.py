@@ -21,14 +21,14 @@ SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>", "<|heade
             "<|python_start|>", "<|python_end|>", "<|finetune_right_pad|>")  # fmt: skip
 
 
-def build_compact_vocab(tokenizer: Any) -> list[int]:
+def build_compact_vocab(tokenizer: Any, sample_dialogs: int = SAMPLE_DIALOGS) -> list[int]:
     """Sorted full-vocabulary ids of the compact vocabulary."""
     ids: set[int] = set(range(COMMON_IDS))
     ids.update(tokenizer.encode_special(s) for s in SPECIALS)
     formatter = make_formatter(tokenizer, None)
     for split in ("train", "heldout"):
         gen = DialogGenerator(split, seed=12345)
-        for _ in range(SAMPLE_DIALOGS):
+        for _ in range(sample_dialogs):
             ids.update(encode(formatter, gen.dialog()).tokens)
     for name in ("CITIES", "COUNTRIES", "FIRST_NAMES", "LAST_NAMES", "CURRENCIES", "UNITS", "LANGUAGES", "WORDS",
                  "REMINDERS"):  # fmt: skip

@@ -168,8 +168,11 @@ def _score(run: _Run) -> dict[str, Any]:
         if turn.expected_calls:
             name_ok.append(calls_match(made, turn.expected_calls, names_only=True))
             exact_ok.append(calls_match(made, turn.expected_calls))
-            needles = turn.answer_contains if turn.answer_contains is not None else run.turn_results[i]
-            answer_ok.append(answer is not None and all(n in answer for n in needles))
+            if turn.answer_contains is not None:
+                needles = turn.answer_contains
+            else:  # the results the tools gave; no call means there is no result to restate
+                needles = run.turn_results[i] if i < len(run.turn_results) and run.turn_results[i] else [None]
+            answer_ok.append(answer is not None and all(n is not None and n in answer for n in needles))
         else:
             direct_ok.append(not made and answer is not None)
     tool_case = bool(name_ok)

@@ -1,0 +1,116 @@
+"""The synthetic tool dialogs of the demo model: rendered by our formatter, and they parse back to their calls."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from workbench.demo import pools
+from workbench.demo.data import KINDS, DialogGenerator, encode
+from workbench.demo.templates import SPECS
+from workbench.demo.tools import DEMO_TOOLS
+from workbench.evals.harness import calls_match
+from workbench.formats import make_formatter
+from workbench.tokenizer import Tokenizer, bundled_tokenizer_path
+from workbench.tools import Toolbox
+
+
+@pytest.fixture(scope="module")
+def formatter():
+    return make_formatter(Tokenizer(bundled_tokenizer_path("llama4")), None)
+
+
+def test_demo_tools_are_plain_functions_with_typed_parameters():
+    assert len(DEMO_TOOLS) >= 12
+    counts = set()
+    for name, fn in DEMO_TOOLS.items():
+        params = inspect.signature(fn).parameters
+        assert 0 <= len(params) <= 3, name
+        assert all(p.annotation is not inspect.Parameter.empty for p in params.values()), name
+        counts.add(len(params))
+        assert name in SPECS, f"{name} has no question templates"
+    assert {0, 1, 2, 3} <= counts
+    # they turn into tool definitions through the same path as any user tool
+    assert len(Toolbox.create(list(DEMO_TOOLS.values())).definitions) == len(DEMO_TOOLS)
+
+
+def test_train_and_heldout_templates_and_values_are_disjoint():
+    for spec in SPECS.values():
+        assert spec.train and spec.heldout and not set(spec.train) & set(spec.heldout), spec.name
+    for pool in ("CITIES", "COUNTRIES", "FIRST_NAMES", "CURRENCIES", "WORDS", "LANGUAGES", "REMINDERS"):
+        items = getattr(pools, pool)
+        train, heldout = pools._split(items, "train"), pools._split(items, "heldout")
+        assert train and heldout and not set(train) & set(heldout), pool
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_every_rendered_dialog_parses_back_to_its_calls(formatter, split):
+    gen = DialogGenerator(split, seed=7)
+    seen_kinds, offered_counts, double_calls = set(), set(), 0
+    for _ in range(150):
+        dialog = gen.dialog()
+        seen_kinds.add(dialog.kind)
+        offered_counts.add(len(dialog.tools))
+        encoded = encode(formatter, dialog)
+        assert len(encoded.tokens) == len(encoded.targets)
+        # cut the target spans (assistant replies) out of the token stream and parse each one back
+        spans, current = [], []
+        for token, is_target in zip(encoded.tokens, encoded.targets):
+            if is_target:
+                current.append(token)
+            elif current:
+                spans.append(current)
+                current = []
+        if current:
+            spans.append(current)
+        replies = [m for m in dialog.messages if m.role == "assistant"]
+        assert len(spans) == len(replies)
+        expected = iter(dialog.expected_calls)
+        for span, reply in zip(spans, replies):
+            parsed = formatter.decode_assistant_tokens(span)
+            assert parsed.parse_error is None
+            if reply.tool_calls:
+                calls = next(expected)
+                assert calls_match(parsed.tool_calls, calls), (formatter.tokenizer.decode(span), calls)
+                double_calls += len(calls) == 2
+                assert formatter.tokenizer.decode(span[-1:]) == "<|eom|>"
+            else:
+                assert not parsed.tool_calls and parsed.content == reply.content
+                assert formatter.tokenizer.decode(span[-1:]) == "<|eot|>"
+        # the final answer restates every tool result of its round
+        tool_results = [m.content for m in dialog.messages if m.role == "tool"]
+        answers = " ".join(m.content for m in replies if not m.tool_calls)
+        assert all(r in answers for r in tool_results)
+    assert seen_kinds == set(KINDS)
+    assert offered_counts <= {1, 2, 3, 4} and len(offered_counts) >= 3
+    assert double_calls > 0
+
+
+def test_heldout_questions_use_heldout_phrasings(formatter):
+    gen = DialogGenerator("heldout", seed=3)
+    train_prefixes = {t.split("{")[0] for s in SPECS.values() for t in s.train if t.split("{")[0]}
+    for _ in range(60):
+        dialog = gen.dialog("single")
+        question = dialog.messages[0].content
+        assert not any(question.startswith(p) for p in train_prefixes if len(p) > 8), question
+
+
+def test_offered_tools_contain_what_the_question_needs_except_in_no_tool_dialogs():
+    gen = DialogGenerator("train", seed=11)
+    for kind in KINDS:
+        for _ in range(30):
+            dialog = gen.dialog(kind)
+            assert 1 <= len(dialog.tools) <= 4 and len(set(dialog.tools)) == len(dialog.tools)
+            if kind == "no_tool":
+                assert dialog.needed and dialog.needed[0] not in dialog.tools and not dialog.expected_calls
+            elif kind != "small_talk":
+                assert set(dialog.needed) <= set(dialog.tools)
+                assert [c.tool_name for calls in dialog.expected_calls for c in calls] == dialog.needed
+
+
+def test_generation_is_deterministic(formatter):
+    a = [encode(formatter, d).tokens for d, _ in zip(DialogGenerator("train", seed=5), range(10))]
+    b = [encode(formatter, d).tokens for d, _ in zip(DialogGenerator("train", seed=5), range(10))]
+    c = [encode(formatter, d).tokens for d, _ in zip(DialogGenerator("train", seed=6), range(10))]
+    assert a == b and a != c
