@@ -39,7 +39,8 @@ class ScriptedEngine:
 
 
 def case(id_, question, calls, tools=("get_weather", "get_capital", "convert_currency"), **turn):
-    return evals.EvalCase(id_, list(tools), [evals.Turn(question, calls, **turn)], kind="single" if calls else "no_tool")
+    turns = [evals.Turn(question, calls, **turn)]
+    return evals.EvalCase(id_, list(tools), turns, kind="single" if calls else "no_tool")
 
 
 WEATHER = {"tool_name": "get_weather", "arguments": {"city": "Oslo"}}

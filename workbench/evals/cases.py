@@ -49,7 +49,8 @@ class EvalCase:
             raise InputError(f"{where}: a case must be a JSON object, got {type(data).__name__}")
         missing = [k for k in ("id", "tools", "turns") if k not in data]
         if missing:
-            raise InputError(f"{where}: missing field(s) {', '.join(missing)}; see workbench.evals.cases for the format")
+            raise InputError(f"{where}: missing field(s) {', '.join(missing)}; "
+                             "see workbench.evals.cases for the format")
         turns = data["turns"]
         if not isinstance(turns, list) or not turns:
             raise InputError(f"{where}: 'turns' must be a non-empty list of {{'user': ..., 'expected_calls': [...]}}")
@@ -63,7 +64,8 @@ class EvalCase:
                     raise InputError(f"{where}: turns[{i}].expected_calls entries need a 'tool_name' string")
             results = t.get("tool_results")
             if results is not None and len(results) != len(calls):
-                raise InputError(f"{where}: turns[{i}] gives {len(results)} tool_results for {len(calls)} expected calls")
+                raise InputError(f"{where}: turns[{i}] gives {len(results)} tool_results "
+                                 f"for {len(calls)} expected calls")
             parsed.append(Turn(t["user"], [dict(tool_name=c["tool_name"], arguments=dict(c.get("arguments") or {}))
                                            for c in calls], results, t.get("answer_contains")))  # fmt: skip
         if not isinstance(data["tools"], list) or not all(isinstance(n, str) for n in data["tools"]):
