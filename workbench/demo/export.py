@@ -10,9 +10,10 @@ Rows outside the compact vocabulary: the model never saw those tokens, so
 
 * their *input* embedding is the mean trained embedding (an unknown token reads as an average one);
 * their *output* row must never win the argmax.  A zero row gives no guarantee (the best used logit
-  can be negative), so the row is fitted against the model's own final hidden states: ``-scale *
-  u`` with ``u`` the mean direction of those states, checked on every sampled state to score below
-  the best used token by a margin.  The check's numbers are stored in the artifact.
+  can be negative).  The row used is the mean of the used rows that score lowest on the model's own
+  final hidden states: as a convex combination of used rows its logit can never exceed the best used
+  logit, whatever the input, and on the sampled states it sits far below.  The check's numbers
+  (smallest gap, largest total probability of all unused rows) are stored in the artifact.
 """
 
 from __future__ import annotations
@@ -31,20 +32,30 @@ FULL_VOCAB = 202048
 NEVER_WRITTEN = ("<|finetune_right_pad|>", "<|begin_of_text|>", "<|header_start|>", "<|header_end|>")
 
 
-def _fit_never_win_row(model: Any, hidden: torch.Tensor, used: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-    """A row whose logit is below the best used logit for every state in ``hidden`` [N, D]."""
-    direction = hidden.mean(0)
-    direction = direction / direction.norm()  # [D]
-    proj = hidden @ direction  # [N]
-    best_used = (hidden @ used.T).max(-1).values  # [N]
-    if proj.min() <= 0:
-        raise RuntimeError("final hidden states do not share a positive direction; cannot fit a never-win row")
-    # logit of the row = -scale * proj; require -scale * proj <= best_used - margin for all samples
-    margin = 10.0
-    scale = float(((margin - best_used) / proj).clamp(min=0).max()) + 1.0
-    row = -scale * direction
-    worst_gap = float((best_used - hidden @ row).min())
-    return row, {"scale": scale, "min_projection": float(proj.min()), "min_gap": worst_gap,
+def _fit_never_win_row(hidden: torch.Tensor, used: torch.Tensor, lowest: int = 8) -> tuple[torch.Tensor, dict[str, float]]:
+    """A row whose logit never exceeds the best used logit, for *any* hidden state, and is far below it
+    on the model's own states.
+
+    The row is a convex combination (the mean) of used rows, so its logit is the mean of theirs and
+    can never beat their maximum; taking the ``lowest`` rows with the lowest average logit over the
+    sampled states ``hidden`` [N, D] makes it score far below.  Returned numbers: the smallest gap to the
+    best used logit over the samples, and the largest probability mass all unused rows together would
+    get at temperature 1 (``unused`` rows x exp(gap)).
+    """
+    mean_logit = torch.zeros(used.shape[0])
+    for chunk in hidden.split(1024):
+        mean_logit += (chunk @ used.T).sum(0)  # [V]
+    low_rows = mean_logit.topk(lowest, largest=False).indices
+    row = used[low_rows].mean(0)  # [D]
+    gaps, masses = [], []
+    unused = FULL_VOCAB - used.shape[0]
+    for chunk in hidden.split(1024):
+        logits = chunk @ used.T  # [n, V]
+        own = chunk @ row  # [n]
+        gaps.append(logits.max(-1).values - own)
+        masses.append(unused * torch.exp(own - torch.logsumexp(logits, -1)))
+    gap, mass = torch.cat(gaps), torch.cat(masses)
+    return row, {"min_gap": float(gap.min()), "mean_gap": float(gap.mean()), "max_unused_mass": float(mass.max()),
                  "states_checked": int(hidden.shape[0])}  # fmt: skip
 
 
@@ -76,7 +87,7 @@ def export_compact(train_dir: str | Path, out: str | Path = ARTIFACT, *, sample_
                 states.append(hidden_states(model, torch.tensor([ids]))[0])  # [T, D]
     hidden = torch.cat(states)  # [N, D]
     embeddings = model.tok_embeddings.weight.detach()  # [V, D]
-    never_win, check = _fit_never_win_row(model, hidden, embeddings)
+    never_win, check = _fit_never_win_row(hidden, embeddings)
     body = {k: v.detach().clone() for k, v in model.state_dict().items() if k not in ("tok_embeddings.weight",
                                                                                       "output.weight")}  # fmt: skip
     artifact = {

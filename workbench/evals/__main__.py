@@ -1,0 +1,65 @@
+"""``python -m workbench.evals``: tool-call accuracy of a model on synthetic held-out cases or a JSONL file.
+
+Prints one summary row per setting and a final JSON line, e.g.::
+
+    python -m workbench.evals --cases 150 --quantization none bf16 fp8_mixed int4_mixed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workbench.evals", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", default=None, help="checkpoint folder or checkpoints.toml entry "
+                        "(default: the embedded demo model)")  # fmt: skip
+    parser.add_argument("--model", default=None, help="model id (selects the prompt format)")
+    parser.add_argument("--cases-file", default=None, help="JSONL cases (see workbench.evals.cases)")
+    parser.add_argument("--cases", type=int, default=150, help="number of synthetic cases when no file is given")
+    parser.add_argument("--split", default="heldout", choices=["train", "heldout"], help="synthetic split")
+    parser.add_argument("--seed", type=int, default=2024, help="seed of the synthetic cases")
+    parser.add_argument("--quantization", nargs="*", default=None,
+                        help="modes to compare: none bf16 fp8_mixed int4_mixed")  # fmt: skip
+    parser.add_argument("--tool-prompt-format", nargs="*", default=None, help="formats to compare")
+    parser.add_argument("--temperature", nargs="*", type=float, default=None, help="temperatures to compare")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    import pandas as pd
+
+    import workbench as wb
+    from workbench import evals
+
+    cases = (evals.load_cases(args.cases_file) if args.cases_file
+             else evals.synthetic_cases(args.cases, split=args.split, seed=args.seed))  # fmt: skip
+    engine = wb.load(args.checkpoint, model=args.model, max_batch_size=32)
+    settings: list[dict] = [{}]
+    for key, values in (("quantization", args.quantization), ("tool_prompt_format", args.tool_prompt_format),
+                        ("temperature", args.temperature)):  # fmt: skip
+        if values:
+            values = [None if v in ("none", "None") else v for v in values]
+            settings = [{**s, key: v} for s in settings for v in values]
+    started = time.perf_counter()
+    if settings == [{}]:
+        results = evals.run_cases(engine, cases, progress=True)
+        summary = evals.summarize(results)
+    else:
+        results = evals.compare(engine, cases, settings, progress=True)
+        summary = evals.summarize(results, by=[k for k in evals.SETTING_KEYS if k in results.columns])
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(summary.to_string(index=False))
+    print(json.dumps({"cases": len(cases), "seconds": round(time.perf_counter() - started, 1),
+                      "summary": summary.to_dict(orient="records")}, default=str))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
