@@ -32,7 +32,8 @@ FULL_VOCAB = 202048
 NEVER_WRITTEN = ("<|finetune_right_pad|>", "<|begin_of_text|>", "<|header_start|>", "<|header_end|>")
 
 
-def _fit_never_win_row(hidden: torch.Tensor, used: torch.Tensor, lowest: int = 8) -> tuple[torch.Tensor, dict[str, float]]:
+def _fit_never_win_row(hidden: torch.Tensor, used: torch.Tensor,
+                       lowest: int = 8) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
     """A row whose logit never exceeds the best used logit, for *any* hidden state, and is far below it
     on the model's own states.
 
