@@ -39,13 +39,14 @@ DEFAULT_MODES: tuple[str | None, ...] = (None, "bf16", "fp8_mixed", "int4_mixed"
 
 def quantization(engine_or_settings: Any, prompts: Sequence[str | Sequence[int]], *,
                  modes: Sequence[str | None] = DEFAULT_MODES, max_tokens: int = 32,
-                 repeats: int = 1) -> pd.DataFrame:  # fmt: skip
+                 repeats: int = 1, progress: bool | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per mode: memory, speed, and accuracy against the unquantized model (see module doc).
 
     ``engine_or_settings``: a loaded :class:`~workbench.engine.Engine` (toggled through ``modes`` and
     restored to its mode afterwards) or a :class:`~workbench.config.Settings` (loaded here and freed
     afterwards).  ``prompts``: strings (encoded with BOS) or token-id lists.  ``repeats``: each
-    timing is the best of this many runs (use 3+ on a shared machine).
+    timing is the best of this many runs (use 3+ on a shared machine).  ``progress``: a bar over the
+    modes (None: shown once the call takes a couple of seconds).
     """
     from .engine import Engine
 
@@ -57,32 +58,41 @@ def quantization(engine_or_settings: Any, prompts: Sequence[str | Sequence[int]]
         engine, owned = build_engine(engine_or_settings), True
     original = engine.settings.quantization
     try:
-        return _measure(engine, prompts, list(modes), max_tokens, max(int(repeats), 1))
+        return _measure(engine, prompts, list(modes), max_tokens, max(int(repeats), 1), progress)
     finally:
         if owned:
             engine.close()
         else:
-            engine.set_quantization(original)
+            engine.set_quantization(original, progress=False)
 
 
 def _measure(engine: Any, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
-             repeats: int) -> pd.DataFrame:  # fmt: skip
+             repeats: int, progress: bool | None = None) -> pd.DataFrame:  # fmt: skip
+    from .progress import progress_bar
+
+    with progress_bar(len(modes), desc="quantization modes", unit="mode", progress=progress) as bar:
+        return _measure_modes(engine, prompts, modes, max_tokens, repeats, bar)
+
+
+def _measure_modes(engine: Any, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
+                   repeats: int, bar: Any) -> pd.DataFrame:  # fmt: skip
     encoded = [engine.tokenizer.encode(p, bos=True) if isinstance(p, str) else list(p) for p in prompts]
-    engine.set_quantization(None)
-    ref_runs = engine.batch_completion(encoded, max_tokens=max_tokens, temperature=0.0)
+    engine.set_quantization(None, progress=False)
+    ref_runs = engine.batch_completion(encoded, max_tokens=max_tokens, temperature=0.0, progress=False)
     sequences = [p + r.tokens for p, r in zip(encoded, ref_runs)]
     ref_logprobs = [torch.log_softmax(lg, dim=-1) for lg in engine.logits(sequences)]  # [T, V] each
     baseline_bytes = engine.memory()["weights_bytes"]
     rows = []
     for mode in modes:
+        bar.set_postfix_str(mode or "none", refresh=False)
         start = time.perf_counter()
-        engine.set_quantization(mode)
+        engine.set_quantization(mode, progress=False)
         load_s = time.perf_counter() - start
         memory = engine.memory()
-        engine.batch_completion(encoded[:2], max_tokens=2)  # warm-up (kernel selection, allocator)
+        engine.batch_completion(encoded[:2], max_tokens=2, progress=False)  # warm-up (kernel selection, allocator)
         logits, prefill_s = _best_of(repeats, lambda: engine.logits(sequences))
-        runs, decode_s = _best_of(repeats, lambda: engine.batch_completion(encoded, max_tokens=max_tokens,
-                                                                           temperature=0.0))  # fmt: skip
+        decode = lambda: engine.batch_completion(encoded, max_tokens=max_tokens, temperature=0.0, progress=False)
+        runs, decode_s = _best_of(repeats, decode)
         agree = positions = 0
         kl_sum = 0.0
         for ref, lg in zip(ref_logprobs, logits):
@@ -108,6 +118,7 @@ def _measure(engine: Any, prompts: Sequence[str | Sequence[int]], modes: list[st
             "mean_kl": kl_sum / positions,
             "greedy_match": matched / max(sum(len(r.tokens) for r in ref_runs), 1),
         })  # fmt: skip
+        bar.update(1)
     return pd.DataFrame(rows).set_index("mode")
 
 

@@ -188,12 +188,22 @@ def _load_shard(path: Path) -> dict[str, torch.Tensor]:
         ) from exc
 
 
-def load_state_dict_for_rank(ckpt_dir: str | Path, args: ModelArgs, mp_size: int = 1,
-                             rank: int = 0) -> dict[str, torch.Tensor]:  # fmt: skip
-    """This rank's canonical state dict, memory-mapped where no copy is needed."""
+def load_state_dict_for_rank(ckpt_dir: str | Path, args: ModelArgs, mp_size: int = 1, rank: int = 0, *,
+                             progress: bool | None = False) -> dict[str, torch.Tensor]:  # fmt: skip
+    """This rank's canonical state dict, memory-mapped where no copy is needed.
+
+    ``progress``: a bar over the shards read (see :mod:`workbench.progress`; off by default, since
+    model-parallel workers have no notebook to draw in).
+    """
+    from .progress import progress_bar
+
     paths = shard_paths(ckpt_dir)
     picked = source_shards_for_rank(len(paths), mp_size, rank)
-    shards = [canonicalize(_load_shard(paths[i]), args) for i in picked]
+    shards = []
+    with progress_bar(len(picked), desc="loading shards", unit="shard", progress=progress) as bar:
+        for i in picked:
+            shards.append(canonicalize(_load_shard(paths[i]), args))
+            bar.update(1)
     return reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
 
 
@@ -248,9 +258,10 @@ def check_vocab(args: ModelArgs, n_words: int, source: str) -> ModelArgs:
 
 
 def build_model(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype,
-                max_seq_len: int, mp_size: int = 1, rank: int = 0) -> Transformer:  # fmt: skip
+                max_seq_len: int, mp_size: int = 1, rank: int = 0,
+                progress: bool | None = False) -> Transformer:  # fmt: skip
     """Construct on the meta device, then assign this rank's weights cast to ``dtype`` on ``device``."""
-    state = load_state_dict_for_rank(ckpt_dir, args, mp_size, rank)
+    state = load_state_dict_for_rank(ckpt_dir, args, mp_size, rank, progress=progress)
     model = Transformer(args, max_seq_len=max_seq_len, device="meta", dtype=dtype)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))

@@ -8,19 +8,81 @@ which is what makes it safe to interrupt.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
 
-from .errors import InputError, PromptTooLongError
+from .errors import GenerationCancelled, InputError, PromptTooLongError
 from .generation.generator import Event, Request
 from .generation.sampling import SamplingParams
 from .models.args import ModelArgs
+from .progress import TokenRate, check_progress, progress_bar
 from .tokenizer import Tokenizer
 from .types import Completion, StreamChunk, TokenLogprob
 
 Content = str | Sequence[int]
+F = TypeVar("F", bound=Callable[..., Any])
+
+SAMPLING_DOC = """
+        Sampling (keyword-only, the same on every completion and chat method):
+            max_tokens: most tokens to generate per row; None runs until a stop token or max_seq_len.
+            temperature: 0 (default) always picks the most likely token (greedy, deterministic);
+                higher values sample more freely.
+            top_p: nucleus sampling, only from the smallest set of tokens whose probability reaches
+                top_p (1.0 = off).
+            top_k: sample only among the k most likely tokens (0 = off).
+            seed: makes sampled rows reproducible; every row gets its own generator seeded with it,
+                so a prompt gives the same tokens alone or inside any batch.
+            logprobs: k > 0 records each generated token's log-probability and its k most likely
+                alternatives (``result.logprobs``); up to 20.
+            stop: a string or list of strings that end generation; the text is cut before it.
+
+        ``engine.cancel()`` (from a widget callback or another thread) stops the call at its next decode
+        step with :class:`~workbench.errors.GenerationCancelled` (``.partial`` holds what was generated);
+        the engine stays usable and later calls are unaffected.
+"""
+
+
+def _sampling_doc(method: F) -> F:
+    """Append the shared description of the sampling keywords (Shift+Tab and ``?`` show it)."""
+    method.__doc__ = (method.__doc__ or "").rstrip() + "\n" + SAMPLING_DOC
+    return method
+
+
+class _Calls:
+    """Numbers the engine's generation calls so that ``cancel()`` hits the running one and no later one.
+
+    ``cancel`` only marks calls that have already started, so a Stop pressed between two calls never
+    cancels the next one; it is safe from any thread (a widget callback, a timer, a signal handler).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = 0
+        self._running: set[int] = set()
+        self._cancel_upto = 0
+
+    def begin(self) -> int:
+        with self._lock:
+            self._started += 1
+            self._running.add(self._started)
+            return self._started
+
+    def end(self, call: int) -> None:
+        with self._lock:
+            self._running.discard(call)
+
+    def cancel(self) -> bool:
+        with self._lock:
+            if not self._running:
+                return False
+            self._cancel_upto = max(self._running)
+            return True
+
+    def cancelled(self, call: int) -> bool:
+        return call <= self._cancel_upto  # an int read: no lock needed on the hot path
 
 
 class Engine:
@@ -36,6 +98,7 @@ class Engine:
         self.family = args.family
         self.load_seconds = load_seconds
         self._formatter = None
+        self._calls = _Calls()
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -55,20 +118,53 @@ class Engine:
             self._formatter = make_formatter(self.tokenizer, self.model_id, vision_args=self.args.vision_args)
         return self._formatter
 
-    # ----------------------------------------------------------------------------- completions
-    def completion(self, content: Content, **sampling: Any) -> Completion:
-        """Complete one prompt (a string, encoded with BOS, or a list of token ids used as given)."""
-        return self.batch_completion([content], **sampling)[0]
+    # ----------------------------------------------------------------------------- cancellation
+    def cancel(self) -> bool:
+        """Stop the generation call that is running now at its next decode step.
 
-    def batch_completion(self, contents: Sequence[Content], **sampling: Any) -> list[Completion]:
-        """Complete many prompts at once; each row's result equals running that prompt alone (greedy)."""
+        Safe from any thread (a Stop button's callback, a timer).  The running call raises
+        :class:`~workbench.errors.GenerationCancelled` carrying the partial results; a call started
+        afterwards is not affected.  Returns True when a call was running.
+        """
+        return self._calls.cancel()
+
+    # ----------------------------------------------------------------------------- completions
+    @_sampling_doc
+    def completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
+                   top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
+                   stop: str | Sequence[str] | None = None) -> Completion:  # fmt: skip
+        """Complete one prompt and return a :class:`~workbench.types.Completion` (text, tokens, stop reason).
+
+        content: a string (encoded with a BOS token) or a list of token ids used exactly as given.
+        """
+        rows = self.batch_completion([content], max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                     top_k=top_k, seed=seed, logprobs=logprobs, stop=stop, progress=False)  # fmt: skip
+        return rows[0]
+
+    @_sampling_doc
+    def batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
+                         temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                         logprobs: int = 0, stop: str | Sequence[str] | None = None,
+                         progress: bool | None = None) -> list[Completion]:  # fmt: skip
+        """Complete many prompts in one batch: one :class:`~workbench.types.Completion` per prompt, in order.
+
+        Each row's result equals running that prompt alone (greedy, or sampled with a seed), so
+        batching is purely a speed choice.  More prompts than ``max_batch_size`` flow through in waves.
+
+        contents: strings (encoded with BOS) and/or token-id lists.
+        progress: a progress bar of rows done and tokens/s; None (default) shows it once the call has
+            run for a couple of seconds, True at once, False never.
+        """
         if isinstance(contents, str):
             raise InputError("batch_completion takes a list of prompts; for one string use completion()")
-        params = SamplingParams.create(**sampling)
+        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
+        check_progress(progress)
         prompts = [self._encode_content(c, i) for i, c in enumerate(contents)]
-        return self.generate_tokens(prompts, params)
+        return self.generate_tokens(prompts, params, progress=progress)
 
-    def generate_tokens(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate_tokens(self, prompts: list[list[int]], params: SamplingParams, *,
+                        progress: bool | None = False) -> list[Completion]:  # fmt: skip
         """Run already-encoded prompts (validated here) and collect one Completion per prompt."""
         if not prompts:
             return []
@@ -77,39 +173,99 @@ class Engine:
         logprobs: list[list[TokenLogprob]] = [[] for _ in prompts]
         finals: list[Event | None] = [None] * len(prompts)
         requests = [Request(i, p, params) for i, p in enumerate(prompts)]
-        for event in self._runner.generate(requests):
-            if event.token is not None:
-                tokens[event.index].append(event.token)
-                if event.logprob is not None:
-                    logprobs[event.index].append(event.logprob)
-            if event.stop_reason is not None:
-                finals[event.index] = event
+        if progress is None and len(prompts) == 1:
+            progress = False  # automatic bars count rows: none for a single prompt
+        bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress)
+        rate = TokenRate()
+        call = self._calls.begin()
+        events = self._events(call, requests)
+        try:
+            for event in events:
+                if event.token is not None:
+                    tokens[event.index].append(event.token)
+                    rate.add()
+                    if event.logprob is not None:
+                        logprobs[event.index].append(event.logprob)
+                if event.stop_reason is not None:
+                    finals[event.index] = event
+                    bar.set_postfix_str(str(rate), refresh=False)
+                    bar.update(1)
+        finally:
+            events.close()
+            self._calls.end(call)
+            bar.close()
+        if any(f is None for f in finals):  # only a cancel ends the events early
+            partial = [self._completion(t, lp, f or _cancelled_event(i), params, len(p))
+                       for i, (t, lp, f, p) in enumerate(zip(tokens, logprobs, finals, prompts))]  # fmt: skip
+            raise GenerationCancelled(
+                f"generation was cancelled after {rate.tokens} tokens ({sum(f is not None for f in finals)} of "
+                f"{len(prompts)} rows finished); the partial results are in .partial",
+                partial=partial,
+            )
         return [self._completion(t, lp, f, params, len(p)) for t, lp, f, p in zip(tokens, logprobs, finals, prompts)]
 
-    def stream_completion(self, content: Content, **sampling: Any) -> Iterator[StreamChunk]:
-        """Yield text deltas of one completion as tokens arrive; the last chunk carries ``final``."""
-        params = SamplingParams.create(**sampling)
+    @_sampling_doc
+    def stream_completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
+                          top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
+                          stop: str | Sequence[str] | None = None) -> Iterator[StreamChunk]:  # fmt: skip
+        """Yield :class:`~workbench.types.StreamChunk` text deltas of one completion as tokens arrive.
+
+        The last chunk carries ``final``, the complete :class:`~workbench.types.Completion`.  Stop strings
+        never leak: text that could be the start of a stop string is held back until it is decided.
+        """
+        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
         prompt = self._encode_content(content, 0)
         self._check_lengths([prompt])
+        return self._stream(prompt, params)
+
+    def _stream(self, prompt: list[int], params: SamplingParams) -> Iterator[StreamChunk]:
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
         decoded, text, emitted = 0, "", 0  # tokens decoded into `text`; characters of `text` yielded
-        for event in self._runner.generate([Request(0, prompt, params)]):
-            if event.token is not None:
-                tokens.append(event.token)
-                if event.logprob is not None:
-                    logprobs.append(event.logprob)
-            if event.stop_reason is not None:
-                final = self._completion(tokens, logprobs, event, params, len(prompt))
-                yield StreamChunk(token=event.token, text=final.text[emitted:], final=final)
-                return
-            piece = self.tokenizer.decode(tokens[decoded:])  # only the new tokens: no re-decoding per step
-            if piece.endswith("\ufffd"):  # hold back a half-decoded UTF-8 character
-                continue
-            text, decoded = text + piece, len(tokens)
-            safe = len(text) - _stop_prefix_overlap(text, params.stop)  # never leak the start of a stop string
-            delta, emitted = text[emitted:safe], max(emitted, safe)
-            yield StreamChunk(token=event.token, text=delta)
+        call = self._calls.begin()
+        events = self._events(call, [Request(0, prompt, params)])
+        try:
+            for event in events:
+                if event.token is not None:
+                    tokens.append(event.token)
+                    if event.logprob is not None:
+                        logprobs.append(event.logprob)
+                if event.stop_reason is not None:
+                    final = self._completion(tokens, logprobs, event, params, len(prompt))
+                    yield StreamChunk(token=event.token, text=final.text[emitted:], final=final)
+                    return
+                piece = self.tokenizer.decode(tokens[decoded:])  # only the new tokens: no re-decoding per step
+                if piece.endswith("\ufffd"):  # hold back a half-decoded UTF-8 character
+                    continue
+                text, decoded = text + piece, len(tokens)
+                safe = len(text) - _stop_prefix_overlap(text, params.stop)  # never leak the start of a stop string
+                delta, emitted = text[emitted:safe], max(emitted, safe)
+                yield StreamChunk(token=event.token, text=delta)
+        finally:
+            events.close()  # an abandoned stream stops the runner too
+            self._calls.end(call)
+        partial = self._completion(tokens, logprobs, _cancelled_event(0), params, len(prompt))
+        raise GenerationCancelled(f"generation was cancelled after {len(tokens)} tokens; the text so far is in "
+                                  ".partial[0]", partial=[partial])  # fmt: skip
+
+    def _events(self, call: int, requests: list[Request]) -> Iterator[Event]:
+        """The runner's events until it is done or ``call`` is cancelled.
+
+        The cancel flag is read before each event is pulled, so no forward pass starts after a cancel;
+        closing the runner's iterator stops it (on every rank, with model-parallel workers).  An
+        abandoned consumer (a stream dropped half-way, Ctrl-C) closes it the same way.
+        """
+        events = self._runner.generate(requests)
+        try:
+            while not self._calls.cancelled(call):
+                try:
+                    event = next(events)
+                except StopIteration:
+                    return
+                yield event
+        finally:
+            _close(events)
 
     def _completion(self, tokens: list[int], logprobs: list[TokenLogprob], final: Event | None,
                     params: SamplingParams, prompt_len: int) -> Completion:  # fmt: skip
@@ -126,23 +282,62 @@ class Engine:
         )
 
     # ----------------------------------------------------------------------------- chat
-    def chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None,
+    @_sampling_doc
+    def chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
                         tool_choice: str = "auto", tool_prompt_format: str | None = None, stream: bool = False,
-                        **sampling: Any) -> Any:  # fmt: skip
-        """One chat reply in the model's official prompt format; ``message.tool_calls`` holds parsed calls."""
+                        max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                        seed: int | None = None, logprobs: int = 0,
+                        stop: str | Sequence[str] | None = None) -> Any:  # fmt: skip
+        """One assistant reply in the model's official prompt format (a :class:`~workbench.types.ChatCompletion`).
+
+        messages: the dialog, :class:`~workbench.types.Message` objects or dicts like
+            ``{"role": "user", "content": "..."}`` (roles system, user, assistant, tool).
+        tools: Python callables, OpenAI-style or Llama-Stack-style definitions, or built-in names
+            (``"brave_search"``, ``"wolfram_alpha"``, ``"code_interpreter"``); parsed calls land in
+            ``result.message.tool_calls`` (run them with ``workbench.tools.run``).
+        tool_choice: ``"auto"``, ``"required"``, ``"none"`` or a tool's name.
+        tool_prompt_format: ``"json"``, ``"function_tag"`` or ``"python_list"`` (default: the model's own).
+        stream: True returns an iterator of ``TextDelta`` / ``ToolCallDelta`` items ending with the
+            ChatCompletion (see :mod:`workbench.chat`).
+        """
         from . import chat
 
         return chat.chat_completion(self, messages, tools=tools, tool_choice=tool_choice,
-                                    tool_prompt_format=tool_prompt_format, stream=stream, **sampling)  # fmt: skip
+                                    tool_prompt_format=tool_prompt_format, stream=stream, max_tokens=max_tokens,
+                                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
+                                    stop=stop)  # fmt: skip
 
-    def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None,
+    @_sampling_doc
+    def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
                               tool_choice: str = "auto", tool_prompt_format: str | None = None,
-                              **sampling: Any) -> list[Any]:  # fmt: skip
-        """Many chat replies in one batch (per-row results equal single calls, greedy)."""
+                              max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                              top_k: int = 0, seed: int | None = None, logprobs: int = 0,
+                              stop: str | Sequence[str] | None = None,
+                              progress: bool | None = None) -> list[Any]:  # fmt: skip
+        """One reply per dialog, generated in one batch (per-row results equal single calls).
+
+        dialogs: a list of dialogs (each a list of messages, or a bare string for one user message);
+            the same ``tools``, ``tool_choice`` and sampling apply to every dialog (see ``chat_completion``).
+        progress: a progress bar of dialogs done and tokens/s; None (default) shows it once the call
+            has run for a couple of seconds, True at once, False never.
+        """
         from . import chat
 
         return chat.batch_chat_completion(self, dialogs, tools=tools, tool_choice=tool_choice,
-                                          tool_prompt_format=tool_prompt_format, **sampling)  # fmt: skip
+                                          tool_prompt_format=tool_prompt_format, max_tokens=max_tokens,
+                                          temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                          logprobs=logprobs, stop=stop, progress=progress)  # fmt: skip
+
+    @_sampling_doc
+    def stream_chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
+                               tool_choice: str = "auto", tool_prompt_format: str | None = None,
+                               max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                               top_k: int = 0, seed: int | None = None, logprobs: int = 0,
+                               stop: str | Sequence[str] | None = None) -> Iterator[Any]:  # fmt: skip
+        """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
+        return self.chat_completion(messages, tools, tool_choice=tool_choice, tool_prompt_format=tool_prompt_format,
+                                    stream=True, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                    top_k=top_k, seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
 
     # ----------------------------------------------------------------------------- scoring
     def logits(self, token_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -194,12 +389,13 @@ class Engine:
                 )
 
     # ----------------------------------------------------------------------------- quantization
-    def set_quantization(self, mode: str | None) -> None:
+    def set_quantization(self, mode: str | None, *, progress: bool | None = None) -> None:
         """Re-load the weights from the checkpoint under another quantization mode (None | "bf16" |
         "fp8_mixed" | "int4_mixed").  The old model is freed first, so only one copy is resident.
 
         The mode is checked against the device *before* anything is freed: a bad mode raises
-        QuantizationError and leaves the current model loaded.
+        QuantizationError and leaves the current model loaded.  ``progress``: a bar for the re-load
+        (None: shown once it takes a couple of seconds; True/False: always/never).
         """
         from .quantization import check_supported
 
@@ -207,7 +403,9 @@ class Engine:
         settings = self.settings.with_quantization(mode)
         if settings == self.settings:
             return
-        self._runner.reload(settings)
+        with progress_bar(1, desc=f"quantization -> {mode or 'none'}", unit="reload", progress=progress) as bar:
+            self._runner.reload(settings)
+            bar.update(1)
         self.settings = settings
 
     # ----------------------------------------------------------------------------- introspection
@@ -267,6 +465,16 @@ class _ClosedRunner:
         from .errors import WorkbenchError
 
         raise WorkbenchError("this engine was unloaded; call workbench.load(...) again")
+
+
+def _close(events: Any) -> None:
+    close = getattr(events, "close", None)
+    if close is not None:
+        close()
+
+
+def _cancelled_event(index: int) -> Event:
+    return Event(index, None, stop_reason="cancelled")
 
 
 def _stop_prefix_overlap(text: str, stops: tuple[str, ...]) -> int:

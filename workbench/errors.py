@@ -62,3 +62,14 @@ class WorkerError(WorkbenchError, RuntimeError):
 
 class ImageError(InputError):
     """An image in a message cannot be used: unreadable, or the model has no vision encoder."""
+
+
+class GenerationCancelled(WorkbenchError):
+    """``engine.cancel()`` stopped a running call; ``partial`` holds the results generated so far.
+
+    Rows that had not finished carry ``stop_reason="cancelled"``.  The engine stays usable.
+    """
+
+    def __init__(self, message: str, partial: list | None = None) -> None:
+        super().__init__(message)
+        self.partial = list(partial or [])

@@ -15,15 +15,19 @@ from .models.args import ModelArgs
 from .models.transformer import Transformer
 
 
-def load_model_for_rank(settings: Settings, args: ModelArgs, rank: int = 0) -> Transformer:
-    """The model slice of ``rank`` (of ``settings.model_parallel_size``), quantized as asked."""
+def load_model_for_rank(settings: Settings, args: ModelArgs, rank: int = 0, *,
+                        progress: bool | None = False) -> Transformer:  # fmt: skip
+    """The model slice of ``rank`` (of ``settings.model_parallel_size``), quantized as asked.
+
+    ``progress``: a bar over the checkpoint shards (the in-process runner shows it in the notebook).
+    """
     from .quantization import load_options, quantize_model
 
     # fp8/int4 on a GPU assemble on the CPU and quantize onto the GPU module by module (see load_options).
     device, dtype = load_options(settings)
     model = build_model(
         settings.checkpoint_dir, args, device=torch.device(device), dtype=dtype,
-        max_seq_len=settings.max_seq_len, mp_size=settings.model_parallel_size, rank=rank,
+        max_seq_len=settings.max_seq_len, mp_size=settings.model_parallel_size, rank=rank, progress=progress,
     )  # fmt: skip
     # Called for every mode: a pre-quantized checkpoint's shards hold unscaled fp8 codes that need their scales.
     model = quantize_model(model, settings.quantization, settings=settings, rank=rank)

@@ -45,7 +45,7 @@ class LocalRunner:
         self.close()
         gc.collect()
         self.settings = settings
-        self._start(load_model_for_rank(settings, self.args))
+        self._start(load_model_for_rank(settings, self.args, progress=None))
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
         return self.generator.generate(requests)

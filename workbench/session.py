@@ -80,7 +80,8 @@ def build_engine(settings: Settings) -> Engine:
         from .runner import LocalRunner
 
         ensure_model_parallel(1)
-        runner = LocalRunner(load_model_for_rank(settings, args), tokenizer, settings=settings, args=args)
+        model = load_model_for_rank(settings, args, progress=None)
+        runner = LocalRunner(model, tokenizer, settings=settings, args=args)
     else:
         from .parallel import ParallelRunner
 

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from .errors import InputError
 
-StopReason = Literal["end_of_turn", "end_of_message", "out_of_tokens"]
+# "cancelled" only appears in the partial results of a call stopped with ``engine.cancel()``.
+StopReason = Literal["end_of_turn", "end_of_message", "out_of_tokens", "cancelled"]
 Role = Literal["system", "user", "assistant", "tool", "ipython"]
 ROLES = ("system", "user", "assistant", "tool", "ipython")
 

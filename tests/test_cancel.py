@@ -1,0 +1,177 @@
+"""Cancellation between decode steps (``engine.cancel()``), progress bars and discoverable signatures."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+import pytest
+
+import workbench as wb
+from workbench.errors import GenerationCancelled, InputError
+from workbench.session import build_engine, resolve_settings
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def f(x):", "Llamas are"]
+
+
+@pytest.fixture(scope="module")
+def engine(llama3_dir):
+    return build_engine(resolve_settings(llama3_dir, max_batch_size=4, max_seq_len=128))
+
+
+class _CountingRunner:
+    """Wraps the engine's runner: counts decode forwards and calls ``engine.cancel()`` after N events,
+    as a Stop button's callback on another thread would."""
+
+    def __init__(self, engine: wb.Engine, cancel_after: int) -> None:
+        self.engine, self.inner, self.cancel_after = engine, engine._runner, cancel_after
+        self.events = 0
+        self.forwards = 0
+        model = self.inner.model
+        original = model.forward_decode
+
+        def counted(*args, **kwargs):
+            self.forwards += 1
+            return original(*args, **kwargs)
+
+        model.forward_decode = counted
+        self._restore = lambda: delattr(model, "forward_decode")
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def generate(self, requests):
+        for event in self.inner.generate(requests):
+            self.events += 1
+            if self.events == self.cancel_after:
+                assert self.engine.cancel() is True
+            yield event
+
+
+@pytest.fixture
+def cancelling(engine):
+    made: list[_CountingRunner] = []
+
+    def install(after: int) -> _CountingRunner:
+        runner = _CountingRunner(engine, after)
+        made.append(runner)
+        engine._runner = runner
+        return runner
+
+    yield install
+    for runner in made:
+        engine._runner = runner.inner
+        runner._restore()
+
+
+@pytest.mark.timeout(120)
+def test_cancel_stops_a_batch_within_one_step_and_the_engine_is_unchanged(engine, cancelling):
+    expected = engine.batch_completion(PROMPTS, max_tokens=40)
+    runner = cancelling(after=4 * 5)  # 4 rows: the prefill step plus 4 decode steps
+    with pytest.raises(GenerationCancelled) as caught:
+        engine.batch_completion(PROMPTS, max_tokens=40)
+    assert runner.forwards == 4  # no forward pass started after the cancel
+    partial = caught.value.partial
+    assert [p.stop_reason for p in partial] == ["cancelled"] * 4
+    for got, want in zip(partial, expected):
+        assert got.tokens == want.tokens[:5] and len(got.tokens) == 5
+    engine._runner = runner.inner
+    again = engine.batch_completion(PROMPTS, max_tokens=40)
+    assert [r.tokens for r in again] == [r.tokens for r in expected]
+
+
+@pytest.mark.timeout(120)
+def test_cancel_ends_a_stream_and_the_next_stream_is_identical(engine):
+    full = list(engine.stream_completion("Once upon a time", max_tokens=30))
+    stream = engine.stream_completion("Once upon a time", max_tokens=30)
+    seen = [next(stream) for _ in range(3)]
+    assert engine.cancel() is True
+    with pytest.raises(GenerationCancelled) as caught:
+        next(stream)
+    (partial,) = caught.value.partial
+    assert partial.tokens == [c.token for c in full[:3]] and partial.stop_reason == "cancelled"
+    assert [c.text for c in seen] == [c.text for c in full[:3]]
+    again = list(engine.stream_completion("Once upon a time", max_tokens=30))
+    assert again[-1].final.tokens == full[-1].final.tokens
+    assert "".join(c.text for c in again) == full[-1].final.text
+
+
+def test_cancel_between_calls_does_not_touch_the_next_call(engine):
+    assert engine.cancel() is False  # nothing running
+    result = engine.completion("Hello", max_tokens=6)
+    assert len(result.tokens) == 6
+
+
+@pytest.mark.timeout(120)
+def test_cancel_from_another_thread_stops_a_running_chat(engine):
+    messages = [{"role": "user", "content": "Tell me a long story"}]
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def consume():
+        try:
+            for _item in engine.chat_completion(messages, stream=True, max_tokens=100):
+                started.set()
+        except BaseException as exc:  # noqa: B036 - collected for the assertion below
+            errors.append(exc)
+        finally:
+            started.set()
+
+    worker = threading.Thread(target=consume)
+    worker.start()
+    assert started.wait(60)
+    engine.cancel()
+    worker.join(60)
+    assert not worker.is_alive()
+    if errors:  # the reply may also have ended on its own before the cancel landed
+        assert isinstance(errors[0], GenerationCancelled)
+        assert len(errors[0].partial[0].tokens) < 100
+    reference = engine.chat_completion(messages, max_tokens=20)
+    assert reference.tokens == engine.chat_completion(messages, max_tokens=20).tokens
+
+
+def test_progress_bar_counts_rows_and_tokens(engine, capsys):
+    results = engine.batch_completion(PROMPTS, max_tokens=5, progress=True)
+    err = capsys.readouterr().err
+    assert "4/4" in err and "row" in err and f"{sum(len(r.tokens) for r in results)} tok" in err
+    engine.batch_completion(PROMPTS, max_tokens=5, progress=False)
+    assert capsys.readouterr().err == ""
+    with pytest.raises(InputError, match="progress"):
+        engine.batch_completion(PROMPTS, max_tokens=5, progress="yes")
+
+
+@pytest.mark.parametrize("name", ["completion", "batch_completion", "stream_completion", "chat_completion",
+                                  "batch_chat_completion", "stream_chat_completion"])  # fmt: skip
+def test_sampling_options_are_explicit_keyword_only_and_documented(name):
+    method = getattr(wb.Engine, name)
+    params = inspect.signature(method).parameters
+    for option, default in [("max_tokens", None), ("temperature", 0.0), ("top_p", 1.0), ("top_k", 0),
+                            ("seed", None), ("logprobs", 0), ("stop", None)]:  # fmt: skip
+        assert params[option].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params[option].default == default
+        assert option + ":" in method.__doc__
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def test_unknown_keyword_is_a_type_error(engine):
+    with pytest.raises(TypeError, match="temprature"):
+        engine.completion("Hi", temprature=0.5)
+
+
+def test_shard_loading_and_set_quantization_show_progress(make_checkpoint, capsys):
+    from workbench.factory import TINY_LLAMA3
+
+    folder = make_checkpoint(TINY_LLAMA3, n_shards=2)
+    from workbench.checkpoint import load_state_dict_for_rank
+    from workbench.models.args import ModelArgs
+
+    args = ModelArgs.from_checkpoint(folder)
+    load_state_dict_for_rank(folder, args, progress=True)
+    err = capsys.readouterr().err
+    assert "loading shards" in err and "2/2" in err
+    engine = build_engine(resolve_settings(folder, max_batch_size=2, max_seq_len=64))
+    engine.set_quantization("bf16", progress=True)
+    err = capsys.readouterr().err
+    assert "quantization -> bf16" in err and "1/1" in err
+    assert engine.settings.quantization == "bf16"
+    engine.close()
