@@ -1,6 +1,7 @@
 """workbench: a Jupyter-first research workbench for Meta's Llama 3.x and Llama 4 checkpoints."""
 
 from . import chat, tools
+from .display import Transcript, show_prompt, to_frame
 from .engine import Engine
 from .errors import WorkbenchError
 from .session import current, load, unload
@@ -8,6 +9,6 @@ from .types import ChatCompletion, Completion, Message, StreamChunk, TokenLogpro
 
 __all__ = [
     "ChatCompletion", "Completion", "Engine", "Message", "StreamChunk", "TokenLogprob", "ToolCall",
-    "WorkbenchError", "chat", "current", "load", "tools", "unload",
+    "Transcript", "WorkbenchError", "chat", "current", "load", "show_prompt", "to_frame", "tools", "unload",
 ]  # fmt: skip
 __version__ = "0.1.0"

@@ -410,9 +410,15 @@ class Engine:
 
     # ----------------------------------------------------------------------------- introspection
     def info(self) -> dict[str, Any]:
-        """Model id, family, sizes, dtype, device, parallelism, quantization and memory, as a dict."""
+        """Model id, family, sizes, dtype, device, parallelism, quantization and memory.
+
+        A dict of raw numbers (``info()["weights_bytes"]`` is an int) that displays with human sizes;
+        ``.readable()`` gives the human strings.
+        """
+        from .display import InfoReport
+
         memory = self._runner.memory()
-        return {
+        return InfoReport({
             "model_id": self.model_id,
             "family": self.family,
             "checkpoint": str(self.settings.checkpoint_dir),
@@ -426,7 +432,7 @@ class Engine:
             "weights_bytes": memory["weights_bytes"],
             "kv_cache_bytes": memory["kv_cache_bytes"],
             "load_seconds": round(self.load_seconds, 2),
-        }
+        })
 
     def _compute_dtype(self) -> str:
         """bf16 mode runs the whole model in bfloat16, whatever dtype was asked for at load."""
@@ -434,19 +440,31 @@ class Engine:
         return str(dtype).replace("torch.", "")
 
     def memory(self) -> dict[str, Any]:
-        """Bytes of parameters (by dtype and by module kind) and of the KV cache."""
-        return self._runner.memory()
+        """Bytes of parameters (by dtype and by module kind) and of the KV cache.
+
+        A dict of raw byte counts that displays in KiB/MiB/GiB (``.readable()`` for the strings).
+        """
+        from .display import MemoryReport
+
+        return MemoryReport(self._runner.memory())
 
     def __repr__(self) -> str:
         if self.closed:
             return f"Engine(model={self.model_id!r}, family={self.family}, unloaded)"
+        from .display import model_label
+
         i = self.info()
-        return (
-            f"Engine(model={i['model_id']!r}, family={i['family']}, params={i['parameters'] / 1e6:.1f}M, "
-            f"dtype={i['dtype']}, device={i['device']}, mp={i['model_parallel_size']}, "
-            f"quantization={i['quantization']}, weights={_fmt_bytes(i['weights_bytes'])}, "
-            f"kv_cache={_fmt_bytes(i['kv_cache_bytes'])})"
+        return (  # one field per line: notebooks wrap long lines mid-word
+            f"Engine(model={i['model_id']!r},  # {model_label(self)}\n"
+            f"       family={i['family']}, params={i['parameters'] / 1e6:.1f}M, dtype={i['dtype']},\n"
+            f"       device={i['device']}, mp={i['model_parallel_size']}, quantization={i['quantization']},\n"
+            f"       weights={_fmt_bytes(i['weights_bytes'])}, kv_cache={_fmt_bytes(i['kv_cache_bytes'])})"
         )
+
+    def _repr_html_(self) -> str:
+        from .display import engine_html
+
+        return engine_html(self)
 
     @property
     def closed(self) -> bool:

@@ -223,8 +223,10 @@ def run_batch(
         raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
     if not isinstance(dialogs, (list, tuple)):
         raise InputError("run_batch takes a list of dialogs (each a list of messages); for one dialog use run()")
+    from .display import Transcript
+
     toolbox = Toolbox.create(tools, code_interpreter)
-    transcripts = [coerce_messages(d) for d in dialogs]
+    transcripts = [Transcript(coerce_messages(d)) for d in dialogs]
     active = list(range(len(transcripts)))
     for turn in range(max_turns):
         if not active:

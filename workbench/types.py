@@ -50,6 +50,17 @@ class Completion:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_pandas(self) -> Any:
+        """One row per generated token (needs ``logprobs=k`` on the call): text, logprob, probability, top-k."""
+        from .display import to_frame
+
+        return to_frame(self)
+
+    def _repr_html_(self) -> str:  # notebook display (workbench.display; imported only when shown)
+        from .display import completion_html
+
+        return completion_html(self)
+
 
 @dataclass
 class ToolCall:
@@ -119,6 +130,11 @@ class Message:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def _repr_html_(self) -> str:
+        from .display import messages_html
+
+        return messages_html([self])
+
 
 @dataclass
 class ChatCompletion:
@@ -133,6 +149,17 @@ class ChatCompletion:
     @property
     def text(self) -> str:
         return self.message.content if isinstance(self.message.content, str) else str(self.message.content)
+
+    def to_pandas(self) -> Any:
+        """One row per generated token (needs ``logprobs=k`` on the call)."""
+        from .display import to_frame
+
+        return to_frame(self)
+
+    def _repr_html_(self) -> str:
+        from .display import completion_html
+
+        return completion_html(self, "ChatCompletion")
 
 
 @dataclass

@@ -1,0 +1,140 @@
+"""Rich display: HTML cards, readable info/memory with raw numbers, DataFrames, the prompt inspector."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import workbench as wb
+from workbench.display import human_bytes, messages_html
+from workbench.errors import InputError
+from workbench.session import build_engine, resolve_settings
+from workbench.types import Message, ToolCall
+
+
+@pytest.fixture(scope="module")
+def engine(llama4_dir):
+    return build_engine(resolve_settings(llama4_dir, max_batch_size=4, max_seq_len=256))
+
+
+def test_human_sizes():
+    assert human_bytes(512) == "512 B" and human_bytes(1536) == "1.5 KiB" and human_bytes(3 * 2**30) == "3.0 GiB"
+
+
+def test_info_and_memory_are_readable_and_keep_raw_numbers(engine):
+    info = engine.info()
+    assert isinstance(info["weights_bytes"], int) and info["weights_bytes"] > 0
+    assert info.readable()["weights_bytes"].endswith("MiB")
+    assert "MiB" in repr(info) and str(info["weights_bytes"]) not in repr(info)
+    assert "<table" in info._repr_html_()
+    memory = engine.memory()
+    assert memory["kv_cache_bytes"] == info["kv_cache_bytes"]
+    assert "KiB" in memory.readable()["by_kind"] or "MiB" in memory.readable()["by_kind"]
+
+
+def test_engine_card_and_repr(engine):
+    card = engine._repr_html_()
+    assert "llama4" in card and "python_list" in card and "max_seq_len 256" in card
+    text = repr(engine)
+    assert all(len(line) < 100 for line in text.splitlines())
+
+
+def test_default_engine_says_what_it_is():
+    engine = wb.load()
+    try:
+        from workbench import factory
+
+        card = engine._repr_html_()
+        assert f"embedded default: {factory.DEFAULT_MODEL_NAME}" in card
+    finally:
+        wb.unload()
+
+
+def test_completion_html_shades_tokens_by_logprob(engine):
+    plain = engine.completion("The capital of France is", max_tokens=6)
+    html = plain._repr_html_()
+    assert "6 tokens" in html and "out_of_tokens" in html
+    scored = engine.completion("The capital of France is", max_tokens=6, logprobs=3)
+    html = scored._repr_html_()
+    assert html.count("rgba(229,57,53,") == 6 and "p=" in html and "mean logprob" in html
+    frame = scored.to_pandas()
+    assert list(frame.columns[:4]) == ["token", "text", "logprob", "prob"] and len(frame) == 6
+    assert frame["token"].tolist() == scored.tokens
+    assert ((frame["prob"] > 0) & (frame["prob"] <= 1)).all()
+
+
+def test_special_tokens_are_dimmed():
+    from workbench.display import text_with_specials
+
+    out = text_with_specials("a <|eot|> b <script>")
+    assert "color:#999" in out and "&lt;script&gt;" in out
+
+
+def test_transcript_cards_link_results_to_calls():
+    call_a = ToolCall("get_weather", {"city": "Paris"}, call_id="c1")
+    call_b = ToolCall("convert", {"amount": 3}, call_id="c2")
+    dialog = [
+        Message("user", "weather?"),
+        Message("assistant", "", tool_calls=[call_a, call_b], stop_reason="end_of_message"),
+        Message("tool", "sunny", call_id="c2"),
+        Message("tool", "22C", call_id="c1"),
+        Message("assistant", "It is sunny."),
+    ]
+    html = messages_html(dialog)
+    assert html.count("call #1") == 2 and html.count("call #2") == 2  # each call card and its result card
+    assert "result of call #2 convert" in html and "result of call #1 get_weather" in html
+    transcript = wb.Transcript(dialog)
+    assert transcript == dialog and "[tool] (answers c1) 22C" in repr(transcript)
+    frame = wb.to_frame(transcript)
+    assert frame["answers_call"].fillna("-").tolist() == ["-", "-", "convert #2", "get_weather #1", "-"]
+    assert frame["role"].tolist() == ["user", "assistant", "tool", "tool", "assistant"]
+
+
+def test_to_frame_of_results_and_of_transcripts(engine):
+    rows = engine.batch_completion(["Hi", "Hello there"], max_tokens=4, logprobs=1)
+    frame = wb.to_frame(rows)
+    assert isinstance(frame, pd.DataFrame) and frame["tokens"].tolist() == [4, 4]
+    assert "mean_logprob" in frame
+    chats = engine.batch_chat_completion([[{"role": "user", "content": "Hi"}]] * 2, max_tokens=3)
+    assert wb.to_frame(chats)["stop_reason"].tolist() == [c.stop_reason for c in chats]
+    frame = wb.to_frame([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]])
+    assert frame["dialog"].tolist() == [0, 1]
+    with pytest.raises(TypeError):
+        wb.to_frame([1, 2])
+
+
+def test_tool_loop_returns_transcripts(engine):
+    transcript = wb.tools.run(engine, [{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert isinstance(transcript, wb.Transcript) and "<div" in transcript._repr_html_()
+
+
+def _weather(city: str) -> str:
+    """Weather in a city.
+
+    Args:
+        city: the city
+    """
+    return "sunny"
+
+
+def test_show_prompt_matches_the_engine_prompt(engine):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+    view = wb.show_prompt(messages, tools=[_weather], engine=engine)
+    assert view.ids == engine.formatter.encode_dialog(messages, tools=[_weather])
+    labels = [label for label, _ in view.segments]
+    assert labels[0] == "begin" and labels[-1] == "assistant (to complete)" and "user #1" in labels
+    html = view._repr_html_()
+    assert "#7e57c2" in html and f"{len(view)} tokens" in html and "token by token" in html
+    assert sum(len(ids) for _, ids in view.segments) == len(view.ids)
+
+
+def test_show_prompt_without_a_loaded_model():
+    wb.unload()
+    messages = [{"role": "user", "content": "Hi"}]
+    view = wb.show_prompt(messages, model="Llama3.2-3B-Instruct")
+    assert view.text.startswith("<|begin_of_text|><|start_header_id|>user<|end_header_id|>")
+    assert wb.current() is None
+    llama4 = wb.show_prompt(messages, model="Llama-4-Scout-17B-16E-Instruct")
+    assert "<|header_start|>" in llama4.text
+    with pytest.raises(InputError, match="model"):
+        wb.show_prompt(messages)
