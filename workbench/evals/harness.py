@@ -231,7 +231,8 @@ def compare(engine: Any, cases: Sequence[EvalCase], settings: Sequence[Mapping[s
     ``(label, text)`` pair) and return every scored row with the setting's columns.  A
     ``quantization`` setting re-loads the engine in that mode; the original mode is restored after."""
     frames = []
-    original = engine.info().get("quantization") if "quantization" in {k for s in settings for k in s} else None
+    switches = any("quantization" in s for s in settings)
+    original = engine.settings.quantization if switches else None
     try:
         for setting in settings:
             unknown = set(setting) - set(SETTING_KEYS)
@@ -255,7 +256,7 @@ def compare(engine: Any, cases: Sequence[EvalCase], settings: Sequence[Mapping[s
                 frame.insert(0, key, value)
             frames.append(frame)
     finally:
-        if original is not None or "quantization" in {k for s in settings for k in s}:
+        if switches and engine.settings.quantization != original:
             engine.set_quantization(original)
     return pd.concat(frames, ignore_index=True)
 
