@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -79,22 +80,27 @@ class Batcher:
     GROUP = 4
 
     def __init__(self, formatter: Any, to_compact: dict[int, int], unk: int, batch_size: int, seed: int,
-                 curriculum_steps: int) -> None:  # fmt: skip
+                 curriculum_steps: int, synthetic: float = 0.35, aux_positions: int = 0) -> None:  # fmt: skip
         self.formatter, self.to_compact, self.unk = formatter, to_compact, unk
         self.batch_size, self.seed, self.curriculum_steps = batch_size, seed, curriculum_steps
+        self.synthetic, self.aux_positions = synthetic, aux_positions
         self._group: tuple[int, list[tuple[list[int], list[bool]]]] | None = None
 
     def _dialogs(self, group: int) -> list[tuple[list[int], list[bool]]]:
         if self._group is None or self._group[0] != group:
             max_tools = 2 if group * self.GROUP < self.curriculum_steps else 4
-            gen = DialogGenerator("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools)
+            gen = DialogGenerator("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools,
+                                  synthetic=self.synthetic)  # fmt: skip
             encoded = [encode(self.formatter, gen.dialog()) for _ in range(self.batch_size * self.GROUP)]
             rows = [([self.to_compact.get(t, self.unk) for t in e.tokens], e.targets) for e in encoded]
             rows.sort(key=lambda r: len(r[0]))
             self._group = (group, rows)
         return self._group[1]
 
-    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+        """tokens [B, T], assistant targets [B, T] (-100 elsewhere), shared prefix length, and auxiliary
+        targets [B, T]: up to ``aux_positions`` other (non-prefix) tokens per row, for a small
+        language-modelling loss that teaches the model to read (and copy from) the prompt."""
         group, index = divmod(step, self.GROUP)
         order = list(range(self.GROUP))
         # a fixed permutation per group, so short and long batches alternate
@@ -105,12 +111,21 @@ class Batcher:
         width = max(len(r) for r in rows)
         tokens = torch.zeros(len(rows), width, dtype=torch.long)
         targets = torch.full((len(rows), width), -100, dtype=torch.long)  # target of position t is token t+1
+        aux = torch.full((len(rows), width), -100, dtype=torch.long)
+        pick = random.Random(self.seed * 7919 + step)
         for i, (row, mask) in enumerate(chosen):
             tokens[i, : len(row)] = torch.tensor(row)
+            others = []
             for t in range(1, len(row)):
-                if mask[t] and row[t] != self.unk:  # a token outside the compact vocabulary is no target
+                if row[t] == self.unk:  # a token outside the compact vocabulary is no target
+                    continue
+                if mask[t]:
                     targets[i, t - 1] = row[t]
-        return tokens, targets, min(prefix, width - 1)
+                elif t > prefix:
+                    others.append(t)
+            for t in pick.sample(others, min(self.aux_positions, len(others))):
+                aux[i, t - 1] = row[t]
+        return tokens, targets, min(prefix, width - 1), aux
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
@@ -122,7 +137,8 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, save_every: int,
           params: dict[str, Any] | None = None, log_every: int = 10, progress: bool = True,
-          vocab_sample: int | None = None, stop_after: int | None = None) -> dict[str, Any]:  # fmt: skip
+          vocab_sample: int | None = None, stop_after: int | None = None, synthetic: float = 0.35,
+          aux_weight: float = 0.0, aux_positions: int = 32) -> dict[str, Any]:  # fmt: skip
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
     ``stop_after`` ends the run early after that step (saving first), as an interruption would.
@@ -150,9 +166,11 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
     (out_dir / "config.json").write_text(json.dumps({"params": params, "vocab": vocab, "seed": seed,
-                                                     "batch_size": batch_size, "lr": lr, "steps": steps}))  # fmt: skip
+                                                     "batch_size": batch_size, "lr": lr, "steps": steps,
+                                                     "synthetic": synthetic, "aux_weight": aux_weight}))  # fmt: skip
     batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
-                      batch_size, seed, curriculum_steps=steps // 5)  # fmt: skip
+                      batch_size, seed, curriculum_steps=steps // 5, synthetic=synthetic,
+                      aux_positions=aux_positions if aux_weight > 0 else 0)  # fmt: skip
     log_path = out_dir / "log.jsonl"
     metrics: dict[str, Any] = {}
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
@@ -160,16 +178,20 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup=min(200, steps // 10 + 1))
-        tokens, targets, prefix = batcher(step)
+        tokens, targets, prefix, aux = batcher(step)
         h = hidden_states(model, tokens, prefix)  # [B, T, D]
         where = targets != -100
         logits = h[where] @ model.tok_embeddings.weight.T  # [N, V]
         loss = F.cross_entropy(logits, targets[where])
+        if aux_weight > 0 and bool((aux != -100).any()):
+            aux_where = aux != -100
+            aux_logits = h[aux_where] @ model.tok_embeddings.weight.T  # [M, V]
+            loss = loss + aux_weight * F.cross_entropy(aux_logits, aux[aux_where])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        window_loss += loss.item()
+        window_loss += F.cross_entropy(logits.detach(), targets[where]).item()
         window_acc += (logits.argmax(-1) == targets[where]).float().mean().item()
         window_n += 1
         if (step + 1) % log_every == 0 or step + 1 == steps:
@@ -205,6 +227,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="params.json-style model shape (default: the shipped demo model's shape)")
     parser.add_argument("--vocab-sample", type=int, default=None,
                         help="dialogs sampled per split to build the compact vocabulary (default 1500)")
+    parser.add_argument("--synthetic", type=float, default=0.35,
+                        help="share of training argument values that are made-up words (teaches copying)")
+    parser.add_argument("--aux-weight", type=float, default=0.0,
+                        help="weight of a language-modelling loss on sampled prompt tokens (0 = off)")
+    parser.add_argument("--aux-positions", type=int, default=32, help="prompt tokens per row for that loss")
     parser.add_argument("--export", type=Path, default=None, help="after training, write the compact artifact here")
     parser.add_argument("--export-sample", type=int, default=256,
                         help="dialogs whose hidden states fit the never-win output row")
@@ -212,7 +239,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     params = json.loads(args.params.read_text()) if args.params is not None else None
     metrics = train(args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                    save_every=args.save_every, params=params, vocab_sample=args.vocab_sample)  # fmt: skip
+                    save_every=args.save_every, params=params, vocab_sample=args.vocab_sample,
+                    synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         from .export import export_compact
