@@ -21,11 +21,13 @@ from typing import Any
 from ..tools import format_result
 from ..types import Message, ToolCall
 from .pools import ValuePools
-from .templates import NO_TOOL_ANSWER, SMALL_TALK, SPECS, ToolSpec
+from .templates import NO_TOOL_ANSWER, REPEAT_HELDOUT, REPEAT_TRAIN, SMALL_TALK, SPECS, ToolSpec
 from .tools import DEMO_TOOLS
 
 KINDS = ("single", "double", "two_round", "no_tool", "small_talk")
 TRAIN_MIX = {"single": 0.40, "double": 0.15, "two_round": 0.17, "no_tool": 0.18, "small_talk": 0.10}
+# with the copy exercise (``repeat``): what the training command draws from
+COPY_MIX = {**{k: v * 0.85 for k, v in TRAIN_MIX.items()}, "repeat": 0.15}
 
 
 @dataclass
@@ -54,7 +56,7 @@ class DialogGenerator:
     """Draws dialogs of one split ("train" or "heldout"), deterministic in ``seed``."""
 
     def __init__(self, split: str = "train", seed: int = 0, *, synthetic: float | None = None,
-                 max_tools: int = 4) -> None:  # fmt: skip
+                 max_tools: int = 4, mix: dict[str, float] | None = None) -> None:  # fmt: skip
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         self.split = split
@@ -62,6 +64,7 @@ class DialogGenerator:
         self.pools = ValuePools(split, self.rng, synthetic=(0.35 if split == "train" else 0.0)
                                 if synthetic is None else synthetic)  # fmt: skip
         self.max_tools = max_tools
+        self.mix = mix or TRAIN_MIX
         self._call_counter = 0
 
     # ------------------------------------------------------------------ pieces
@@ -108,7 +111,7 @@ class DialogGenerator:
     # ------------------------------------------------------------------ dialogs
     def dialog(self, kind: str | None = None) -> Dialog:
         if kind is None:
-            kind = self.rng.choices(list(TRAIN_MIX), weights=list(TRAIN_MIX.values()))[0]
+            kind = self.rng.choices(list(self.mix), weights=list(self.mix.values()))[0]
         names = list(SPECS)
         if kind == "single":
             tool = self.rng.choice(names)
@@ -138,7 +141,14 @@ class DialogGenerator:
             messages = [Message(role="user", content=question),
                         Message(role="assistant", content=answer, stop_reason="end_of_turn")]  # fmt: skip
             return Dialog(kind, self._offer([]), messages, [])
-        raise ValueError(f"unknown dialog kind {kind!r}; one of {', '.join(KINDS)}")
+        if kind == "repeat":
+            words = " ".join(self.pools._made_up(self.rng.random() < 0.5) if self.rng.random() < 0.6
+                             else self.pools.word() for _ in range(self.rng.randint(2, 8)))  # fmt: skip
+            template = self.rng.choice(REPEAT_TRAIN if self.split == "train" else REPEAT_HELDOUT)
+            messages = [Message(role="user", content=template.format(words=words)),
+                        Message(role="assistant", content=words, stop_reason="end_of_turn")]  # fmt: skip
+            return Dialog(kind, self._offer([]), messages, [])
+        raise ValueError(f"unknown dialog kind {kind!r}; one of {', '.join(KINDS)} or repeat")
 
     def __iter__(self) -> Iterator[Dialog]:
         while True:

@@ -33,7 +33,7 @@ from ..formats import make_formatter
 from ..models.args import ModelArgs
 from ..models.transformer import Transformer
 from ..tokenizer import Tokenizer, bundled_tokenizer_path
-from .data import DialogGenerator, encode
+from .data import COPY_MIX, DialogGenerator, encode
 from .forward import common_prefix_length, hidden_states
 from .vocab import build_compact_vocab
 
@@ -80,17 +80,19 @@ class Batcher:
     GROUP = 4
 
     def __init__(self, formatter: Any, to_compact: dict[int, int], unk: int, batch_size: int, seed: int,
-                 curriculum_steps: int, synthetic: float = 0.35, aux_positions: int = 0) -> None:  # fmt: skip
+                 curriculum_steps: int, synthetic: float = 0.35, aux_positions: int = 0,
+                 copy_exercise: bool = False) -> None:  # fmt: skip
         self.formatter, self.to_compact, self.unk = formatter, to_compact, unk
         self.batch_size, self.seed, self.curriculum_steps = batch_size, seed, curriculum_steps
-        self.synthetic, self.aux_positions = synthetic, aux_positions
+        self.synthetic, self.aux_positions, self.copy_exercise = synthetic, aux_positions, copy_exercise
         self._group: tuple[int, list[tuple[list[int], list[bool]]]] | None = None
 
     def _dialogs(self, group: int) -> list[tuple[list[int], list[bool]]]:
         if self._group is None or self._group[0] != group:
             max_tools = 2 if group * self.GROUP < self.curriculum_steps else 4
+            mix = COPY_MIX if self.copy_exercise else None
             gen = DialogGenerator("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools,
-                                  synthetic=self.synthetic)  # fmt: skip
+                                  synthetic=self.synthetic, mix=mix)  # fmt: skip
             encoded = [encode(self.formatter, gen.dialog()) for _ in range(self.batch_size * self.GROUP)]
             rows = [([self.to_compact.get(t, self.unk) for t in e.tokens], e.targets) for e in encoded]
             rows.sort(key=lambda r: len(r[0]))
@@ -138,7 +140,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, save_every: int,
           params: dict[str, Any] | None = None, log_every: int = 10, progress: bool = True,
           vocab_sample: int | None = None, stop_after: int | None = None, synthetic: float = 0.35,
-          aux_weight: float = 0.0, aux_positions: int = 32) -> dict[str, Any]:  # fmt: skip
+          aux_weight: float = 0.0, aux_positions: int = 32, copy_exercise: bool = False) -> dict[str, Any]:  # fmt: skip
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
     ``stop_after`` ends the run early after that step (saving first), as an interruption would.
@@ -167,10 +169,11 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
         start = int(state["step"])
     (out_dir / "config.json").write_text(json.dumps({"params": params, "vocab": vocab, "seed": seed,
                                                      "batch_size": batch_size, "lr": lr, "steps": steps,
-                                                     "synthetic": synthetic, "aux_weight": aux_weight}))  # fmt: skip
+                                                     "synthetic": synthetic, "aux_weight": aux_weight,
+                                                     "copy_exercise": copy_exercise}))  # fmt: skip
     batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
                       batch_size, seed, curriculum_steps=steps // 5, synthetic=synthetic,
-                      aux_positions=aux_positions if aux_weight > 0 else 0)  # fmt: skip
+                      aux_positions=aux_positions if aux_weight > 0 else 0, copy_exercise=copy_exercise)  # fmt: skip
     log_path = out_dir / "log.jsonl"
     metrics: dict[str, Any] = {}
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
@@ -232,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--aux-weight", type=float, default=0.0,
                         help="weight of a language-modelling loss on sampled prompt tokens (0 = off)")
     parser.add_argument("--aux-positions", type=int, default=32, help="prompt tokens per row for that loss")
+    parser.add_argument("--copy-exercise", action="store_true",
+                        help="mix in 'repeat after me' dialogs (15%%), which teach copying arbitrary words")
     parser.add_argument("--export", type=Path, default=None, help="after training, write the compact artifact here")
     parser.add_argument("--export-sample", type=int, default=256,
                         help="dialogs whose hidden states fit the never-win output row")
@@ -240,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     params = json.loads(args.params.read_text()) if args.params is not None else None
     metrics = train(args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     save_every=args.save_every, params=params, vocab_sample=args.vocab_sample,
-                    synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions)  # fmt: skip
+                    synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions,
+                    copy_exercise=args.copy_exercise)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         from .export import export_compact
