@@ -122,7 +122,7 @@ SPECS: dict[str, ToolSpec] = {
             "is_prime", lambda p: {"number": p.number()},
             ("Is {number} a prime number?", "Check if {number} is prime.", "Is {number} prime?",
              "Tell me whether {number} is a prime."),
-            ("Is the number {number} prime?", "Determine if {number} is prime or not."),
+            ("Tell me if {number} is prime.", "Determine if {number} is prime or not."),
             "I checked: {result}.",
         ),
         ToolSpec(
