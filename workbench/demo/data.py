@@ -68,6 +68,10 @@ class DialogGenerator:
         self._call_counter = 0
 
     # ------------------------------------------------------------------ pieces
+    def offer(self) -> list[str]:
+        """A tool set to offer a whole batch (1..max_tools tools, fewer more often)."""
+        return self._offer([])
+
     def _offer(self, needed: Sequence[str], exclude: Sequence[str] = ()) -> list[str]:
         """1..max_tools tool names containing ``needed`` (and none of ``exclude``), shuffled."""
         low, high = max(1, len(needed)), max(self.max_tools, len(needed))
@@ -109,24 +113,37 @@ class DialogGenerator:
         return messages, calls
 
     # ------------------------------------------------------------------ dialogs
-    def dialog(self, kind: str | None = None) -> Dialog:
+    def dialog(self, kind: str | None = None, offered: Sequence[str] | None = None) -> Dialog:
+        """One dialog of ``kind`` (drawn from the mix when None).  With ``offered`` every dialog offers
+        exactly those tools, in that order (the questions then ask for offered tools, except
+        ``no_tool`` ones), so a batch of such dialogs shares its whole system prompt."""
         if kind is None:
             kind = self.rng.choices(list(self.mix), weights=list(self.mix.values()))[0]
-        names = list(SPECS)
+        names = list(offered) if offered else list(SPECS)
+        fixed = list(offered) if offered else None
+        if kind in ("double", "two_round") and fixed is not None and len(fixed) < 2 and self.rng.random() < 0.5:
+            kind = "single"
         if kind == "single":
             tool = self.rng.choice(names)
             messages, calls = self._round([tool])
-            return Dialog(kind, self._offer([tool]), messages, [calls], [tool])
+            return Dialog(kind, fixed or self._offer([tool]), messages, [calls], [tool])
         if kind == "double":
             first = self.rng.choice(names)
             second = first if self.rng.random() < 0.3 and first == "get_weather" else self.rng.choice(names)
             messages, calls = self._round([first, second])
-            return Dialog(kind, self._offer([first, second]), messages, [calls], [first, second])
+            return Dialog(kind, fixed or self._offer([first, second]), messages, [calls], [first, second])
         if kind == "two_round":
             first, second = self.rng.choice(names), self.rng.choice(names)
             m1, c1 = self._round([first])
             m2, c2 = self._round([second])
-            return Dialog(kind, self._offer([first, second]), m1 + m2, [c1, c2], [first, second])
+            return Dialog(kind, fixed or self._offer([first, second]), m1 + m2, [c1, c2], [first, second])
+        if kind == "no_tool" and fixed is not None:
+            wanted = self.rng.choice([t for t in SPECS if t not in fixed])
+            spec = SPECS[wanted]
+            question = _question(spec, spec.sample(self.pools), self.rng, self.split)
+            messages = [Message(role="user", content=question),
+                        Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]  # fmt: skip
+            return Dialog(kind, fixed, messages, [], [wanted])
         if kind == "no_tool":
             wanted = self.rng.choice(names)
             spec = SPECS[wanted]
@@ -140,14 +157,14 @@ class DialogGenerator:
             question = self.rng.choice(train_q if self.split == "train" else heldout_q)
             messages = [Message(role="user", content=question),
                         Message(role="assistant", content=answer, stop_reason="end_of_turn")]  # fmt: skip
-            return Dialog(kind, self._offer([]), messages, [])
+            return Dialog(kind, fixed or self._offer([]), messages, [])
         if kind == "repeat":
             words = " ".join(self.pools._made_up(self.rng.random() < 0.5) if self.rng.random() < 0.6
                              else self.pools.word() for _ in range(self.rng.randint(2, 8)))  # fmt: skip
             template = self.rng.choice(REPEAT_TRAIN if self.split == "train" else REPEAT_HELDOUT)
             messages = [Message(role="user", content=template.format(words=words)),
                         Message(role="assistant", content=words, stop_reason="end_of_turn")]  # fmt: skip
-            return Dialog(kind, self._offer([]), messages, [])
+            return Dialog(kind, fixed or self._offer([]), messages, [])
         raise ValueError(f"unknown dialog kind {kind!r}; one of {', '.join(KINDS)} or repeat")
 
     def __iter__(self) -> Iterator[Dialog]:

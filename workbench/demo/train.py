@@ -81,10 +81,11 @@ class Batcher:
 
     def __init__(self, formatter: Any, to_compact: dict[int, int], unk: int, batch_size: int, seed: int,
                  curriculum_steps: int, synthetic: float = 0.35, aux_positions: int = 0,
-                 copy_exercise: bool = False) -> None:  # fmt: skip
+                 copy_exercise: bool = False, shared_tools: bool = False) -> None:  # fmt: skip
         self.formatter, self.to_compact, self.unk = formatter, to_compact, unk
         self.batch_size, self.seed, self.curriculum_steps = batch_size, seed, curriculum_steps
         self.synthetic, self.aux_positions, self.copy_exercise = synthetic, aux_positions, copy_exercise
+        self.shared_tools = shared_tools
         self._group: tuple[int, list[tuple[list[int], list[bool]]]] | None = None
 
     def _dialogs(self, group: int) -> list[tuple[list[int], list[bool]]]:
@@ -93,6 +94,14 @@ class Batcher:
             mix = COPY_MIX if self.copy_exercise else None
             gen = DialogGenerator("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools,
                                   synthetic=self.synthetic, mix=mix)  # fmt: skip
+            if self.shared_tools:  # one tool set per batch: the whole system prompt is computed once
+                encoded = []
+                for _ in range(self.GROUP):
+                    offered = gen.offer()
+                    encoded += [encode(self.formatter, gen.dialog(offered=offered)) for _ in range(self.batch_size)]
+                rows = [([self.to_compact.get(t, self.unk) for t in e.tokens], e.targets) for e in encoded]
+                self._group = (group, rows)
+                return rows
             encoded = [encode(self.formatter, gen.dialog()) for _ in range(self.batch_size * self.GROUP)]
             rows = [([self.to_compact.get(t, self.unk) for t in e.tokens], e.targets) for e in encoded]
             rows.sort(key=lambda r: len(r[0]))
@@ -140,7 +149,8 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, save_every: int,
           params: dict[str, Any] | None = None, log_every: int = 10, progress: bool = True,
           vocab_sample: int | None = None, stop_after: int | None = None, synthetic: float = 0.35,
-          aux_weight: float = 0.0, aux_positions: int = 32, copy_exercise: bool = False) -> dict[str, Any]:  # fmt: skip
+          aux_weight: float = 0.0, aux_positions: int = 32, copy_exercise: bool = False,
+          shared_tools: bool = False, init_from: Path | None = None, warmup: int = 200) -> dict[str, Any]:  # fmt: skip
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
     ``stop_after`` ends the run early after that step (saving first), as an interruption would.
@@ -151,7 +161,12 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(bundled_tokenizer_path("llama4"))
     formatter = make_formatter(tokenizer, None)
-    vocab = build_compact_vocab(tokenizer) if vocab_sample is None else build_compact_vocab(tokenizer, vocab_sample)
+    if init_from is not None:  # a warm start keeps the vocabulary it was trained with
+        vocab = json.loads((Path(init_from) / "config.json").read_text())["vocab"]
+    elif (out_dir / "config.json").exists():  # a resumed run keeps its own
+        vocab = json.loads((out_dir / "config.json").read_text())["vocab"]
+    else:
+        vocab = build_compact_vocab(tokenizer) if vocab_sample is None else build_compact_vocab(tokenizer, vocab_sample)
     to_compact = {t: i for i, t in enumerate(vocab)}
     torch.manual_seed(seed)
     model = build_model(params, len(vocab), seed)
@@ -161,6 +176,12 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
                                   lr=lr, betas=(0.9, 0.95))  # fmt: skip
     state_path = out_dir / "state.pt"
     start = 0
+    if init_from is not None and not state_path.exists():  # warm start: weights only, new optimizer and schedule
+        init_config = json.loads((Path(init_from) / "config.json").read_text())
+        if init_config["vocab"] != vocab or init_config["params"] != params:
+            raise ValueError(f"{init_from} was trained with another vocabulary or model shape")
+        model.load_state_dict(torch.load(Path(init_from) / "state.pt", weights_only=True)["model"])
+        model.output.weight = model.tok_embeddings.weight
     if state_path.exists():
         state = torch.load(state_path, weights_only=True)
         model.load_state_dict(state["model"])
@@ -170,17 +191,19 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
     (out_dir / "config.json").write_text(json.dumps({"params": params, "vocab": vocab, "seed": seed,
                                                      "batch_size": batch_size, "lr": lr, "steps": steps,
                                                      "synthetic": synthetic, "aux_weight": aux_weight,
-                                                     "copy_exercise": copy_exercise}))  # fmt: skip
+                                                     "copy_exercise": copy_exercise, "shared_tools": shared_tools,
+                                                     "init_from": str(init_from) if init_from else None}))  # fmt: skip
     batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
                       batch_size, seed, curriculum_steps=steps // 5, synthetic=synthetic,
-                      aux_positions=aux_positions if aux_weight > 0 else 0, copy_exercise=copy_exercise)  # fmt: skip
+                      aux_positions=aux_positions if aux_weight > 0 else 0, copy_exercise=copy_exercise,
+                      shared_tools=shared_tools)  # fmt: skip
     log_path = out_dir / "log.jsonl"
     metrics: dict[str, Any] = {}
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
     window_loss, window_acc, window_n, t0 = 0.0, 0.0, 0, time.time()
     for step in bar:
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, steps, lr, warmup=min(200, steps // 10 + 1))
+            group["lr"] = lr_at(step, steps, lr, warmup=min(warmup, steps // 10 + 1))
         tokens, targets, prefix, aux = batcher(step)
         h = hidden_states(model, tokens, prefix)  # [B, T, D]
         where = targets != -100
@@ -237,6 +260,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--aux-positions", type=int, default=32, help="prompt tokens per row for that loss")
     parser.add_argument("--copy-exercise", action="store_true",
                         help="mix in 'repeat after me' dialogs (15%%), which teach copying arbitrary words")
+    parser.add_argument("--shared-tools", action="store_true",
+                        help="offer one tool set per batch, so the whole system prompt is computed once per step")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="start from the weights of another training folder (same vocabulary and shape)")
+    parser.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up steps")
     parser.add_argument("--export", type=Path, default=None, help="after training, write the compact artifact here")
     parser.add_argument("--export-sample", type=int, default=256,
                         help="dialogs whose hidden states fit the never-win output row")
@@ -246,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
     metrics = train(args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     save_every=args.save_every, params=params, vocab_sample=args.vocab_sample,
                     synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions,
-                    copy_exercise=args.copy_exercise)  # fmt: skip
+                    copy_exercise=args.copy_exercise, shared_tools=args.shared_tools, init_from=args.init_from,
+                    warmup=args.warmup)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         from .export import export_compact
