@@ -1,4 +1,5 @@
-"""Notebook-level measurements.  ``quantization``: what each quantization mode costs and gains.
+"""Notebook-level measurements.  ``throughput``: tokens/s against batch size and prompt length;
+``quantization``: what each quantization mode costs and gains.  :mod:`workbench.plots` draws both.
 
 A researcher toggles quantization to make a model fit; before trusting the numbers that come out they
 need to see, on their own prompts, how far each mode moves the model from the unquantized one and
@@ -35,6 +36,94 @@ import pandas as pd
 import torch
 
 DEFAULT_MODES: tuple[str | None, ...] = (None, "bf16", "fp8_mixed", "int4_mixed")
+
+
+THROUGHPUT_COLUMNS = (
+    "mode", "prompt_len", "batch_size", "repeats", "generated_tokens", "total_s", "total_s_min", "total_s_max",
+    "tok_s", "tok_s_min", "tok_s_max", "prefill_tok_s", "decode_tok_s", "ttft_s", "latency_p50_s",
+    "latency_p90_s", "speedup_vs_batch1",
+)  # fmt: skip
+
+
+def synthetic_prompts(engine: Any, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """``n`` distinct prompts of exactly ``length`` token ids (BOS + ordinary tokens, deterministic)."""
+    gen = torch.Generator().manual_seed(seed)
+    bos = engine.tokenizer.encode("", bos=True)
+    low, high = 1000, min(engine.args.vocab_size, engine.tokenizer.encode("", bos=True)[0], 100_000)
+    return [bos + torch.randint(low, high, (length - len(bos),), generator=gen).tolist() for _ in range(n)]
+
+
+def throughput(engine: Any, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_lens: Sequence[int] = (32,),
+               max_tokens: int = 32, repeats: int = 3, warmup: int = 1, modes: Sequence[str | None] | None = None,
+               progress: bool | None = None) -> pd.DataFrame:  # fmt: skip
+    """Tokens per second of ``batch_completion`` for every (mode, prompt length, batch size): one row each.
+
+    Each cell is measured after ``warmup`` untimed calls, ``repeats`` times (medians, with min/max as the
+    spread — on a shared machine a single timing can make batching look slower than it is):
+
+    * ``tok_s``: generated tokens per second of the whole call (``tok_s_min``/``tok_s_max``: spread);
+    * ``ttft_s`` / ``prefill_tok_s``: the same prompts with ``max_tokens=1`` (time to first token, prompt
+      tokens per second);
+    * ``decode_tok_s``: tokens after the first per second of the time beyond that prefill;
+    * ``latency_p50_s`` / ``latency_p90_s``: percentiles of the call's wall time over the repeats;
+    * ``speedup_vs_batch1``: ``tok_s`` over the batch-size-1 row of the same mode and prompt length (the
+      gain over running the prompts one by one; needs 1 in ``batch_sizes``).
+
+    Greedy decoding of ``max_tokens`` tokens per row (rows that hit a stop token end early; the counts
+    use the tokens really generated).  ``modes``: quantization modes to measure (the engine is switched
+    and restored afterwards; default: only the current mode).
+    """
+    import numpy as np
+
+    if warmup < 0 or repeats < 1:
+        from .errors import InputError
+
+        raise InputError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    original = engine.settings.quantization
+    modes = [original] if modes is None else list(modes)
+    cells = [(m, p, b) for m in modes for p in prompt_lens for b in batch_sizes]
+    rows = []
+    from .progress import progress_bar
+
+    try:
+        with progress_bar(len(cells), desc="throughput", unit="cell", progress=progress) as bar:
+            for mode, prompt_len, batch in cells:
+                if engine.settings.quantization != mode:
+                    engine.set_quantization(mode, progress=False)
+                bar.set_postfix_str(f"{mode or 'none'} len={prompt_len} batch={batch}", refresh=False)
+                prompts = synthetic_prompts(engine, batch, prompt_len, seed=prompt_len)
+                run = lambda n, p=prompts: engine.batch_completion(p, max_tokens=n, temperature=0.0, progress=False)
+                for _ in range(warmup):
+                    run(max_tokens)
+                firsts, totals, generated = [], [], []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    run(1)
+                    firsts.append(time.perf_counter() - start)
+                    start = time.perf_counter()
+                    results = run(max_tokens)
+                    totals.append(time.perf_counter() - start)
+                    generated.append(sum(len(r.tokens) for r in results))
+                total, first, tokens = float(np.median(totals)), float(np.median(firsts)), int(np.median(generated))
+                rates = [g / t for g, t in zip(generated, totals)]
+                rows.append({
+                    "mode": mode or "none", "prompt_len": prompt_len, "batch_size": batch, "repeats": repeats,
+                    "generated_tokens": tokens, "total_s": total, "total_s_min": min(totals),
+                    "total_s_max": max(totals), "tok_s": float(np.median(rates)), "tok_s_min": min(rates),
+                    "tok_s_max": max(rates), "prefill_tok_s": batch * prompt_len / first, "ttft_s": first,
+                    "decode_tok_s": max(tokens - batch, 0) / max(total - first, 1e-9),
+                    "latency_p50_s": float(np.percentile(totals, 50)),
+                    "latency_p90_s": float(np.percentile(totals, 90)),
+                })  # fmt: skip
+                bar.update(1)
+    finally:
+        if engine.settings.quantization != original:
+            engine.set_quantization(original, progress=False)
+    frame = pd.DataFrame(rows)
+    base = frame[frame["batch_size"] == 1].set_index(["mode", "prompt_len"])["tok_s"]
+    frame["speedup_vs_batch1"] = [base.get((m, p), float("nan")) for m, p in zip(frame["mode"], frame["prompt_len"])]
+    frame["speedup_vs_batch1"] = frame["tok_s"] / frame["speedup_vs_batch1"]
+    return frame[list(THROUGHPUT_COLUMNS)]
 
 
 def quantization(engine_or_settings: Any, prompts: Sequence[str | Sequence[int]], *,

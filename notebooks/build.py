@@ -1,0 +1,307 @@
+"""Writes the notebooks from the cell lists below, runs them, and stores their outputs (with widget state).
+
+    python notebooks/build.py            # write and execute all four
+    python notebooks/build.py 02 03      # only some
+
+Cells are tagged for nbval (``nbval-check-output``: deterministic, compared in CI;
+``nbval-ignore-output``: depends on the model or the machine), so the code a reader copies carries no
+test comments.  Execution metadata (timings) is stripped; widget state is saved so that the widgets
+render from the stored notebook, and every widget also carries a text/HTML fallback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+HERE = Path(__file__).resolve().parent
+CHECK, IGNORE = "nbval-check-output", "nbval-ignore-output"
+
+LOAD = '''import os
+
+import workbench as wb
+
+# None -> the embedded default model; set WORKBENCH_NOTEBOOK_CHECKPOINT to a Meta checkpoint folder
+# (or a checkpoints.toml name) to run these cells on a real model.
+CHECKPOINT = os.environ.get("WORKBENCH_NOTEBOOK_CHECKPOINT")'''
+
+QUICKSTART = [
+    ("md", """# workbench quick start
+
+Load a model once per kernel, then run the batch APIs. The engine card below says what you are running:
+with no checkpoint, `wb.load()` uses the **embedded default** model that ships with workbench (a tiny
+Llama 4-architecture model: every code path is the real one, but do not expect a real model's answers)."""),
+    ("code", LOAD + '''
+engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512)
+engine''', IGNORE),
+    ("md", "Re-running `wb.load` with the same arguments never loads twice: the engine is a kernel-resident singleton."),
+    ("code", "print(wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512) is engine, wb.current() is engine)", CHECK),
+    ("md", """## One completion
+
+A result displays as a card: the text (special tokens dimmed), how many tokens, and why it stopped.
+Press Shift+Tab inside the parentheses to see every sampling option with its default."""),
+    ("code", 'result = engine.completion("The capital of France is", max_tokens=16)\nresult', IGNORE),
+    ("md", """## Batches
+
+`batch_completion` runs many prompts together; each row is exactly what that prompt gives alone
+(greedy), so batching is purely a speed choice. Long batches show a progress bar (`progress=True/False`
+to force it on or off). `wb.to_frame` turns results into a DataFrame."""),
+    ("code", '''prompts = ["Hello", "The three laws of thermodynamics are", "def fib(n):", "Llamas are " * 5]
+batch = engine.batch_completion(prompts, max_tokens=12)
+wb.to_frame(batch)''', IGNORE),
+    ("code", '''alone = [engine.completion(p, max_tokens=12) for p in prompts]
+print("rows identical to single runs:", all(b.tokens == a.tokens for b, a in zip(batch, alone)))''', CHECK),
+    ("md", "## Streaming\n\nText arrives as it is generated:"),
+    ("code", '''for chunk in engine.stream_completion("Once upon a time", max_tokens=32):
+    print(chunk.text, end="", flush=True)''', IGNORE),
+    ("md", """## Stopping a long call
+
+`engine.cancel()` stops the running call at its next decode step — from a Stop button, a timer or
+another thread. The call raises `GenerationCancelled` carrying what was generated so far, and the
+engine is unchanged: the next call gives exactly what it would have."""),
+    ("code", '''import threading
+
+from workbench.errors import GenerationCancelled
+
+threading.Timer(0.5, engine.cancel).start()  # "press Stop" half a second in
+try:
+    engine.batch_completion(["Tell me a story"] * 4, max_tokens=500, progress=False)
+except GenerationCancelled as stopped:
+    print("stopped after", [len(r.tokens) for r in stopped.partial], "tokens per row;",
+          {r.stop_reason for r in stopped.partial})''', IGNORE),
+    ("code", '''first = engine.completion("Tell me a story", max_tokens=20)
+print("same result after a cancel:", first.tokens == engine.completion("Tell me a story", max_tokens=20).tokens)''',
+     CHECK),
+    ("md", """## Sampling and log-probabilities
+
+With `logprobs=k` each token is shaded by its probability (red = unlikely; hover a token for its
+top-k alternatives), and `.to_pandas()` gives one row per token."""),
+    ("code", '''scored = engine.completion("The capital of France is", max_tokens=12, logprobs=3)
+scored''', IGNORE),
+    ("code", "scored.to_pandas().head(6)", IGNORE),
+    ("code", '''a = engine.completion("Once upon a time", max_tokens=8, temperature=0.8, top_p=0.9, seed=42)
+b = engine.completion("Once upon a time", max_tokens=8, temperature=0.8, top_p=0.9, seed=42)
+print("same seed, same tokens:", a.tokens == b.tokens)''', CHECK),
+    ("md", """## Teacher-forced scoring
+
+`engine.logits` returns float32 `[len, vocab]` logits per sequence: the log-likelihood of a text."""),
+    ("code", '''import torch
+
+def log_likelihood(text: str) -> float:
+    ids = engine.tokenizer.encode(text, bos=True)
+    logits = engine.logits([ids])[0]
+    return float(torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:])[:, None]).sum())
+
+for text in ["Paris is the capital of France.", "France capital the Paris of is."]:
+    print(f"{log_likelihood(text):8.2f}  {text}")''', IGNORE),
+    ("md", """## Chat
+
+Chat prompts use the model's official format. `wb.show_prompt` shows the exact prompt: special tokens
+highlighted, tokens per message, and a token-by-token view (it works without a loaded model when given
+a model id, e.g. `model="Llama3.2-3B-Instruct"`)."""),
+    ("code", '''messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a llama fact."}]
+wb.show_prompt(messages, engine=engine)''', IGNORE),
+    ("code", "engine.chat_completion(messages, max_tokens=32)", IGNORE),
+    ("md", "Errors name the problem and the fix, and leave the engine usable:"),
+    ("code", '''try:
+    engine.completion("hi", temperature=-1)
+except wb.WorkbenchError as err:
+    print(type(err).__name__, "-", err)
+print(len(engine.completion("still works", max_tokens=3).tokens))''', CHECK),
+    ("md", "## What is loaded\n\n`info()` and `memory()` display human sizes; the raw numbers are the dict's values."),
+    ("code", "engine.info()", IGNORE),
+    ("code", 'memory = engine.memory()\nprint(memory["weights_bytes"], "bytes of weights =", memory.readable()["weights_bytes"])',
+     IGNORE),
+]
+
+TOOLS = '''from workbench import tools
+
+
+def get_weather(city: str, unit: str = "celsius") -> dict:
+    """Get the current weather in a city.
+
+    Args:
+        city: City name, e.g. Paris.
+        unit: celsius or fahrenheit.
+    """
+    return {"city": city, "temperature": 21 if unit == "celsius" else 70, "unit": unit}
+
+
+def convert_currency(amount: float, source: str, target: str) -> float:
+    """Convert an amount of money between two currencies.
+
+    Args:
+        amount: The amount to convert.
+        source: ISO code of the source currency, e.g. EUR.
+        target: ISO code of the target currency, e.g. USD.
+    """
+    rates = {"EUR": 1.08, "USD": 1.0, "GBP": 1.27, "JPY": 0.0067}
+    return round(amount * rates[source] / rates[target], 2)'''
+
+TOOL_EXPERIMENTS = [
+    ("md", """# Multi-turn tool experiments
+
+Tools are plain Python functions: their schema comes from the signature, type hints and docstring.
+`tools.run` lets the model call them until it answers, feeding each result back as a tool message.
+What the replies look like depends on the model: the engine card says which one is loaded."""),
+    ("code", LOAD + "\nengine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)\n\n" + TOOLS + "\n\nengine",
+     IGNORE),
+    ("md", """## The playground
+
+Type a question and press **Enter** (Shift+Enter for a new line). Tokens stream in; tool calls and
+their results appear as linked cards; each reply has a *prompt* toggle with the exact prompt and its
+token count. **Stop** ends generation within one decode step, **Clear** starts over, and the controls
+choose the tools, `tool_choice` and sampling. The first question below was sent from code."""),
+    ("code", '''from workbench.widgets import ChatPlayground
+
+playground = ChatPlayground(engine, [get_weather, convert_currency], max_tokens=200)
+playground.send("What's the weather in Paris?")
+playground''', IGNORE),
+    ("md", "## The exact prompt\n\nThe tool definitions go into the prompt in the model's official wording:"),
+    ("code", '''dialog = [{"role": "user", "content": "What's the weather in Paris, and what is 20 EUR in USD?"}]
+wb.show_prompt(dialog, tools=[get_weather, convert_currency], engine=engine)''', IGNORE),
+    ("md", "Replies are parsed into tool calls — several calls per reply, in every official call syntax:"),
+    ("code", '''for reply in [
+    '[get_weather(city="Paris"), convert_currency(amount=20, source="EUR", target="USD")]',
+    '{"type": "function", "name": "get_weather", "parameters": {"city": "Tokyo"}}',
+    '<function=get_weather>{"city": "Oslo", "unit": "fahrenheit"}</function>',
+]:
+    message = engine.formatter.decode_assistant(reply)
+    print([(c.tool_name, c.arguments) for c in message.tool_calls])''', CHECK),
+    ("md", """## One dialog through the tool loop
+
+Each turn is one chat completion. The transcript displays as cards: every call is numbered and its
+result says which call it answers."""),
+    ("code", '''transcript = tools.run(engine, dialog, tools=[get_weather, convert_currency], max_turns=3, max_tokens=64)
+transcript''', IGNORE),
+    ("md", "### Turn by turn: the prompt, its tokens and the parsed calls of every reply"),
+    ("code", '''from IPython.display import display
+
+for i, message in enumerate(transcript):
+    if message.role != "assistant":
+        continue
+    view = wb.show_prompt(transcript[:i], tools=[get_weather, convert_currency], engine=engine)
+    calls = [(c.tool_name, c.arguments) for c in message.tool_calls]
+    print(f"reply {i}: {len(view)} prompt tokens -> {message.content!r} calls={calls} ({message.stop_reason})")
+    display(view)''', IGNORE),
+    ("md", "## Many dialogs at once\n\nEach turn is batched across the dialogs still running:"),
+    ("code", '''cities = ["Paris", "Lima", "Oslo", "Pune"]
+dialogs = [[{"role": "user", "content": f"What's the weather in {city}?"}] for city in cities]
+transcripts = tools.run_batch(engine, dialogs, tools=[get_weather], max_turns=2, max_tokens=48)
+wb.to_frame(transcripts)''', IGNORE),
+    ("md", """## When a call is malformed
+
+A reply that cannot be parsed keeps its text and says why in `parse_error`; a call to an unknown tool or
+with bad arguments becomes a tool message the model can read — the loop never crashes."""),
+    ("code", '''broken = engine.formatter.decode_assistant("[get_weather(city=Paris)]")  # a bare name, not a string
+print("calls:", broken.tool_calls, "| parse_error:", broken.parse_error)
+toolbox = tools.Toolbox.create([get_weather])
+print(toolbox.execute(wb.ToolCall("get_wether", {"city": "Paris"})).content)
+print(toolbox.execute(wb.ToolCall("get_weather", {"town": "Paris"})).content)''', CHECK),
+]
+
+THROUGHPUT = [
+    ("md", """# Throughput: batch size, prompt length and quantization
+
+`bench.throughput` times `batch_completion` for every batch size and prompt length after a warm-up,
+several times (medians, min–max spread), with prefill and decode rates and latency percentiles;
+`workbench.plots` draws the table. Numbers depend on the machine and its load; `bench/` holds the
+scripted versions."""),
+    ("code", "%matplotlib inline\n" + LOAD + '''
+from workbench import bench, plots
+
+engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512)
+engine''', IGNORE),
+    ("code", '''table = bench.throughput(engine, batch_sizes=(1, 2, 4, 8), prompt_lens=(32,), max_tokens=12, repeats=3,
+                         modes=[None, "int4_mixed"])
+table[["mode", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "prefill_tok_s", "decode_tok_s", "latency_p90_s",
+       "speedup_vs_batch1"]].round(2)''', IGNORE),
+    ("md", """**What to look at:** tokens/s should grow with the batch size (left) — the speed-up over running the
+prompts one by one (right). Error bars show the spread over the repeats; one line per quantization mode."""),
+    ("code", 'plots.throughput(table)  # save="throughput.png" writes a PNG too', IGNORE),
+    ("code", "plots.latency(table)", IGNORE),
+    ("md", "Batching never changes results: every row equals the prompt run alone."),
+    ("code", '''prompts = [f"Tell me about topic number {i}. " * (1 + i % 5) for i in range(8)]
+batched = engine.batch_completion(prompts, max_tokens=12)
+alone = [engine.completion(p, max_tokens=12) for p in prompts]
+print("rows identical to single runs:", [b.tokens for b in batched] == [a.tokens for a in alone])''', CHECK),
+]
+
+QUANTIZATION = [
+    ("md", """# Quantization: memory, speed and accuracy
+
+`engine.set_quantization(mode)` re-loads the weights under another mode (one model resident at a
+time). `bench.quantization` measures every mode on your prompts against the unquantized model."""),
+    ("code", "%matplotlib inline\n" + LOAD + '''
+from workbench import bench, plots
+
+engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512)
+prompts = ["The capital of France is", "def fibonacci(n):", "Llamas are", "Q: What is 17 * 23?\\nA:"]''', IGNORE),
+    ("code", '''table = bench.quantization(engine, prompts, max_tokens=12, repeats=2)
+table[["weights_bytes", "weights_ratio", "quantized_vs_bf16", "prefill_tok_s", "decode_tok_s", "top1_agreement",
+       "mean_kl", "greedy_match"]].round(3)''', IGNORE),
+    ("md", """**What to look at:** `weights_ratio` (memory against unquantized), the speeds, and how closely each
+mode follows the unquantized model (`top1_agreement`, `mean_kl`, `greedy_match`)."""),
+    ("code", 'plots.quantization(table)  # save="quantization.png" writes a PNG too', IGNORE),
+    ("code", '''print("mode after the comparison:", engine.settings.quantization)
+print("quantized layers at most 0.55x (fp8) / 0.30x (int4) of bf16:",
+      table.loc["fp8_mixed", "quantized_vs_bf16"] <= 0.55 and table.loc["int4_mixed", "quantized_vs_bf16"] <= 0.30)''',
+     CHECK),
+    ("md", """## Toggle interactively
+
+The dropdown re-loads the weights (it says "loading…", then the mode, weights size and time; an error
+is shown here and the previous mode stays). The cells after it run on the chosen mode."""),
+    ("code", '''from workbench.widgets import QuantizationToggle
+
+QuantizationToggle(engine)''', IGNORE),
+    ("code", "engine.memory()", IGNORE),
+]
+
+NOTEBOOKS = {
+    "01": ("01_quickstart.ipynb", QUICKSTART),
+    "02": ("02_tool_experiments.ipynb", TOOL_EXPERIMENTS),
+    "03": ("03_throughput.ipynb", THROUGHPUT),
+    "04": ("04_quantization.ipynb", QUANTIZATION),
+}
+
+
+def make(cells: list[tuple]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    for kind, source, *tags in cells:
+        cell = nbformat.v4.new_markdown_cell(source) if kind == "md" else nbformat.v4.new_code_cell(source)
+        if tags:
+            cell.metadata["tags"] = list(tags)
+        nb.cells.append(cell)
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    return nb
+
+
+def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Strip what differs between runs and says nothing to a reader: timings, cell ids' noise."""
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+    nb.metadata["language_info"] = {"name": "python"}
+    return nb
+
+
+def build(key: str, execute: bool = True) -> Path:
+    name, cells = NOTEBOOKS[key]
+    nb = make(cells)
+    if execute:
+        NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(HERE)}},
+                       store_widget_state=True, record_timing=False).execute()  # fmt: skip
+    path = HERE / name
+    nbformat.write(clean(nb), path)
+    return path
+
+
+if __name__ == "__main__":
+    keys = sys.argv[1:] or list(NOTEBOOKS)
+    for key in keys:
+        print("wrote", build(key))

@@ -1,0 +1,65 @@
+"""bench.throughput's table and workbench.plots' figures (saved as PNGs), on a real tiny engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import bench, plots
+from workbench.errors import InputError
+from workbench.session import build_engine, resolve_settings
+
+
+@pytest.fixture(scope="module")
+def engine(llama3_dir):
+    return build_engine(resolve_settings(llama3_dir, max_batch_size=4, max_seq_len=128))
+
+
+@pytest.fixture(scope="module")
+def table(engine):
+    return bench.throughput(engine, batch_sizes=(1, 2, 4), prompt_lens=(8, 16), max_tokens=6, repeats=2, warmup=1,
+                            progress=False)  # fmt: skip
+
+
+def test_throughput_table(table):
+    assert list(table.columns) == list(bench.THROUGHPUT_COLUMNS)
+    assert len(table) == 6 and set(table["batch_size"]) == {1, 2, 4} and set(table["prompt_len"]) == {8, 16}
+    assert (table["repeats"] == 2).all() and (table["mode"] == "none").all()
+    assert (table["tok_s_min"] <= table["tok_s"]).all() and (table["tok_s"] <= table["tok_s_max"]).all()
+    assert (table["latency_p50_s"] <= table["latency_p90_s"]).all()
+    assert (table["generated_tokens"] == 6 * table["batch_size"]).all()  # random tiny weights never stop early
+    assert (table["prefill_tok_s"] > 0).all() and (table["ttft_s"] > 0).all()
+    ones = table[table["batch_size"] == 1]
+    assert (ones["speedup_vs_batch1"] == 1.0).all()
+
+
+def test_synthetic_prompts_have_the_asked_length(engine):
+    prompts = bench.synthetic_prompts(engine, 3, 20)
+    assert [len(p) for p in prompts] == [20, 20, 20] and len({tuple(p) for p in prompts}) == 3
+    assert all(not engine.tokenizer.is_special(t) for p in prompts for t in p[1:])
+
+
+def test_throughput_over_modes_restores_the_mode(engine):
+    table = bench.throughput(engine, batch_sizes=(1, 2), prompt_lens=(8,), max_tokens=3, repeats=1, warmup=0,
+                             modes=[None, "bf16"], progress=False)  # fmt: skip
+    assert table["mode"].tolist() == ["none", "none", "bf16", "bf16"]
+    assert engine.settings.quantization is None
+    with pytest.raises(InputError, match="repeats"):
+        bench.throughput(engine, repeats=0)
+
+
+def test_plots_save_pngs(table, tmp_path):
+    fig = plots.throughput(table, save=tmp_path / "throughput.png")
+    assert len(fig.axes) == 2 and len(fig.axes[0].get_lines()) >= 2  # one line per prompt length
+    assert fig.axes[0].get_xlabel() == "batch size"
+    png = (tmp_path / "throughput.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    plots.latency(table, save=tmp_path / "latency.png")
+    assert (tmp_path / "latency.png").stat().st_size > 5000
+
+
+def test_quantization_plot(engine, tmp_path):
+    frame = bench.quantization(engine, ["Hello", "The capital of France is"], modes=(None, "bf16"), max_tokens=3,
+                               progress=False)  # fmt: skip
+    fig = plots.quantization(frame, save=tmp_path / "q.png")
+    assert [ax.get_title() for ax in fig.axes] == ["memory", "speed", "accuracy"]
+    assert (tmp_path / "q.png").read_bytes()[:4] == b"\x89PNG"
