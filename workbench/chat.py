@@ -14,8 +14,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import InputError
-from .formats import coerce_tools
+from .errors import FormatError, InputError
+from .formats import coerce_messages, coerce_tools, normalize_tool_choice
+from .formats.calls import normalize_tool_prompt_format
+from .structured import OutputFormat, per_row_formats, tool_call_format
 from .types import ChatCompletion, Completion, Message, ToolCall
 
 _MARKERS_OPEN = ("<|python_start|>", "<|python_tag|>")
@@ -72,9 +74,14 @@ def encode_prompt(
     return prompt
 
 
-def to_chat_completion(engine: Any, completion: Completion) -> ChatCompletion:
-    """Wrap an engine :class:`Completion` as a :class:`ChatCompletion` whose message carries the parsed calls."""
-    message = engine.formatter.decode_assistant(completion.text, completion.stop_reason)
+def to_chat_completion(engine: Any, completion: Completion, fmt: OutputFormat | None = None) -> ChatCompletion:
+    """Wrap an engine :class:`Completion` as a :class:`ChatCompletion` whose message carries the parsed calls.
+
+    A reply under a ``response_format`` is data, not a tool call: its text is the content as it is."""
+    if fmt is not None and fmt.kind != "tool_call":
+        message = Message(role="assistant", content=completion.text)
+    else:
+        message = engine.formatter.decode_assistant(completion.text, completion.stop_reason)
     message.stop_reason = completion.stop_reason
     return ChatCompletion(
         message=message,
@@ -82,7 +89,40 @@ def to_chat_completion(engine: Any, completion: Completion) -> ChatCompletion:
         stop_reason=completion.stop_reason,
         logprobs=completion.logprobs,
         prompt_tokens=completion.prompt_tokens,
+        parsed=getattr(completion, "parsed", None),
+        format_error=getattr(completion, "format_error", None),
     )
+
+
+def format_prompt(fmt: OutputFormat) -> str | None:
+    """The user message Llama Stack appends to a dialog with a JSON-schema response format (same wording)."""
+    import json
+
+    if fmt.kind != "json_schema" or fmt.schema is None:
+        return None
+    return f"Please respond in JSON format with the schema: {json.dumps(fmt.schema)}"
+
+
+def reply_formats(engine: Any, dialogs: Sequence[Any], tool_defs: Any, tool_choice: Any, tool_prompt_format: Any,
+                  response_format: Any, constrain_tools: bool,
+                  ) -> tuple[list[Any], list[OutputFormat | None]]:  # fmt: skip
+    """The dialogs to render (a JSON-schema format adds Llama Stack's instruction) and each reply's format."""
+    if constrain_tools:
+        if response_format is not None:
+            raise FormatError("give either response_format or constrain_tools=True, not both")
+        if not tool_defs:
+            raise FormatError("constrain_tools=True needs tools=[...] to choose from")
+        choice = normalize_tool_choice(tool_choice, tool_defs)
+        syntax = normalize_tool_prompt_format(tool_prompt_format) or engine.formatter.default_tool_prompt_format
+        return list(dialogs), [tool_call_format(tool_defs, choice, syntax)] * len(dialogs)
+    formats = per_row_formats(response_format, len(dialogs))
+    out = []
+    for dialog, fmt in zip(dialogs, formats):
+        instruction = format_prompt(fmt) if fmt is not None else None
+        if instruction is not None:
+            dialog = [*coerce_messages(dialog), Message(role="user", content=instruction)]
+        out.append(dialog)
+    return out, formats
 
 
 def batch_chat_completion(
@@ -91,22 +131,34 @@ def batch_chat_completion(
     tools: Iterable[Any] | None = None,
     tool_choice: Any = "auto",
     tool_prompt_format: Any = None,
+    *,
+    response_format: Any = None,
+    constrain_tools: bool = False,
     **sampling: Any,
 ) -> list[ChatCompletion]:
     """One reply per dialog, generated in one batch; same tools and sampling for every dialog.
 
-    A dialog is a list of messages (dicts accepted) or a bare string (one user message)."""
+    A dialog is a list of messages (dicts accepted) or a bare string (one user message).
+    ``response_format`` (one for all, or one per dialog) constrains the replies as in
+    ``Engine.batch_completion``; a JSON-schema format also appends Llama Stack's "Please respond in JSON
+    format with the schema: ..." user message.  ``constrain_tools=True`` (with ``tool_choice="required"`` or a
+    tool name) forces every reply to be a well-formed call, in the model's tool-call syntax, of an offered
+    tool with arguments valid against its parameter schema."""
     if not isinstance(dialogs, (list, tuple)) or any(isinstance(d, (dict, Message)) for d in dialogs):
         raise InputError(
             "batch_chat_completion takes a list of dialogs (each a list of messages); "
             "for a single dialog use chat_completion"
         )
     tool_defs = None if tools is None else coerce_tools(tools)  # once, not per dialog
+    dialogs, formats = reply_formats(engine, dialogs, tool_defs, tool_choice, tool_prompt_format, response_format,
+                                     constrain_tools)  # fmt: skip
     prompts = [encode_prompt(engine, d, tool_defs, tool_choice, tool_prompt_format) for d in dialogs]
     if not prompts:
         return []
+    if any(f is not None for f in formats):
+        sampling["response_format"] = formats
     completions = engine.batch_completion(prompts, **sampling)
-    return [to_chat_completion(engine, c) for c in completions]
+    return [to_chat_completion(engine, c, f) for c, f in zip(completions, formats)]
 
 
 def chat_completion(
@@ -116,15 +168,30 @@ def chat_completion(
     tool_choice: Any = "auto",
     tool_prompt_format: Any = None,
     stream: bool = False,
+    *,
+    response_format: Any = None,
+    constrain_tools: bool = False,
     **sampling: Any,
 ) -> ChatCompletion | Iterator[StreamItem]:
     """One reply to ``messages``.  With ``stream=True``, an iterator of :class:`TextDelta` and
-    :class:`ToolCallDelta` items ending with the full :class:`ChatCompletion`."""
+    :class:`ToolCallDelta` items ending with the full :class:`ChatCompletion`.  ``response_format`` and
+    ``constrain_tools`` as in :func:`batch_chat_completion`."""
     if stream:
         tool_defs = None if tools is None else coerce_tools(tools)
-        prompt = encode_prompt(engine, messages, tool_defs, tool_choice, tool_prompt_format)
-        return _stream(engine, prompt, **sampling)
-    return batch_chat_completion(engine, [messages], tools, tool_choice, tool_prompt_format, **sampling)[0]
+        if isinstance(response_format, (list, tuple)):
+            raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
+        dialogs, formats = reply_formats(engine, [messages], tool_defs, tool_choice, tool_prompt_format,
+                                         response_format, constrain_tools)  # fmt: skip
+        prompt = encode_prompt(engine, dialogs[0], tool_defs, tool_choice, tool_prompt_format)
+        if formats[0] is not None:
+            sampling["response_format"] = formats[0]
+        return _stream(engine, prompt, formats[0], engine.stream_completion(prompt, **sampling))
+    if isinstance(response_format, (list, tuple)):
+        raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
+    replies = batch_chat_completion(engine, [messages], tools, tool_choice, tool_prompt_format,
+                                    response_format=response_format, constrain_tools=constrain_tools,
+                                    **sampling)  # fmt: skip
+    return replies[0]
 
 
 def _split_markers(text: str, in_tool: bool) -> Iterator[tuple[str, bool]]:
@@ -156,11 +223,11 @@ def _marker_ids(tokenizer: Any) -> dict[int, str]:
     return {special[name]: name for name in (*_MARKERS_OPEN, _MARKER_CLOSE) if name in special}
 
 
-def _stream(engine: Any, prompt: list[int], **sampling: Any) -> Iterator[StreamItem]:
+def _stream(engine: Any, prompt: list[int], fmt: OutputFormat | None, chunks: Iterable[Any]) -> Iterator[StreamItem]:
     in_tool = False
     final: Completion | None = None
     markers = _marker_ids(engine.tokenizer)
-    for chunk in engine.stream_completion(prompt, **sampling):
+    for chunk in chunks:
         text = chunk.text or ""
         marker = markers.get(chunk.token) if chunk.token is not None else None
         if marker is not None and marker not in text:  # an engine that streams special tokens as ""
@@ -174,7 +241,7 @@ def _stream(engine: Any, prompt: list[int], **sampling: Any) -> Iterator[StreamI
             break
     if final is None:
         raise RuntimeError("the engine's stream ended without a final chunk")  # an engine bug, not user input
-    result = to_chat_completion(engine, final)
+    result = to_chat_completion(engine, final, fmt)
     if result.message.parse_error:
         yield ToolCallDelta(text=result.message.parse_error, parse_status="failed")
     for call in result.message.tool_calls:

@@ -14,11 +14,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from .errors import GenerationCancelled, InputError, PromptTooLongError
+from .errors import FormatError, GenerationCancelled, InputError, PromptTooLongError
 from .generation.generator import Event, Request
 from .generation.sampling import SamplingParams
 from .models.args import ModelArgs
 from .progress import TokenRate, check_progress, progress_bar
+from .structured import Constraint, OutputFormat, per_row_formats
 from .tokenizer import Tokenizer
 from .types import Completion, StreamChunk, TokenLogprob
 
@@ -42,6 +43,14 @@ SAMPLING_DOC = """
         ``engine.cancel()`` (from a widget callback or another thread) stops the call at its next decode
         step with :class:`~workbench.errors.GenerationCancelled` (``.partial`` holds what was generated);
         the engine stays usable and later calls are unaffected.
+
+        response_format (keyword-only, every completion and chat method): constrains the output, token by
+            token: ``{"type": "json_schema", "json_schema": {...}}`` or a pydantic model class (``parsed``
+            then holds the JSON value / the model object), ``{"type": "grammar", "bnf": "<GBNF or Lark>"}``,
+            ``{"type": "regex", "regex": ...}`` or ``re.compile(...)``.  Batch methods take one format for
+            every row or a list with one entry (None: unconstrained) per row.  An invalid format raises
+            FormatError before anything is generated; a row cut by max_tokens says ``out_of_tokens`` and
+            ``format_error``.
 """
 
 
@@ -99,6 +108,7 @@ class Engine:
         self.load_seconds = load_seconds
         self._formatter = None
         self._calls = _Calls()
+        self._grammars: Any = None  # structured.GrammarRuntime, built on the first response_format
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -132,20 +142,23 @@ class Engine:
     @_sampling_doc
     def completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
                    top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                   stop: str | Sequence[str] | None = None) -> Completion:  # fmt: skip
+                   stop: str | Sequence[str] | None = None, response_format: Any = None) -> Completion:  # fmt: skip
         """Complete one prompt and return a :class:`~workbench.types.Completion` (text, tokens, stop reason).
 
         content: a string (encoded with a BOS token) or a list of token ids used exactly as given.
         """
+        if isinstance(response_format, (list, tuple)):
+            raise FormatError("completion takes one response_format (a list is for batch_completion)")
         rows = self.batch_completion([content], max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                     top_k=top_k, seed=seed, logprobs=logprobs, stop=stop, progress=False)  # fmt: skip
+                                     top_k=top_k, seed=seed, logprobs=logprobs, stop=stop, progress=False,
+                                     response_format=response_format)  # fmt: skip
         return rows[0]
 
     @_sampling_doc
     def batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
                          temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                          logprobs: int = 0, stop: str | Sequence[str] | None = None,
-                         progress: bool | None = None) -> list[Completion]:  # fmt: skip
+                         progress: bool | None = None, response_format: Any = None) -> list[Completion]:  # fmt: skip
         """Complete many prompts in one batch: one :class:`~workbench.types.Completion` per prompt, in order.
 
         Each row's result equals running that prompt alone (greedy, or sampled with a seed), so
@@ -161,18 +174,22 @@ class Engine:
                                        seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
         check_progress(progress)
         prompts = [self._encode_content(c, i) for i, c in enumerate(contents)]
-        return self.generate_tokens(prompts, params, progress=progress)
+        formats = per_row_formats(response_format, len(prompts))
+        return self.generate_tokens(prompts, params, progress=progress, formats=formats)
 
     def generate_tokens(self, prompts: list[list[int]], params: SamplingParams, *,
-                        progress: bool | None = False) -> list[Completion]:  # fmt: skip
+                        progress: bool | None = False,
+                        formats: Sequence[OutputFormat | None] | None = None) -> list[Completion]:  # fmt: skip
         """Run already-encoded prompts (validated here) and collect one Completion per prompt."""
         if not prompts:
             return []
         self._check_lengths(prompts)
+        formats = list(formats) if formats is not None else [None] * len(prompts)
+        constraints = self._constraints(formats)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[TokenLogprob]] = [[] for _ in prompts]
         finals: list[Event | None] = [None] * len(prompts)
-        requests = [Request(i, p, params) for i, p in enumerate(prompts)]
+        requests = [Request(i, p, params, c) for i, (p, c) in enumerate(zip(prompts, constraints))]
         if progress is None and len(prompts) == 1:
             progress = False  # automatic bars count rows: none for a single prompt
         bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress)
@@ -195,19 +212,22 @@ class Engine:
             self._calls.end(call)
             bar.close()
         if any(f is None for f in finals):  # only a cancel ends the events early
-            partial = [self._completion(t, lp, f or _cancelled_event(i), params, len(p))
-                       for i, (t, lp, f, p) in enumerate(zip(tokens, logprobs, finals, prompts))]  # fmt: skip
+            rows = enumerate(zip(tokens, logprobs, finals, prompts, formats))
+            partial = [self._completion(t, lp, f or _cancelled_event(i), params, len(p), fmt)
+                       for i, (t, lp, f, p, fmt) in rows]  # fmt: skip
             raise GenerationCancelled(
                 f"generation was cancelled after {rate.tokens} tokens ({sum(f is not None for f in finals)} of "
                 f"{len(prompts)} rows finished); the partial results are in .partial",
                 partial=partial,
             )
-        return [self._completion(t, lp, f, params, len(p)) for t, lp, f, p in zip(tokens, logprobs, finals, prompts)]
+        return [self._completion(t, lp, f, params, len(p), fmt)
+                for t, lp, f, p, fmt in zip(tokens, logprobs, finals, prompts, formats)]  # fmt: skip
 
     @_sampling_doc
     def stream_completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
                           top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                          stop: str | Sequence[str] | None = None) -> Iterator[StreamChunk]:  # fmt: skip
+                          stop: str | Sequence[str] | None = None,
+                          response_format: Any = None) -> Iterator[StreamChunk]:  # fmt: skip
         """Yield :class:`~workbench.types.StreamChunk` text deltas of one completion as tokens arrive.
 
         The last chunk carries ``final``, the complete :class:`~workbench.types.Completion`.  Stop strings
@@ -217,14 +237,18 @@ class Engine:
                                        seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
         prompt = self._encode_content(content, 0)
         self._check_lengths([prompt])
-        return self._stream(prompt, params)
+        if isinstance(response_format, (list, tuple)):
+            raise FormatError("stream_completion takes one response_format (a list is for batch_completion)")
+        fmt = per_row_formats(response_format, 1)[0]
+        return self._stream(prompt, params, fmt, self._constraints([fmt])[0])
 
-    def _stream(self, prompt: list[int], params: SamplingParams) -> Iterator[StreamChunk]:
+    def _stream(self, prompt: list[int], params: SamplingParams, fmt: OutputFormat | None = None,
+                constraint: Constraint | None = None) -> Iterator[StreamChunk]:  # fmt: skip
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
         decoded, text, emitted = 0, "", 0  # tokens decoded into `text`; characters of `text` yielded
         call = self._calls.begin()
-        events = self._events(call, [Request(0, prompt, params)])
+        events = self._events(call, [Request(0, prompt, params, constraint)])
         try:
             for event in events:
                 if event.token is not None:
@@ -232,7 +256,7 @@ class Engine:
                     if event.logprob is not None:
                         logprobs.append(event.logprob)
                 if event.stop_reason is not None:
-                    final = self._completion(tokens, logprobs, event, params, len(prompt))
+                    final = self._completion(tokens, logprobs, event, params, len(prompt), fmt)
                     yield StreamChunk(token=event.token, text=final.text[emitted:], final=final)
                     return
                 piece = self.tokenizer.decode(tokens[decoded:])  # only the new tokens: no re-decoding per step
@@ -245,7 +269,7 @@ class Engine:
         finally:
             events.close()  # an abandoned stream stops the runner too
             self._calls.end(call)
-        partial = self._completion(tokens, logprobs, _cancelled_event(0), params, len(prompt))
+        partial = self._completion(tokens, logprobs, _cancelled_event(0), params, len(prompt), fmt)
         raise GenerationCancelled(f"generation was cancelled after {len(tokens)} tokens; the text so far is in "
                                   ".partial[0]", partial=[partial])  # fmt: skip
 
@@ -268,26 +292,52 @@ class Engine:
             _close(events)
 
     def _completion(self, tokens: list[int], logprobs: list[TokenLogprob], final: Event | None,
-                    params: SamplingParams, prompt_len: int) -> Completion:  # fmt: skip
+                    params: SamplingParams, prompt_len: int,
+                    fmt: OutputFormat | None = None) -> Completion:  # fmt: skip
         assert final is not None and final.stop_reason is not None, "runner ended a request without a stop event"
         text = self.tokenizer.decode(tokens)
         if final.truncate_text_at is not None:
             text = text[: final.truncate_text_at]
+        parsed, format_error = parse_output(fmt, text, final.stop_reason) if fmt is not None else (None, None)
         return Completion(
             text=text,
             tokens=list(tokens),
             stop_reason=final.stop_reason,
             logprobs=logprobs[: len(tokens)] if params.logprobs else None,
             prompt_tokens=prompt_len,
+            parsed=parsed,
+            format_error=format_error,
         )
+
+    def _constraints(self, formats: Sequence[OutputFormat | None]) -> list[Constraint | None]:
+        """Each row's grammar, compiled (and cached) now so a bad one fails before any generation."""
+        if all(f is None for f in formats):
+            return [None] * len(formats)
+        if self._grammars is None:
+            from .structured.runtime import GrammarRuntime
+
+            self._grammars = GrammarRuntime(self.tokenizer)
+        out: list[Constraint | None] = []
+        for fmt in formats:
+            if fmt is None:
+                out.append(None)
+                continue
+            if fmt.kind == "tool_call":  # Llama 4 ends tool-call turns with <|eom|>
+                ends = (self.tokenizer.eot_id, self.tokenizer.eom_id)
+                constraint = fmt.constraint(ends, "end_of_message" if self.family == "llama4" else "end_of_turn")
+            else:
+                constraint = fmt.constraint((self.tokenizer.eot_id,))
+            self._grammars.check(constraint)
+            out.append(constraint)
+        return out
 
     # ----------------------------------------------------------------------------- chat
     @_sampling_doc
     def chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
                         tool_choice: str = "auto", tool_prompt_format: str | None = None, stream: bool = False,
                         max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                        seed: int | None = None, logprobs: int = 0,
-                        stop: str | Sequence[str] | None = None) -> Any:  # fmt: skip
+                        seed: int | None = None, logprobs: int = 0, stop: str | Sequence[str] | None = None,
+                        response_format: Any = None, constrain_tools: bool = False) -> Any:  # fmt: skip
         """One assistant reply in the model's official prompt format (a :class:`~workbench.types.ChatCompletion`).
 
         messages: the dialog, :class:`~workbench.types.Message` objects or dicts like
@@ -299,21 +349,26 @@ class Engine:
         tool_prompt_format: ``"json"``, ``"function_tag"`` or ``"python_list"`` (default: the model's own).
         stream: True returns an iterator of ``TextDelta`` / ``ToolCallDelta`` items ending with the
             ChatCompletion (see :mod:`workbench.chat`).
+        constrain_tools: True with ``tool_choice="required"`` (or a tool's name) forces the reply to be a
+            well-formed call of an offered tool, in the model's own syntax, with schema-valid arguments.
+        A JSON-schema ``response_format`` also appends Llama Stack's "Please respond in JSON format with the
+        schema: ..." user message, as the reference does.
         """
         from . import chat
 
         return chat.chat_completion(self, messages, tools=tools, tool_choice=tool_choice,
                                     tool_prompt_format=tool_prompt_format, stream=stream, max_tokens=max_tokens,
                                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
-                                    stop=stop)  # fmt: skip
+                                    stop=stop, response_format=response_format,
+                                    constrain_tools=constrain_tools)  # fmt: skip
 
     @_sampling_doc
     def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
                               tool_choice: str = "auto", tool_prompt_format: str | None = None,
                               max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
                               top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                              stop: str | Sequence[str] | None = None,
-                              progress: bool | None = None) -> list[Any]:  # fmt: skip
+                              stop: str | Sequence[str] | None = None, progress: bool | None = None,
+                              response_format: Any = None, constrain_tools: bool = False) -> list[Any]:  # fmt: skip
         """One reply per dialog, generated in one batch (per-row results equal single calls).
 
         dialogs: a list of dialogs (each a list of messages, or a bare string for one user message);
@@ -326,18 +381,22 @@ class Engine:
         return chat.batch_chat_completion(self, dialogs, tools=tools, tool_choice=tool_choice,
                                           tool_prompt_format=tool_prompt_format, max_tokens=max_tokens,
                                           temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                          logprobs=logprobs, stop=stop, progress=progress)  # fmt: skip
+                                          logprobs=logprobs, stop=stop, progress=progress,
+                                          response_format=response_format,
+                                          constrain_tools=constrain_tools)  # fmt: skip
 
     @_sampling_doc
     def stream_chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
                                tool_choice: str = "auto", tool_prompt_format: str | None = None,
                                max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
                                top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                               stop: str | Sequence[str] | None = None) -> Iterator[Any]:  # fmt: skip
+                               stop: str | Sequence[str] | None = None, response_format: Any = None,
+                               constrain_tools: bool = False) -> Iterator[Any]:  # fmt: skip
         """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
         return self.chat_completion(messages, tools, tool_choice=tool_choice, tool_prompt_format=tool_prompt_format,
                                     stream=True, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                    top_k=top_k, seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
+                                    top_k=top_k, seed=seed, logprobs=logprobs, stop=stop,
+                                    response_format=response_format, constrain_tools=constrain_tools)  # fmt: skip
 
     # ----------------------------------------------------------------------------- scoring
     def logits(self, token_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -493,6 +552,25 @@ def _close(events: Any) -> None:
 
 def _cancelled_event(index: int) -> Event:
     return Event(index, None, stop_reason="cancelled")
+
+
+def parse_output(fmt: OutputFormat, text: str, stop_reason: str) -> tuple[Any, str | None]:
+    """``(parsed, format_error)`` of a constrained row: the JSON value (or pydantic object) of a JSON format,
+    and why the text does not conform when it does not (cut by max_tokens, a stop string or a cancel)."""
+    import json
+
+    if stop_reason == "out_of_tokens":
+        return None, f"max_tokens (or max_seq_len) was reached before the output completed its {fmt.kind} format"
+    if stop_reason == "cancelled":
+        return None, f"the call was cancelled before the output completed its {fmt.kind} format"
+    if fmt.kind != "json_schema":
+        return None, None
+    try:
+        if fmt.model is not None:
+            return fmt.model.model_validate_json(text), None
+        return json.loads(text), None
+    except ValueError as exc:  # json.JSONDecodeError and pydantic.ValidationError are ValueErrors
+        return None, f"the output is not valid for its JSON schema (cut by a stop string?): {exc}"
 
 
 def _stop_prefix_overlap(text: str, stops: tuple[str, ...]) -> int:

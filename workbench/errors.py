@@ -73,3 +73,7 @@ class GenerationCancelled(WorkbenchError):
     def __init__(self, message: str, partial: list | None = None) -> None:
         super().__init__(message)
         self.partial = list(partial or [])
+
+
+class FormatError(WorkbenchError, ValueError):
+    """A ``response_format`` (JSON schema, grammar, regex) or a constrained tool-call request is invalid."""

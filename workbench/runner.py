@@ -13,6 +13,7 @@ from .config import Settings
 from .generation.generator import Event, Generator, Request
 from .models.args import ModelArgs
 from .models.transformer import Transformer
+from .structured.runtime import GrammarRuntime
 from .tokenizer import Tokenizer
 from .types import StopReason
 
@@ -36,6 +37,7 @@ class LocalRunner:
         self.generator = Generator(
             model, stop_tokens=stop_token_reasons(self.tokenizer), decode_text=self.tokenizer.decode,
             max_batch_size=self.settings.max_batch_size, max_seq_len=self.settings.max_seq_len,
+            grammars=GrammarRuntime(self.tokenizer),
         )  # fmt: skip
 
     def reload(self, settings: Settings) -> None:

@@ -215,10 +215,14 @@ def run_batch(
     tool_choice: Any = "auto",
     tool_prompt_format: Any = None,
     code_interpreter: bool | CodeInterpreter = False,
+    constrain_tools: bool = False,
     **sampling: Any,
 ) -> list[list[Message]]:
     """Run the tool loop on many dialogs; each turn is one batched chat completion over the dialogs that
-    are still running.  Returns one transcript (input messages + generated and tool messages) per dialog."""
+    are still running.  Returns one transcript (input messages + generated and tool messages) per dialog.
+
+    ``constrain_tools=True`` (with ``tool_choice="required"`` or a tool name) makes the forced first reply a
+    well-formed call of an offered tool with schema-valid arguments (grammar-constrained decoding)."""
     if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
         raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
     if not isinstance(dialogs, (list, tuple)):
@@ -232,7 +236,9 @@ def run_batch(
         if not active:
             break
         choice = tool_choice if turn == 0 else _later_choice(tool_choice)
-        replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format, sampling)
+        turn_sampling = dict(sampling, constrain_tools=True) if constrain_tools and turn == 0 else sampling
+        replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
+                            turn_sampling)  # fmt: skip
         still_running = []
         for i, reply in zip(active, replies):
             message = reply.message
@@ -255,6 +261,7 @@ def run(
     tool_choice: Any = "auto",
     tool_prompt_format: Any = None,
     code_interpreter: bool | CodeInterpreter = False,
+    constrain_tools: bool = False,
     **sampling: Any,
 ) -> list[Message]:
     """Run the tool loop on one dialog and return the whole transcript (list of :class:`Message`).
@@ -270,5 +277,6 @@ def run(
         tool_choice=tool_choice,
         tool_prompt_format=tool_prompt_format,
         code_interpreter=code_interpreter,
+        constrain_tools=constrain_tools,
         **sampling,
     )[0]

@@ -46,6 +46,8 @@ class Completion:
     stop_reason: StopReason
     logprobs: list[TokenLogprob] | None = None
     prompt_tokens: int = 0
+    parsed: Any = None  # response_format rows: the JSON value, or the pydantic object of a model class
+    format_error: str | None = None  # response_format rows whose text does not conform: why
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,6 +147,8 @@ class ChatCompletion:
     stop_reason: StopReason
     logprobs: list[TokenLogprob] | None = None
     prompt_tokens: int = 0
+    parsed: Any = None  # response_format replies: the JSON value, or the pydantic object of a model class
+    format_error: str | None = None  # response_format replies whose text does not conform: why
 
     @property
     def text(self) -> str:

@@ -11,8 +11,10 @@ stale contents are never read (attention masks stop at each row's position), so 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Generator as Generator_
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -29,6 +31,7 @@ class Request:
     index: int
     prompt: list[int]
     params: SamplingParams
+    constraint: Any = None  # a structured.Constraint: the row's output must follow its grammar
 
 
 @dataclass
@@ -50,6 +53,7 @@ class _Row:
     request: Request
     generator: torch.Generator | None
     tokens: list[int] = field(default_factory=list)
+    grammar: Any = None  # structured.RowConstraint of a constrained row
 
     @property
     def position(self) -> int:
@@ -61,8 +65,9 @@ class Generator:
     """Runs requests through a model with a preallocated KV cache of ``max_batch_size`` slots."""
 
     def __init__(self, model: Transformer, *, stop_tokens: dict[int, StopReason], decode_text,
-                 max_batch_size: int, max_seq_len: int) -> None:  # fmt: skip
+                 max_batch_size: int, max_seq_len: int, grammars: Any = None) -> None:  # fmt: skip
         self.model = model
+        self.grammars = grammars  # structured.GrammarRuntime (token masks of constrained rows), or None
         self.stop_tokens = stop_tokens
         self.decode_text = decode_text  # ids -> str, for stop strings and logprob labels
         self.max_batch_size = max_batch_size
@@ -127,7 +132,7 @@ class Generator:
             new_rows = []
             for j in group:
                 slot, request = admitted[j]
-                slots[slot] = _Row(request, request.params.make_generator())
+                slots[slot] = _Row(request, request.params.make_generator(), grammar=self._start_grammar(request))
                 new_rows.append((slot, slots[slot]))
             yield from self._advance_all(new_rows, logits, slots)
 
@@ -149,10 +154,19 @@ class Generator:
     def _advance_all(self, rows: list[tuple[int, _Row]], logits: torch.Tensor,
                      slots: list[_Row | None]) -> Iterator[Event]:  # fmt: skip
         """Pick every row's next token from ``logits`` [n, V] (one argmax for all greedy rows)."""
-        greedy = logits.argmax(dim=-1).tolist() if any(r.request.params.greedy for _, r in rows) else []
+        chosen: dict[int, int] = {}  # rows whose grammar already decided their greedy token
+        if any(row.grammar is not None for _, row in rows):
+            chosen = yield from self._mask_grammars(rows, logits, slots)
+        need_argmax = any(r.request.params.greedy and k not in chosen for k, (_, r) in enumerate(rows))
+        greedy = logits.argmax(dim=-1).tolist() if need_argmax else []
         for k, (slot, row) in enumerate(rows):
+            if slots[slot] is not row:  # ended by its grammar
+                continue
             params = row.request.params
-            token = greedy[k] if params.greedy else sample_token(logits[k], params, row.generator)
+            if k in chosen:
+                token = chosen[k]
+            else:
+                token = greedy[k] if params.greedy else sample_token(logits[k], params, row.generator)
             yield from self._advance(row, token, logits[k], slots, slot)
 
     def _advance(self, row: _Row, token: int, logits: torch.Tensor, slots: list[_Row | None],
@@ -166,6 +180,12 @@ class Generator:
             yield Event(index, None, logprob, stop_reason=self.stop_tokens[token])
             return
         row.tokens.append(token)
+        if row.grammar is not None:
+            row.grammar.consume(token)
+            if row.grammar.complete:  # nothing but the end token could follow: end the row now
+                slots[slot] = None
+                yield Event(index, token, logprob, stop_reason=row.grammar.constraint.end_reason)
+                return
         stop_at = self._stop_string_hit(row) if params.stop else None
         if stop_at is not None:
             slots[slot] = None
@@ -174,9 +194,37 @@ class Generator:
         limit = params.max_tokens if params.max_tokens is not None else self.max_seq_len
         if len(row.tokens) >= limit or row.position + 1 >= self.max_seq_len:
             slots[slot] = None
-            yield Event(index, token, logprob, stop_reason="out_of_tokens")
+            done = row.grammar is not None and row.grammar.accepting  # a complete grammar ends the turn
+            reason: StopReason = row.grammar.constraint.end_reason if done else "out_of_tokens"
+            yield Event(index, token, logprob, stop_reason=reason)
             return
         yield Event(index, token, logprob)
+
+    def _start_grammar(self, request: Request) -> Any:
+        if request.constraint is None:
+            return None
+        if self.grammars is None:
+            raise RuntimeError("a constrained request reached a generator built without a grammar runtime")
+        return self.grammars.start(request.constraint)
+
+    def _mask_grammars(self, rows: list[tuple[int, _Row]], logits: torch.Tensor,
+                       slots: list[_Row | None]) -> Generator_[Event, None, dict[int, int]]:  # fmt: skip
+        """Apply every constrained row's token mask to its logits (one batched mask computation per step);
+        returns the tokens it chose for greedy rows (see ``GrammarRuntime.mask_logits``).
+
+        A row whose grammar allows no token at all (an unsatisfiable schema) ends as ``out_of_tokens``.
+        """
+        from ..structured.runtime import MaskRow
+
+        constrained = [MaskRow(k, row.grammar, row.request.params.greedy and not row.request.params.logprobs)
+                       for k, (_, row) in enumerate(rows) if row.grammar is not None]  # fmt: skip
+        chosen = self.grammars.mask_logits(logits, constrained)
+        for item in constrained:
+            if item.state.dead:
+                slot, row = rows[item.index]
+                slots[slot] = None
+                yield Event(row.request.index, None, stop_reason="out_of_tokens")
+        return chosen
 
     def _stop_string_hit(self, row: _Row) -> int | None:
         """Character offset where the first stop string starts in the text so far, if any.
@@ -198,6 +246,9 @@ class Generator:
         top = torch.topk(logp, k)
         top_tokens = top.indices.tolist()
         top_map: dict[str, float] = {}
-        for t, lp in zip(top_tokens, top.values.tolist()):
+        values = top.values.tolist()
+        if values[-1] == float("-inf"):  # tokens masked out by the row's grammar are no alternatives
+            top_tokens = [t for t, lp in zip(top_tokens, values) if lp != float("-inf")]
+        for t, lp in zip(top_tokens, values):
             top_map.setdefault(self.decode_text([t]), lp)
         return TokenLogprob(token, self.decode_text([token]), float(logp[token]), top_map, top_tokens)

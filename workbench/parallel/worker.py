@@ -19,6 +19,7 @@ from ..config import Settings
 from ..errors import WorkbenchError, WorkerError
 from ..generation.generator import Generator
 from ..models.args import ModelArgs
+from ..structured.runtime import GrammarRuntime
 from ..tokenizer import Tokenizer
 from .limits import COLLECTIVE_TIMEOUT_S, POLL_S
 
@@ -116,6 +117,7 @@ class _Worker:
         self.generator = Generator(
             _CheckedModel(model, self), stop_tokens=stop_token_reasons(tokenizer), decode_text=tokenizer.decode,
             max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len,
+            grammars=GrammarRuntime(tokenizer),  # every rank computes the same masks from the same tokens
         )  # fmt: skip
         info = model_memory(model, self.generator.cache.nbytes())
         info["local_parameters"] = sum(p.numel() for p in model.parameters())

@@ -1,0 +1,223 @@
+"""llguidance over our tiktoken vocabularies: tokenizer info, compiled-grammar cache, batched token masks.
+
+One :class:`GrammarRuntime` per tokenizer (the engine's, and one per model-parallel worker: masks are
+deterministic functions of the grammar and the tokens, so every rank computes the same mask and takes the
+same step).  Per decode step the generator calls :meth:`GrammarRuntime.mask_logits` once for all
+constrained rows: llguidance fills one bitmask per row (in parallel, off the GIL), and only the rows
+whose choice the mask can change get their logits rewritten.  Rows without a format are never touched.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import FormatError
+from .spec import Constraint
+
+_GRAMMAR_CACHE_SIZE = 128
+_TOKENIZER_CACHE: dict[tuple[str, str, int], Any] = {}
+_TOKENIZER_LOCK = threading.Lock()
+# Compiled grammars (llguidance matchers in their initial state), per vocabulary and grammar, shared by every
+# runtime of the process: the engine's check and the generator's rows compile a schema once.
+_TEMPLATES: OrderedDict[tuple[tuple[str, str, int], str], Any] = OrderedDict()
+
+
+_KIND_NAMES = {"json_schema": "JSON schema", "grammar": "grammar", "regex": "regex", "tool_call": "tool-call grammar"}
+
+
+def _tokenizer_key(tokenizer: Any) -> tuple[str, str, int]:
+    return (str(tokenizer.path), tokenizer.family, tokenizer.n_words)
+
+
+def build_lltokenizer(tokenizer: Any) -> Any:
+    """llguidance's view of a workbench :class:`~workbench.tokenizer.Tokenizer` (cached: ~1-2 s to build).
+
+    Only the turn-ending special tokens are included (``<|eot|>``, ``<|eom|>``, ``<|end_of_text|>``;
+    ``<|eot|>`` is the grammar's end-of-sequence): every other special token gets an empty mask bit, so no
+    grammar can make a row emit a header, an image or a python tag.
+    """
+    import llguidance
+
+    encoding = tokenizer._model
+    key = _tokenizer_key(tokenizer)
+    with _TOKENIZER_LOCK:
+        if key not in _TOKENIZER_CACHE:
+            ends = {tokenizer.eot_id, tokenizer.eom_id, tokenizer.eos_id}
+            specials = {name: i for name, i in tokenizer.special_tokens.items() if i in ends}
+            _TOKENIZER_CACHE[key] = llguidance.LLTokenizer.from_tiktoken(
+                encoder=encoding._mergeable_ranks, special_tokens=specials, pattern=encoding._pat_str,
+                eos_token=tokenizer.eot_id, n_vocab=tokenizer.n_words,
+            )  # fmt: skip
+        return _TOKENIZER_CACHE[key]
+
+
+class RowConstraint:
+    """One running row's grammar state (an llguidance matcher) and how the row may end."""
+
+    def __init__(self, matcher: Any, constraint: Constraint, eos: int) -> None:
+        self.matcher = matcher
+        self.constraint = constraint
+        self.eos = eos  # the grammar's own end token (<|eot|>)
+        self.dead = False  # the grammar allows no token at all (unsatisfiable schema or a matcher error)
+
+    def consume(self, token: int) -> None:
+        if not self.matcher.consume_token(token):
+            self.dead = True
+
+    @property
+    def complete(self) -> bool:
+        """The grammar is satisfied and allows nothing more: the row ends now (no end token needed)."""
+        return self.matcher.is_stopped() and not self.matcher.is_error()
+
+    @property
+    def accepting(self) -> bool:
+        return self.matcher.is_accepting() and not self.matcher.is_error()
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error() or "the grammar allows no further token"
+
+
+@dataclass
+class MaskRow:
+    """A constrained row of one step: its index in the logits, its state, and whether argmax alone decides it."""
+
+    index: int
+    state: RowConstraint
+    argmax_only: bool  # greedy without logprobs: the mask only matters if it rejects the argmax
+
+
+class GrammarRuntime:
+    """Compiles, caches and runs grammars for one tokenizer; built lazily, so unconstrained engines pay nothing."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._lltok: Any = None
+        self._executor: Any = None
+        self._words = (tokenizer.n_words + 31) // 32
+        self._buffer = np.zeros((0, self._words), dtype=np.int32)
+
+    @property
+    def lltokenizer(self) -> Any:
+        if self._lltok is None:
+            self._lltok = build_lltokenizer(self.tokenizer)
+        return self._lltok
+
+    # ----------------------------------------------------------------------------- compile
+    def check(self, constraint: Constraint) -> None:
+        """Compile ``constraint``'s grammar now (cached), raising FormatError with llguidance's message."""
+        self._template(constraint.grammar, constraint.kind)
+
+    def _template(self, grammar: str, kind: str) -> Any:
+        key = (_tokenizer_key(self.tokenizer), grammar)
+        with _TOKENIZER_LOCK:
+            template = _TEMPLATES.get(key)
+            if template is not None:
+                _TEMPLATES.move_to_end(key)
+                return template
+        import llguidance
+
+        what = _KIND_NAMES.get(kind, kind)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.lltokenizer)
+        if is_error:
+            raise FormatError(f"invalid {what} in response_format: {messages[0]}")
+        template = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise FormatError(f"invalid {what} in response_format: {template.get_error()}")
+        with _TOKENIZER_LOCK:
+            _TEMPLATES[key] = template
+            if len(_TEMPLATES) > _GRAMMAR_CACHE_SIZE:
+                _TEMPLATES.popitem(last=False)
+        return template
+
+    def start(self, constraint: Constraint) -> RowConstraint:
+        """Fresh grammar state for a new row (a copy of the cached compiled matcher)."""
+        matcher = self._template(constraint.grammar, constraint.kind).deep_copy()
+        return RowConstraint(matcher, constraint, self.tokenizer.eot_id)
+
+    # ----------------------------------------------------------------------------- masks
+    def fill(self, states: Sequence[RowConstraint]) -> np.ndarray:
+        """Next-token bitmasks ``[n, words]`` (int32, bit i of word w = token 32*w + i) of ``states``."""
+        import llguidance
+        import llguidance.numpy as llnp
+
+        n = len(states)
+        if self._buffer.shape[0] < n:
+            self._buffer = np.zeros((max(n, 2 * self._buffer.shape[0]), self._words), dtype=np.int32)
+        masks = self._buffer[:n]
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        llnp.fill_next_token_bitmask_par(self._executor, [(s.matcher, i) for i, s in enumerate(states)], masks)
+        for i, state in enumerate(states):
+            ends = state.constraint.end_tokens
+            if ends != (state.eos,) and _bit(masks[i], state.eos):  # the row may end: with its own end tokens
+                _set_bit(masks[i], state.eos, False)
+                for token in ends:
+                    _set_bit(masks[i], token, True)
+        return masks
+
+    def mask_logits(self, logits: torch.Tensor, rows: Sequence[MaskRow]) -> dict[int, int]:
+        """Apply each constrained row's grammar to its logits ``[n, V]``; returns the tokens of argmax-only rows.
+
+        A row that samples or reports logprobs gets the tokens its grammar forbids set to -inf (in place), so
+        temperature, top-k/top-p and logprobs all see the renormalized distribution.  A greedy row without
+        logprobs is decided here instead, without rewriting its logits: its argmax when the grammar allows it
+        (so such rows stay token-identical to unconstrained ones), else the best allowed token.  A row whose
+        grammar allows nothing is marked ``dead`` (the generator ends it).
+        """
+        if not rows:
+            return {}
+        masks = self.fill([r.state for r in rows])
+        n_vocab = self.tokenizer.n_words
+        nonempty = masks.any(axis=1)
+        chosen: dict[int, int] = {}
+        check = [j for j, r in enumerate(rows) if r.argmax_only and nonempty[j]]
+        if check:
+            best = logits[[rows[j].index for j in check]].argmax(dim=-1).tolist()
+            for j, token in zip(check, best):
+                if token < n_vocab and _bit(masks[j], token):
+                    chosen[rows[j].index] = token
+                else:  # the best token the grammar allows, from the allowed ids only
+                    allowed = np.flatnonzero(np.unpackbits(masks[j].view(np.uint8), bitorder="little")[:n_vocab])
+                    ids = torch.from_numpy(allowed).to(logits.device)
+                    chosen[rows[j].index] = int(allowed[int(logits[rows[j].index, ids].argmax())])
+        dense = [j for j, r in enumerate(rows) if not r.argmax_only and nonempty[j]]
+        if dense:
+            forbidden = _unpack_forbidden(masks[dense], n_vocab, logits.device)  # [m, n_vocab] bool
+            for k, j in enumerate(dense):
+                logits[rows[j].index, :n_vocab].masked_fill_(forbidden[k], float("-inf"))
+                if logits.shape[-1] > n_vocab:  # model vocabulary padded past the tokenizer's
+                    logits[rows[j].index, n_vocab:] = float("-inf")
+        for j, row in enumerate(rows):
+            if not nonempty[j]:
+                row.state.dead = True
+        return chosen
+
+
+def _bit(words: np.ndarray, token: int) -> bool:
+    return bool((int(words[token >> 5]) >> (token & 31)) & 1)
+
+
+def _set_bit(words: np.ndarray, token: int, on: bool) -> None:
+    word = int(words[token >> 5]) & 0xFFFFFFFF
+    word = word | (1 << (token & 31)) if on else word & ~(1 << (token & 31))
+    words[token >> 5] = np.array(word, dtype=np.uint32).view(np.int32)
+
+
+def _unpack_forbidden(masks: np.ndarray, n_vocab: int, device: torch.device) -> torch.Tensor:
+    """Bitmasks ``[m, words]`` -> forbidden-token booleans ``[m, n_vocab]`` on ``device``."""
+    inverted = ~np.ascontiguousarray(masks)  # invert the packed words: cheaper than inverting the unpacked bits
+    if device.type == "cpu":
+        bits = np.unpackbits(inverted.view(np.uint8), axis=1, bitorder="little")
+        return torch.from_numpy(bits[:, :n_vocab]).view(torch.bool)
+    words = torch.from_numpy(inverted).to(device, non_blocking=True)  # [m, W] int32
+    shifts = torch.arange(32, device=device, dtype=torch.int32)
+    bits = (words.unsqueeze(-1) >> shifts) & 1  # [m, W, 32]
+    return bits.flatten(1)[:, :n_vocab].bool()
