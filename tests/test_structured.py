@@ -171,17 +171,18 @@ def test_llama_stack_request_objects_are_accepted(llama3_engine):
 # --------------------------------------------------------------------------------------------- grammar, regex
 def test_grammar_and_regex_rows_match(llama4_engine):
     gbnf = 'root ::= answer " " num\nanswer ::= "yes" | "no" | "maybe"\nnum ::= [0-9] [0-9]?'
-    lark = 'start: ("A" | "B")+ "!"\n'
+    lark = 'start: ab ab? ab? "!"\nab: "A" | "B"\n'
     formats = [
         {"type": "grammar", "bnf": gbnf},
         {"type": "regex", "regex": r"[a-z]{3,6}-\d{2}"},
         re.compile(r"(cat|dog)s? [0-9]{1,3}"),
         None,
-        {"type": "grammar", "bnf": {"root": '"(" item ("," item)* ")"', "item": '[xyz]'}},  # Llama Stack's dict form
+        # Llama Stack types bnf as a dict: rule name -> body
+        {"type": "grammar", "bnf": {"root": '"(" item ("," item)? ("," item)? ")"', "item": "[xyz]"}},
         {"type": "grammar", "bnf": lark},
     ]
     checks = [r"(yes|no|maybe) [0-9][0-9]?", r"[a-z]{3,6}-\d{2}", r"(cat|dog)s? [0-9]{1,3}", None,
-              r"\([xyz](,[xyz])*\)", r"[AB]+!"]  # fmt: skip
+              r"\([xyz](,[xyz]){0,2}\)", r"[AB]{1,3}!"]  # fmt: skip
     for sampling in ({}, {"temperature": 1.2, "seed": 3}):
         rows = llama4_engine.batch_completion(["Q:", "Code:", "Pets:", "Free text", "Tuple:", "Letters:"],
                                               response_format=formats, max_tokens=60, **sampling)  # fmt: skip
@@ -195,14 +196,21 @@ def test_grammar_and_regex_rows_match(llama4_engine):
 
 def test_greedy_rows_whose_argmax_satisfies_the_constraint_are_token_identical(llama3_engine, llama4_engine):
     for engine in (llama3_engine, llama4_engine):
-        prompts = ["The capital of France is", "def f(x):", "Hello"]
-        free = engine.batch_completion(prompts, max_tokens=24)
-        # A regex that is exactly the unconstrained text: the argmax is always allowed.
-        formats = [{"type": "regex", "regex": re.escape(r.text)} for r in free]
+        free = engine.batch_completion(PROMPTS, max_tokens=24)
+        # Random weights may write invalid UTF-8 (decoded as U+FFFD) or special tokens, which no text grammar
+        # accepts: skip such rows.
+        rows = [(p, r) for p, r in zip(PROMPTS, free)
+                if "\ufffd" not in r.text and not any(engine.tokenizer.is_special(t) for t in r.tokens)]  # fmt: skip
+        assert len(rows) >= 2
+        prompts, free = [p for p, _ in rows], [r for _, r in rows]
+        # A regex that accepts the unconstrained text, each character or a BEL: the argmax is always allowed.
+        # (Not the bare text: where a grammar forces exact bytes, llguidance allows only their canonical BPE
+        # split, and a random model's argmax may split them differently.)
+        formats = [{"type": "regex", "regex": "".join(f"[\\x{{{ord(c):x}}}\\x07]" for c in r.text)} for r in free]
         exact = engine.batch_completion(prompts, response_format=formats, max_tokens=24)
         assert [r.tokens for r in exact] == [r.tokens for r in free]
         assert all(r.stop_reason == "end_of_turn" for r in exact)  # the grammar completes: the turn ends
-        # Logprobs are renormalized over allowed tokens, but the choices stay the same.
+        # Logprobs are renormalized over allowed tokens (the logits are masked), but the choices stay the same.
         with_lp = engine.batch_completion(prompts, response_format=formats, max_tokens=24, logprobs=2)
         assert [r.tokens for r in with_lp] == [r.tokens for r in free]
         # A permissive grammar (any text) never changes a greedy row.
