@@ -421,6 +421,9 @@ def test_model_parallel_ranks_apply_the_same_masks(llama3_dir, llama3_engine):
             assert [r.stop_reason for r in two] == [r.stop_reason for r in one]
             assert_valid_json(two[0], SCHEMAS["array_enum"])
             assert re.fullmatch(r"[a-z]{2,5}!", two[1].text)
+        unseeded = mp2.batch_completion(prompts[:2], response_format=formats[:2], max_tokens=40, temperature=1.0)
+        assert_valid_json(unseeded[0], SCHEMAS["array_enum"])  # rows get a seed in the kernel, and keep their format
+        assert re.fullmatch(r"[a-z]{2,5}!", unseeded[1].text)
         with pytest.raises(FormatError):  # checked in the kernel, before any rank starts
             mp2.completion("x", response_format={"type": "regex", "regex": "("})
         assert len(mp2.completion("x", max_tokens=2).tokens) == 2

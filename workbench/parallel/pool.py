@@ -430,7 +430,7 @@ class ParallelRunner:
         if params.greedy or params.seed is not None:
             return request
         seed = random.SystemRandom().randrange(2**63)
-        return Request(request.index, request.prompt, replace(params, seed=seed))
+        return replace(request, params=replace(params, seed=seed))
 
     # ----------------------------------------------------------------------------- test hooks
     def _inject_fault(self, at_forward: int, ranks: Sequence[int] | None = None, action: str = "raise") -> None:
