@@ -134,16 +134,17 @@ def test_sampled_rows_with_seeds_are_reproducible_and_logprobs_are_masked(llama3
     again = llama3_engine.batch_completion(["Colors:", "Other"], **kwargs)[0]
     assert first.tokens == again.tokens
     assert_valid_json(first, schema)
-    # the first token of any value of this schema is `{`: after masking it carries all the probability mass
+    # every value of this schema starts with `{`: after masking, only tokens starting with it are alternatives
     lp = first.logprobs[0]
-    assert lp.text == "{" and lp.logprob == pytest.approx(0.0, abs=1e-5)
-    assert list(lp.top_logprobs) == ["{"] and lp.top_tokens == [lp.token]  # masked tokens are no alternatives
+    assert lp.text.startswith("{") and lp.logprob > float("-inf")
+    assert lp.top_logprobs and all(text.startswith("{") for text in lp.top_logprobs)
     for step in first.logprobs:
         assert all(v > float("-inf") for v in step.top_logprobs.values())
 
 
 def test_pydantic_model_result_carries_the_parsed_object(llama4_engine):
     class Pet(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")  # else the schema allows (random) extra keys
         kind: Literal["cat", "dog", "llama"]
         age: int = pydantic.Field(ge=0, le=30)
         name: str = pydantic.Field(max_length=10)
