@@ -42,9 +42,10 @@ class Timers:
 
         def mask_logits(runtime, logits, rows):
             start = time.perf_counter()
-            timers._mask(runtime, logits, rows)
+            chosen = timers._mask(runtime, logits, rows)
             timers.mask_s += time.perf_counter() - start
             timers.steps += 1
+            return chosen
 
         def consume(state, token):
             start = time.perf_counter()

@@ -181,13 +181,17 @@ class GrammarRuntime:
         check = [j for j, r in enumerate(rows) if r.argmax_only and nonempty[j]]
         if check:
             best = logits[[rows[j].index for j in check]].argmax(dim=-1).tolist()
+            refused = []
             for j, token in zip(check, best):
                 if token < n_vocab and _bit(masks[j], token):
                     chosen[rows[j].index] = token
-                else:  # the best token the grammar allows, from the allowed ids only
-                    allowed = np.flatnonzero(np.unpackbits(masks[j].view(np.uint8), bitorder="little")[:n_vocab])
-                    ids = torch.from_numpy(allowed).to(logits.device)
-                    chosen[rows[j].index] = int(allowed[int(logits[rows[j].index, ids].argmax())])
+                else:
+                    refused.append(j)
+            if refused:  # the best tokens the grammar allows: one masked argmax over a copy of those rows
+                forbidden = _unpack_forbidden(masks[refused], n_vocab, logits.device)  # [m, n_vocab] bool
+                picked = logits[[rows[j].index for j in refused], :n_vocab].masked_fill_(forbidden, float("-inf"))
+                for j, token in zip(refused, picked.argmax(dim=-1).tolist()):
+                    chosen[rows[j].index] = token
         dense = [j for j, r in enumerate(rows) if not r.argmax_only and nonempty[j]]
         if dense:
             forbidden = _unpack_forbidden(masks[dense], n_vocab, logits.device)  # [m, n_vocab] bool
