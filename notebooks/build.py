@@ -225,7 +225,7 @@ prompts one by one (right). Error bars show the spread over the repeats; one lin
     ("code", "plots.latency(table)", IGNORE),
     ("md", "Batching never changes results: every row equals the prompt run alone."),
     ("code", '''prompts = [f"Tell me about topic number {i}. " * (1 + i % 5) for i in range(8)]
-batched = engine.batch_completion(prompts, max_tokens=12)
+batched = engine.batch_completion(prompts, max_tokens=12, progress=False)
 alone = [engine.completion(p, max_tokens=12) for p in prompts]
 print("rows identical to single runs:", [b.tokens for b in batched] == [a.tokens for a in alone])''', CHECK),
 ]

@@ -130,6 +130,7 @@ class ChatPlayground:
         names = [d.tool_name for d in self.toolbox.definitions]
         self.header = widgets.HTML(self._header_html())
         self.transcript = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.transcript.add_class("wb-transcript")
         self.input = _prompt_box("Ask something… (Enter sends, Shift+Enter adds a line)")
         self.send_button = widgets.Button(description="Send", button_style="primary", icon="paper-plane",
                                           layout=widgets.Layout(width="90px"))  # fmt: skip
