@@ -1,11 +1,21 @@
-"""Batched generation over a static KV cache with continuous batching.
+"""Batched generation over a static KV cache with continuous batching and shared-prefix reuse.
 
-Every prompt owns one cache slot while it runs.  New prompts are prefilled whole (one forward for
-all prompts admitted together, right-padded), then all running rows decode one token per step at
-their own positions.  A row that stops frees its slot for the next waiting prompt, so more prompts
-than ``max_batch_size`` simply flow through.  Nothing here outlives a call except the cache, whose
-stale contents are never read (attention masks stop at each row's position), so an exception or
-``KeyboardInterrupt`` mid-batch leaves the generator ready for the next call.
+Every prompt owns one cache slot while it runs.  New prompts are prefilled together (one forward per
+group of similar lengths, right-padded), then all running rows decode one token per step at their own
+positions.  A row that stops frees its slot; freed slots are refilled in batches (a wave waits until a
+quarter of the slots are free) so prefill forwards stay wide.
+
+Shared prefixes are computed once.  Each slot remembers which tokens its keys/values hold (its
+*resident* tokens: a prompt plus the generated tokens fed so far, kept after the row ends).  A new
+prompt that starts with tokens some slot holds copies those keys/values into its own slot (or simply
+lands in that slot) and prefills only the rest; prompts of one wave that share a prefix nobody holds
+yet get it computed once first.  Keys and values depend only on the tokens before them, so a reused
+prefix gives the same tokens as recomputing it (up to float rounding in the attention sums).
+
+Nothing here outlives a call except the cache and the resident records.  A slot's record is cleared
+before anything writes into its prefix and set only after the write completed, and positions past a
+row's own position are never attended to, so an exception or ``KeyboardInterrupt`` mid-batch leaves
+the generator ready for the next call.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from .sampling import SamplingParams, sample_token
 
 # Keep each prefill forward below this many (padded) tokens to bound activation memory.
 MAX_PREFILL_TOKENS = 16384
+# A common prefix shorter than this is recomputed: copying its keys/values would cost about as much.
+MIN_SHARED_PREFIX = 16
 
 
 @dataclass
@@ -54,6 +66,13 @@ class _Row:
     generator: torch.Generator | None
     tokens: list[int] = field(default_factory=list)
     grammar: Any = None  # structured.RowConstraint of a constrained row
+    fed: int = 0  # generated tokens whose keys/values are in the cache
+    cap: int | None = None  # resident tokens end here at the latest (a decode step wrote junk past it)
+
+    def resident(self) -> list[int]:
+        """Tokens whose keys/values this row's slot holds at positions 0..n-1."""
+        tokens = self.request.prompt + self.tokens[: self.fed] if self.fed else self.request.prompt
+        return tokens if self.cap is None else tokens[: self.cap]
 
     @property
     def position(self) -> int:
@@ -62,10 +81,15 @@ class _Row:
 
 
 class Generator:
-    """Runs requests through a model with a preallocated KV cache of ``max_batch_size`` slots."""
+    """Runs requests through a model with a preallocated KV cache of ``max_batch_size`` slots.
+
+    ``share_prefixes`` (on by default) reuses the keys/values of common prompt prefixes, within a
+    call and across calls; turning it off recomputes every prompt whole (for comparisons).
+    """
 
     def __init__(self, model: Transformer, *, stop_tokens: dict[int, StopReason], decode_text,
-                 max_batch_size: int, max_seq_len: int, grammars: Any = None) -> None:  # fmt: skip
+                 max_batch_size: int, max_seq_len: int, grammars: Any = None,
+                 share_prefixes: bool = True) -> None:  # fmt: skip
         self.model = model
         self.grammars = grammars  # structured.GrammarRuntime (token masks of constrained rows), or None
         self.stop_tokens = stop_tokens
@@ -73,16 +97,25 @@ class Generator:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.cache = model.new_cache(max_batch_size, max_seq_len)
+        self.share_prefixes = share_prefixes
+        self._resident: list[_Row | None] = [None] * max_batch_size  # what each slot's cache holds
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0}  # since construction (for benchmarks)
+
+    def forget_prefixes(self) -> None:
+        """Drop every resident record: the next prompts are computed whole (cold-cache timings)."""
+        self._resident = [None] * self.max_batch_size
 
     # ----------------------------------------------------------------------------- public
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
         """Yield events in generation order (rows interleave); each request ends with one stop event."""
         pending = deque(requests)
         slots: list[_Row | None] = [None] * min(self.max_batch_size, len(requests))
+        refill_at = max(1, len(slots) // 4)  # wait for this many free slots before a new prefill wave
         while pending or any(slots):
             free = [i for i, row in enumerate(slots) if row is None]
-            if free and pending:
-                admitted = [(slot, pending.popleft()) for slot in free[: len(pending)]]
+            running = len(slots) - len(free)
+            if free and pending and (len(free) >= min(refill_at, len(pending)) or not running):
+                admitted = self._assign_slots(free, [pending.popleft() for _ in range(min(len(free), len(pending)))])
                 yield from self._prefill(admitted, slots)
             active = [i for i, row in enumerate(slots) if row is not None]
             if active:
@@ -98,6 +131,122 @@ class Generator:
             for j, i in enumerate(group):
                 out[i] = logits[j, : len(token_lists[i])].cpu()
         return out  # type: ignore[return-value]
+
+    # ----------------------------------------------------------------------------- prefix reuse
+    def _resident_tokens(self) -> dict[int, list[int]]:
+        """slot -> the tokens its keys/values hold (only slots that hold something)."""
+        held = {}
+        for slot, row in enumerate(self._resident):
+            if row is not None:
+                tokens = row.resident()
+                if tokens:
+                    held[slot] = tokens
+        return held
+
+    def _assign_slots(self, free: list[int], requests: list[Request]) -> list[tuple[int, Request]]:
+        """Put each request in a free slot, preferring the slot that already holds its longest prefix."""
+        if not self.share_prefixes:
+            return list(zip(free, requests))
+        held = self._resident_tokens()
+        candidates = [slot for slot in free if slot in held]
+        assigned: list[tuple[int, Request] | None] = [None] * len(requests)
+        taken: set[int] = set()
+        for j, request in enumerate(requests):
+            best, best_len = None, MIN_SHARED_PREFIX - 1
+            for slot in candidates:
+                if slot not in taken:
+                    n = common_prefix(request.prompt, held[slot], len(request.prompt) - 1)
+                    if n > best_len:
+                        best, best_len = slot, n
+            if best is not None:
+                assigned[j] = (best, request)
+                taken.add(best)
+        rest = iter(slot for slot in free if slot not in taken)
+        return [a if a is not None else (next(rest), requests[j]) for j, a in enumerate(assigned)]
+
+    def _shared_prefixes(self, admitted: list[tuple[int, Request]]) -> list[tuple[int, list[int]]]:
+        """Prefixes that several admitted prompts share and no slot holds yet: (host slot, tokens) each.
+
+        Prompts sorted by content put prompts with common prefixes next to each other; each run of
+        neighbours sharing at least ``MIN_SHARED_PREFIX`` tokens gets its common prefix computed once,
+        in the slot of its first member, which the others then copy from.
+        """
+        if len(admitted) < 2:
+            return []
+        order = sorted(range(len(admitted)), key=lambda j: admitted[j][1].prompt)
+        held = list(self._resident_tokens().values())
+        out: list[tuple[int, list[int]]] = []
+        run = [order[0]]
+        shared = 0
+        for prev, cur in zip(order, order[1:] + [None]):
+            n = 0 if cur is None else common_prefix(admitted[prev][1].prompt, admitted[cur][1].prompt)
+            if n >= MIN_SHARED_PREFIX:
+                shared = n if len(run) == 1 else min(shared, n)
+                run.append(cur)
+                continue
+            if len(run) > 1:
+                length = min([shared] + [len(admitted[j][1].prompt) - 1 for j in run])
+                prefix = admitted[run[0]][1].prompt[:length]
+                if length >= MIN_SHARED_PREFIX and not any(common_prefix(prefix, h) >= length for h in held):
+                    out.append((admitted[run[0]][0], prefix))
+            run = [cur]
+        return out
+
+    def _fill(self, items: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """Write the keys/values of ``items`` (slot, tokens) into their slots; last-token logits [n, V].
+
+        Each item starts from the longest prefix any slot holds (copied into its own slot when it
+        lives elsewhere); only the remaining tokens are computed, batched in groups of similar length.
+        """
+        device = self.model.device
+        starts = [0] * len(items)
+        sources = [-1] * len(items)
+        if self.share_prefixes:
+            held = self._resident_tokens()
+            for k, (slot, tokens) in enumerate(items):
+                limit = len(tokens) - 1  # at least one token is computed: its logits are needed
+                best, best_len = -1, 0
+                own = held.get(slot)
+                if own is not None:  # reusing the slot's own tokens costs no copy: any length pays
+                    best, best_len = slot, common_prefix(tokens, own, limit)
+                for src, held_tokens in held.items():
+                    if src != slot:
+                        n = common_prefix(tokens, held_tokens, limit)
+                        if n >= MIN_SHARED_PREFIX and n > best_len:
+                            best, best_len = src, n
+                if best_len:
+                    starts[k], sources[k] = best_len, best
+        for slot, _ in items:
+            self._resident[slot] = None  # its prefix is about to change
+        copies = [(src, slot, n) for (slot, _), src, n in zip(items, sources, starts) if n and src != slot]
+        if copies:
+            self._copy_prefixes(copies)
+        suffix_lengths = [len(tokens) - n for (_, tokens), n in zip(items, starts)]
+        self.stats["prefill_tokens"] += sum(suffix_lengths)
+        self.stats["reused_tokens"] += sum(starts)
+        out = torch.empty(len(items), self.model.args.vocab_size, device=device)
+        for group in self._prefill_groups(list(range(len(items))), suffix_lengths):
+            tokens = self._padded([items[j][1][starts[j] :] for j in group])
+            rows = torch.tensor([items[j][0] for j in group], device=device)
+            last = torch.tensor([suffix_lengths[j] - 1 for j in group], device=device)
+            group_starts = [starts[j] for j in group]
+            logits = self.model.forward_full(tokens, cache=self.cache, cache_rows=rows, logit_index=last,
+                                             starts=group_starts if any(group_starts) else None)  # fmt: skip
+            out[group] = logits
+        return out
+
+    def _copy_prefixes(self, copies: list[tuple[int, int, int]]) -> None:
+        """Copy positions ``0..n-1`` of slot ``src`` into slot ``dst`` for every (src, dst, n), all layers.
+
+        All sources are read before any destination is written, so a slot may be both.
+        """
+        device = self.model.device
+        src = torch.tensor([c[0] for c in copies], device=device)
+        dst = torch.tensor([c[1] for c in copies], device=device)
+        width = max(c[2] for c in copies)  # positions past a row's own n are junk it overwrites or never reads
+        for layer in self.cache.keys + self.cache.values:
+            block = layer.index_select(0, src)[:, :, :width]  # [n, Hkv, width, D] (a copy)
+            layer[:, :, :width].index_copy_(0, dst, block)
 
     # ----------------------------------------------------------------------------- steps
     def _padded(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -123,31 +272,40 @@ class Generator:
 
     @torch.inference_mode()
     def _prefill(self, admitted: list[tuple[int, Request]], slots: list[_Row | None]) -> Iterator[Event]:
-        lengths = [len(r.prompt) for _, r in admitted]
-        for group in self._prefill_groups(list(range(len(admitted))), lengths):
-            tokens = self._padded([admitted[j][1].prompt for j in group])
-            rows = torch.tensor([admitted[j][0] for j in group], device=self.model.device)
-            last = torch.tensor([lengths[j] - 1 for j in group], device=self.model.device)
-            logits = self.model.forward_full(tokens, cache=self.cache, cache_rows=rows, logit_index=last)  # [b, V]
-            new_rows = []
-            for j in group:
-                slot, request = admitted[j]
-                slots[slot] = _Row(request, request.params.make_generator(), grammar=self._start_grammar(request))
-                new_rows.append((slot, slots[slot]))
-            yield from self._advance_all(new_rows, logits, slots)
+        if self.share_prefixes:
+            shared = self._shared_prefixes(admitted)
+            if shared:
+                self._fill(shared)
+                for slot, prefix in shared:  # the slot now holds the prefix (a row that generated nothing)
+                    self._resident[slot] = _Row(Request(-1, prefix, admitted[0][1].params), None)
+        logits = self._fill([(slot, request.prompt) for slot, request in admitted])  # [n, V]
+        new_rows = []
+        for slot, request in admitted:
+            row = _Row(request, request.params.make_generator(), grammar=self._start_grammar(request))
+            slots[slot] = self._resident[slot] = row
+            new_rows.append((slot, row))
+        yield from self._advance_all(new_rows, logits, slots)
 
     @torch.inference_mode()
     def _decode(self, slots: list[_Row | None], width: int) -> Iterator[Event]:
-        tokens = torch.zeros(width, dtype=torch.long)
-        positions = torch.zeros(width, dtype=torch.long)
-        for i in range(width):
-            row = slots[i]
-            if row is not None:
-                tokens[i] = row.tokens[-1]
-                positions[i] = row.position
-        device = self.model.device
-        logits = self.model.forward_decode(tokens.to(device), positions.to(device), self.cache)  # [W, V]
         live = [i for i in range(width) if slots[i] is not None]
+        live_positions = [slots[i].position for i in live]  # type: ignore[union-attr]
+        low, high = min(live_positions), max(live_positions)
+        tokens = [0] * width
+        positions = [high] * width  # free slots inside the width compute a junk row at the top position
+        for i, pos in zip(live, live_positions):
+            tokens[i] = slots[i].tokens[-1]  # type: ignore[union-attr]
+            positions[i] = pos
+        if len(live) < width:
+            for i in range(width):
+                resident = self._resident[i]
+                if slots[i] is None and resident is not None:  # the junk row overwrites position `high`
+                    resident.cap = min(high, resident.cap if resident.cap is not None else high)
+        device = self.model.device
+        logits = self.model.forward_decode(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
+                                           self.cache, span=(low, high))  # [W, V]  # fmt: skip
+        for i in live:
+            slots[i].fed += 1  # type: ignore[union-attr]
         yield from self._advance_all([(i, slots[i]) for i in live], logits[live] if len(live) < width else logits,
                                      slots)  # fmt: skip
 
@@ -252,3 +410,25 @@ class Generator:
         for t, lp in zip(top_tokens, values):
             top_map.setdefault(self.decode_text([t]), lp)
         return TokenLogprob(token, self.decode_text([token]), float(logp[token]), top_map, top_tokens)
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (at most ``limit``).
+
+    Binary search over slice comparisons: each comparison runs in C, so long prompts cost microseconds.
+    """
+    hi = min(len(a), len(b))
+    if limit is not None:
+        hi = min(hi, limit)
+    if hi <= 0 or a[0] != b[0]:
+        return 0
+    a, b = list(a[:hi]), list(b[:hi])
+    if a == b:
+        return hi
+    lo = 1  # a[:lo] == b[:lo] holds; a[:hi] == b[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

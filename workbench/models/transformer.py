@@ -57,6 +57,9 @@ class StepContext:
     cache: KVCache | None
     cache_rows: torch.Tensor | None  # [B] cache slots written by a full pass
     decode: bool
+    kv_len: int = 0  # keys read from the cache: positions 0..kv_len-1 (decode and extend)
+    local_start: int = 0  # chunked layers read keys local_start..kv_len-1 only (decode)
+    extend: bool = False  # rows continue after per-row cached prefixes (positions hold the offsets)
 
 
 class Attention(nn.Module):
@@ -92,7 +95,8 @@ class Attention(nn.Module):
         q = xq.transpose(1, 2)  # [B, Hq, T, D]
         k = xk.transpose(1, 2)  # [B, Hkv, T, D]
         v = xv.transpose(1, 2)  # [B, Hkv, T, D]
-        mask = ctx.global_mask if (not self.use_rope or ctx.local_mask is None) else ctx.local_mask
+        local = self.use_rope and ctx.local_mask is not None
+        mask = ctx.local_mask if local else ctx.global_mask
         if ctx.cache is not None:
             cache_k, cache_v = ctx.cache.keys[self.layer_id], ctx.cache.values[self.layer_id]
             if ctx.decode:
@@ -100,9 +104,17 @@ class Attention(nn.Module):
                 pos = ctx.positions[:, 0]
                 cache_k[rows, :, pos] = k[:, :, 0].to(cache_k.dtype)
                 cache_v[rows, :, pos] = v[:, :, 0].to(cache_v.dtype)
-                kv_len = mask.shape[-1]
-                k = cache_k[:bsz, :, :kv_len].to(q.dtype)  # [B, Hkv, S, D]
-                v = cache_v[:bsz, :, :kv_len].to(q.dtype)
+                start = ctx.local_start if local else 0  # chunked layers: only keys some row's chunk holds
+                k = cache_k[:bsz, :, start : ctx.kv_len].to(q.dtype)  # [B, Hkv, S, D]
+                v = cache_v[:bsz, :, start : ctx.kv_len].to(q.dtype)
+            elif ctx.extend:
+                assert ctx.cache_rows is not None
+                slot = ctx.cache_rows[:, None]  # [B, 1]
+                pos = ctx.positions.clamp(max=cache_k.shape[2] - 1)  # [B, T]; padding past the end lands on junk
+                cache_k[slot, :, pos] = xk.to(cache_k.dtype)  # [B, T, Hkv, D] into each row's own slot
+                cache_v[slot, :, pos] = xv.to(cache_v.dtype)
+                k = cache_k.index_select(0, ctx.cache_rows)[:, :, : ctx.kv_len].to(q.dtype)  # [B, Hkv, S, D]
+                v = cache_v.index_select(0, ctx.cache_rows)[:, :, : ctx.kv_len].to(q.dtype)
             else:
                 assert ctx.cache_rows is not None
                 cache_k[:, :, :seqlen].index_copy_(0, ctx.cache_rows, k.to(cache_k.dtype))
@@ -134,6 +146,19 @@ class FeedForward(nn.Module):
         return F.linear(hidden, self.w2.weight)
 
 
+_GROUPED_MM = hasattr(torch, "_grouped_mm")
+
+
+def _grouped_ok(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """torch's grouped matmul wants float32/bfloat16 rows whose byte strides are multiples of 16."""
+    if x.dtype not in (torch.float32, torch.bfloat16) or any(w.dtype != x.dtype for w in weights):
+        return False
+    if x.device.type == "cuda" and not torch.cuda.get_device_capability(x.device) >= (9, 0):
+        return False
+    align = 16 // x.element_size()
+    return all(w.shape[-1] % align == 0 and w.shape[-2] % align == 0 for w in weights)
+
+
 class Experts(nn.Module):
     """Routed experts as stacked weights: w1/w3 [E, D, F/mp], w2 [E, F/mp, D] (Meta's layout)."""
 
@@ -149,6 +174,19 @@ class Experts(nn.Module):
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on its routed (already gate-scaled) tokens ``x`` [n, D]."""
         return (F.silu(x @ self.w1[e]) * (x @ self.w3[e])) @ self.w2[e]
+
+    def grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor | None:
+        """All experts in three grouped matmuls: ``x`` [n, D] sorted by expert, ``counts`` [E] rows each.
+
+        The work grows with the routed tokens, not with the number of experts: each expert's weights
+        are read only when it got tokens, and no per-expert Python loop or host sync runs.  Returns
+        None where torch has no grouped-matmul kernel for these tensors (the caller loops instead).
+        """
+        if not _GROUPED_MM or not _grouped_ok(x, self.w1, self.w2):
+            return None
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # [E] end row of each expert's group
+        hidden = F.silu(torch._grouped_mm(x, self.w1, offs=offsets)) * torch._grouped_mm(x, self.w3, offs=offsets)
+        return torch._grouped_mm(hidden, self.w2, offs=offsets)  # [n, D]
 
 
 class MoE(nn.Module):
@@ -173,15 +211,19 @@ class MoE(nn.Module):
         out_aD = self.shared_expert(x_aD)  # [A, D]
         flat_experts = top_experts.flatten()  # [A*K]
         order = torch.argsort(flat_experts, stable=True)  # assignments grouped by expert
-        counts = torch.bincount(flat_experts, minlength=self.experts.num_experts).tolist()
+        counts = torch.bincount(flat_experts, minlength=self.experts.num_experts)  # [E]
         routed_in = x_aD[order // self.top_k] * gates.flatten()[order, None]  # [A*K, D]
-        pieces = []
-        start = 0
-        for e, count in enumerate(counts):
-            if count:
-                pieces.append(self.experts.expert(e, routed_in[start : start + count]))
-                start += count
-        routed_out = torch.cat(pieces)[torch.argsort(order)]  # [A*K, D] back in (token, k) order
+        grouped = getattr(self.experts, "grouped", None)
+        routed_sorted = grouped(routed_in, counts) if grouped is not None else None
+        if routed_sorted is None:  # quantized experts, or no grouped kernel: one call per used expert
+            pieces = []
+            start = 0
+            for e, count in enumerate(counts.tolist()):
+                if count:
+                    pieces.append(self.experts.expert(e, routed_in[start : start + count]))
+                    start += count
+            routed_sorted = torch.cat(pieces)
+        routed_out = torch.empty_like(routed_sorted).index_copy_(0, order, routed_sorted)  # [A*K, D] (token, k) order
         out_aD = out_aD + routed_out.view(-1, self.top_k, dim).sum(dim=1)
         return reduce_from_model_parallel_region(out_aD).view(bsz, seqlen, dim)
 
@@ -251,6 +293,27 @@ class Transformer(nn.Module):
         scales = torch.log(torch.floor((pos + 1.0) / self.args.floor_scale) + 1.0) * self.args.attn_scale + 1.0
         return scales[:, :, None, None]  # [B, T, 1, 1]
 
+    def _extend_context(self, tokens: torch.Tensor, starts: list[int], cache: KVCache,
+                        cache_rows: torch.Tensor) -> StepContext:  # fmt: skip
+        """Masks and positions for rows that continue cached prefixes of lengths ``starts``."""
+        bsz, seqlen = tokens.shape
+        device = tokens.device
+        offsets = torch.tensor(starts, device=device)[:, None]  # [B, 1]
+        positions = offsets + torch.arange(seqlen, device=device)[None, :]  # [B, T]
+        kv_len = min(max(starts) + seqlen, cache.seq_len)
+        cos, sin = self._rope(positions.clamp(max=self.max_seq_len))
+        key_pos = torch.arange(kv_len, device=device)[None, None, :]  # [1, 1, S]
+        # Padding queries past the cache end are masked as if at its last position: no all-masked rows
+        # (they would turn into NaN keys/values, and NaN times a zero attention weight is still NaN).
+        query_pos = positions.clamp(max=kv_len - 1)[:, :, None]  # [B, T, 1]
+        causal = key_pos <= query_pos  # [B, T, S]
+        local_mask = None
+        chunk = self.args.attention_chunk_size
+        if chunk is not None and kv_len > chunk:
+            local_mask = (causal & (key_pos // chunk == query_pos // chunk))[:, None]  # [B, 1, T, S]
+        return StepContext(positions, cos, sin, causal[:, None], local_mask, self._temperature(positions), cache,
+                           cache_rows, decode=False, kv_len=kv_len, extend=True)  # fmt: skip
+
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.output(self.norm(h)).float()
 
@@ -308,26 +371,33 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def forward_full(self, tokens: torch.Tensor, *, cache: KVCache | None = None,
                      cache_rows: torch.Tensor | None = None, logit_index: torch.Tensor | None = None,
-                     images: Sequence[torch.Tensor | None] | None = None,
-                     image_token: int | None = None) -> torch.Tensor:  # fmt: skip
+                     images: Sequence[torch.Tensor | None] | None = None, image_token: int | None = None,
+                     starts: list[int] | None = None) -> torch.Tensor:  # fmt: skip
         """Whole sequences from position 0: ``tokens`` [B, T] -> float32 logits [B, T, V].
 
         With ``cache`` the keys/values are written to cache slots ``cache_rows`` [B] (prefill).
-        With ``logit_index`` [B] only the logits at those positions are computed: [B, V].
+        With ``starts`` (one int per row) row ``b`` continues a prefix whose keys/values slot
+        ``cache_rows[b]`` already holds at positions ``0..starts[b]-1``: its tokens sit at positions
+        ``starts[b]..`` and attend to that prefix (shared-prefix prefill computes only the suffixes).
+        With ``logit_index`` [B] only the logits at those (row-relative) positions are computed: [B, V].
         With ``images`` (per row: all its image tiles [n, 3, T, T] in prompt order, or None) the embeddings at
         the row's ``image_token`` (``<|patch|>``) positions are replaced by the encoded images.
         """
         bsz, seqlen = tokens.shape
-        positions = torch.arange(seqlen, device=tokens.device).expand(bsz, seqlen)  # [B, T]
-        cos, sin = self._rope(positions)
-        local_mask = None
-        chunk = self.args.attention_chunk_size
-        if chunk is not None and seqlen > chunk:
-            idx = torch.arange(seqlen, device=tokens.device)
-            local_mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] // chunk == idx[:, None] // chunk)
-            local_mask = local_mask[None, None]  # [1, 1, T, T]
-        ctx = StepContext(positions, cos, sin, None, local_mask, self._temperature(positions), cache, cache_rows,
-                          decode=False)  # fmt: skip
+        if starts is not None and max(starts) > 0:
+            assert cache is not None and cache_rows is not None, "starts need the cache holding the prefixes"
+            ctx = self._extend_context(tokens, starts, cache, cache_rows)
+        else:
+            positions = torch.arange(seqlen, device=tokens.device).expand(bsz, seqlen)  # [B, T]
+            cos, sin = self._rope(positions)
+            local_mask = None
+            chunk = self.args.attention_chunk_size
+            if chunk is not None and seqlen > chunk:
+                idx = torch.arange(seqlen, device=tokens.device)
+                local_mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] // chunk == idx[:, None] // chunk)
+                local_mask = local_mask[None, None]  # [1, 1, T, T]
+            ctx = StepContext(positions, cos, sin, None, local_mask, self._temperature(positions), cache, cache_rows,
+                              decode=False)  # fmt: skip
         h = self.tok_embeddings(tokens)  # [B, T, D]
         if images is not None and any(tiles is not None for tiles in images):
             assert image_token is not None, "images need the <|patch|> token id"
@@ -340,24 +410,52 @@ class Transformer(nn.Module):
         return self._logits(h)  # [B, T, V]
 
     @torch.inference_mode()
-    def forward_decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One token per cache slot 0..B-1: ``tokens``/``positions`` [B] -> float32 logits [B, V]."""
+    def forward_decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                       span: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
+        """One token per cache slot 0..B-1: ``tokens``/``positions`` [B] -> float32 logits [B, V].
+
+        ``span`` is (lowest, highest) position when the caller knows it (saves a device-to-host read);
+        attention reads keys up to the highest live position only.
+        """
+        if span is None:
+            host = positions.tolist()
+            span = (min(host), max(host))
+        low, high = span
+        kv_len = high + 1  # no row needs keys past the furthest live position
         positions = positions[:, None]  # [B, 1]
         cos, sin = self._rope(positions)
-        kv_len = int(positions.max()) + 1
         key_pos = torch.arange(kv_len, device=tokens.device)[None, :]  # [1, S]
-        global_mask = (key_pos <= positions)[:, None, None, :]  # [B, 1, 1, S]
-        local_mask = None
+        # Rows at one common position need no mask at all (keys 0..kv_len-1 are exactly theirs).
+        global_mask = None if low == high else (key_pos <= positions)[:, None, None, :]  # [B, 1, 1, S]
+        local_mask, local_start = None, 0
         chunk = self.args.attention_chunk_size
         if chunk is not None and kv_len > chunk:
+            local_start = low - low % chunk  # keys before the earliest row's chunk are never read
             chunk_start = positions - positions % chunk  # [B, 1]
-            local_mask = ((key_pos <= positions) & (key_pos >= chunk_start))[:, None, None, :]
+            local_pos = key_pos[:, local_start:]
+            local_mask = ((local_pos <= positions) & (local_pos >= chunk_start))[:, None, None, :]  # [B, 1, 1, S']
         ctx = StepContext(positions, cos, sin, global_mask, local_mask, self._temperature(positions), cache, None,
-                          decode=True)  # fmt: skip
+                          decode=True, kv_len=kv_len, local_start=local_start)  # fmt: skip
         h = self.tok_embeddings(tokens[:, None])  # [B, 1, D]
         for layer in self.layers:
             h = layer(h, ctx)
         return self._logits(h)[:, 0]  # [B, V]
+
+    def use_fast_layouts(self) -> None:
+        """Store tall float weights (out >= 2 x in: the output projection, w1/w3) column-major on CPU.
+
+        Same values, same shapes and names; only the memory order changes.  MKL streams a matrix-vector
+        or skinny product over a column-major ``[out, in]`` weight (a contiguous ``[in, out]``) about
+        twice as fast as over a row-major one — and decode is exactly such products.
+        """
+        if self.device.type != "cpu":
+            return
+        for module in self.modules():
+            weight = getattr(module, "weight", None)
+            if not isinstance(module, (ColumnParallel, RowParallel)) or not isinstance(weight, nn.Parameter):
+                continue
+            if weight.is_floating_point() and weight.is_contiguous() and weight.shape[0] >= 2 * weight.shape[1]:
+                module.weight = nn.Parameter(weight.t().contiguous().t(), requires_grad=False)
 
     def parameter_count(self) -> int:
         """Weights of the whole model (all ranks); quantized modules count the weights they stand for."""

@@ -1,0 +1,167 @@
+"""The faster paths give the same tokens as the plain ones: shared-prefix prefill, grouped MoE experts.
+
+Shared prefixes are checked against the same engine with reuse turned off, prompt by prompt (greedy,
+so any difference in the reused keys/values beyond float rounding would show as different tokens),
+across prefix/suffix shapes, waves through few slots, slot reuse across calls and multi-turn growth;
+on Llama 3 and on Llama 4 (chunked attention: prefixes ending before, at and after a chunk boundary).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from workbench.distributed import ensure_model_parallel
+from workbench.factory import TINY_LLAMA4
+from workbench.generation.generator import MIN_SHARED_PREFIX, common_prefix
+from workbench.models.args import ModelArgs
+from workbench.models.transformer import MoE
+from workbench.session import build_engine, resolve_settings
+
+MAX_TOKENS = 6
+
+
+def _engine(ckpt, max_batch_size=8):
+    return build_engine(resolve_settings(ckpt, max_batch_size=max_batch_size, max_seq_len=256))
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1000, 60000) for _ in range(n)]
+
+
+def _alone(engine, prompts):
+    """Each prompt by itself with prefix reuse off: the tokens every shared run must reproduce."""
+    gen = engine._runner.generator
+    gen.share_prefixes = False
+    try:
+        return [engine.completion(p, max_tokens=MAX_TOKENS).tokens for p in prompts]
+    finally:
+        gen.share_prefixes = True
+        gen.forget_prefixes()
+
+
+def _shared(engine, prompts):
+    gen = engine._runner.generator
+    before = gen.stats["reused_tokens"]
+    rows = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
+    return rows, gen.stats["reused_tokens"] - before
+
+
+@pytest.fixture(scope="module")
+def engines(llama3_dir, llama4_dir):
+    return {"llama3": _engine(llama3_dir), "llama4": _engine(llama4_dir)}
+
+
+# Prefix lengths around Llama 4's 32-token chunk (16 = shortest reused prefix), suffixes from 1 token.
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("family", ["llama3", "llama4"])
+@pytest.mark.parametrize("prefix_len", [16, 31, 32, 33, 70])
+def test_shared_prefix_rows_equal_unshared_rows(engines, family, prefix_len):
+    engine = engines[family]
+    engine._runner.generator.forget_prefixes()
+    rng = random.Random(prefix_len)
+    prefix = [engine.tokenizer.bos_id] + _ids(rng, prefix_len - 1)
+    suffix_lengths = [1, 2, 5, 17, 40]
+    prompts = [prefix + _ids(rng, n) for n in suffix_lengths] + [_ids(rng, 12)]  # one row shares nothing
+    rows, reused = _shared(engine, prompts)
+    assert reused >= (len(suffix_lengths) - 1) * prefix_len  # the prefix was computed once, copied to the rest
+    assert rows == _alone(engine, prompts)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("family", ["llama3", "llama4"])
+def test_nested_prefixes_and_prompt_that_is_a_prefix(engines, family):
+    engine = engines[family]
+    engine._runner.generator.forget_prefixes()
+    rng = random.Random(7)
+    system = [engine.tokenizer.bos_id] + _ids(rng, 35)
+    few_shot = system + _ids(rng, 30)
+    prompts = [system, system + [rng.randrange(1000, 60000)], few_shot, few_shot + _ids(rng, 3),
+               few_shot + _ids(rng, 45), system + _ids(rng, 20)]  # fmt: skip
+    rows, reused = _shared(engine, prompts)
+    assert reused > 0
+    assert rows == _alone(engine, prompts)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("family", ["llama3", "llama4"])
+def test_waves_and_slot_reuse_across_calls(llama3_dir, llama4_dir, family):
+    engine = _engine(llama3_dir if family == "llama3" else llama4_dir, max_batch_size=3)
+    rng = random.Random(11)
+    prefix = [engine.tokenizer.bos_id] + _ids(rng, 44)
+    prompts = [prefix + _ids(rng, 1 + 7 * i) for i in range(8)]  # 8 prompts through 3 slots: 3+ waves
+    first, reused_first = _shared(engine, prompts)
+    assert reused_first > 0  # later waves copy the prefix left in a slot by an earlier wave
+    # A second call finds the prefix (and whole prompts) resident in slots written by the first call.
+    second, reused_second = _shared(engine, list(reversed(prompts)))
+    assert reused_second >= 3 * len(prefix)
+    expected = _alone(engine, prompts)
+    assert first == expected
+    assert second == list(reversed(expected))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("family", ["llama3", "llama4"])
+def test_multi_turn_prompt_extends_previous_turn(engines, family):
+    """A tool loop's next prompt is the previous prompt + reply + more: only the new part is computed."""
+    engine = engines[family]
+    engine._runner.generator.forget_prefixes()
+    rng = random.Random(5)
+    dialogs = [[engine.tokenizer.bos_id] + _ids(rng, 20 + 9 * i) for i in range(3)]
+    turns = []
+    for _ in range(3):
+        rows, reused = _shared(engine, dialogs)
+        turns.append((list(dialogs), rows, reused))
+        dialogs = [d + r + _ids(rng, 4) for d, r in zip(dialogs, rows)]
+    assert all(reused >= sum(len(d) for d in prev) for (_, _, reused), (prev, _, _) in zip(turns[1:], turns))
+    for prompts, rows, _ in turns:
+        assert rows == _alone(engine, prompts)
+
+
+def test_shared_prefixes_respect_sampling_seeds(engines):
+    """Reuse changes where keys/values come from, never the per-row random streams."""
+    engine = engines["llama3"]
+    rng = random.Random(3)
+    prefix = [engine.tokenizer.bos_id] + _ids(rng, 40)
+    prompts = [prefix + _ids(rng, n) for n in (2, 9, 30)]
+    kw = dict(max_tokens=MAX_TOKENS, temperature=0.9, top_k=50, seed=1234)
+    shared = [r.tokens for r in engine.batch_completion(prompts, **kw)]
+    engine._runner.generator.share_prefixes = False
+    try:
+        alone = [engine.completion(p, **kw).tokens for p in prompts]
+    finally:
+        engine._runner.generator.share_prefixes = True
+    assert shared == alone
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "limit", "expected"),
+    [([1, 2, 3], [1, 2, 4], None, 2), ([1, 2, 3], [1, 2, 3], None, 3), ([1, 2, 3], [1, 2, 3], 2, 2),
+     ([5], [1], None, 0), ([], [1], None, 0), (list(range(100)), list(range(57)) + [0], None, 57)],
+)  # fmt: skip
+def test_common_prefix(a, b, limit, expected):
+    assert common_prefix(a, b, limit) == expected
+    assert MIN_SHARED_PREFIX >= 1
+
+
+# --------------------------------------------------------------------------------------------- MoE
+@pytest.mark.parametrize(("num_experts", "top_k"), [(4, 1), (16, 1), (16, 2), (64, 1)])
+def test_grouped_experts_equal_per_expert_loop(num_experts, top_k):
+    """The grouped-matmul MoE path gives the per-expert loop's results (decode- and prefill-sized inputs)."""
+    ensure_model_parallel(1)
+    params = {**TINY_LLAMA4, "moe_args": {**TINY_LLAMA4["moe_args"], "num_experts": num_experts, "top_k": top_k}}
+    args = ModelArgs.from_dict(params, source="test")
+    moe = MoE(args, device="cpu", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(num_experts)
+    for p in moe.parameters():
+        p.data = torch.randn(p.shape, generator=gen) / p.shape[-2] ** 0.5
+    assert moe.experts.grouped(torch.zeros(3, args.dim), torch.tensor([3] + [0] * (num_experts - 1))) is not None
+    for tokens in (1, 5, 200):
+        x = torch.randn(2, tokens, args.dim, generator=gen)
+        grouped = moe(x)
+        moe.experts.grouped = lambda *_: None  # force the per-expert loop
+        looped = moe(x)
+        del moe.experts.grouped
+        torch.testing.assert_close(grouped, looped, rtol=1e-5, atol=1e-5)
