@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -260,6 +261,7 @@ class Transformer(nn.Module):
         self._rope_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         # Vision weights (``vision_embeddings``, ``vision_projection``) are attached on first use: see attach_vision.
         self.vision_loader: Callable[[], nn.Module] | None = None
+        self._decode_compiled: Any = None  # set by compile_decode()
 
     # ----------------------------------------------------------------------------- helpers
     @property
@@ -434,12 +436,25 @@ class Transformer(nn.Module):
             chunk_start = positions - positions % chunk  # [B, 1]
             local_pos = key_pos[:, local_start:]
             local_mask = ((local_pos <= positions) & (local_pos >= chunk_start))[:, None, None, :]  # [B, 1, 1, S']
+        step = self._decode_compiled if self._decode_compiled is not None else self._decode_layers
+        return step(tokens, positions, cos, sin, global_mask, local_mask, cache, kv_len, local_start)
+
+    def _decode_layers(self, tokens: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       global_mask: torch.Tensor | None, local_mask: torch.Tensor | None, cache: KVCache, kv_len: int,
+                       local_start: int) -> torch.Tensor:  # fmt: skip
+        """The arithmetic of one decode step (what ``compile_decode`` compiles): logits [B, V]."""
         ctx = StepContext(positions, cos, sin, global_mask, local_mask, self._temperature(positions), cache, None,
                           decode=True, kv_len=kv_len, local_start=local_start)  # fmt: skip
         h = self.tok_embeddings(tokens[:, None])  # [B, 1, D]
         for layer in self.layers:
             h = layer(h, ctx)
         return self._logits(h)[:, 0]  # [B, V]
+
+    def compile_decode(self) -> None:
+        """Run decode steps through ``torch.compile`` (inductor; dynamic shapes, so the batch width and
+        the attended key span vary without recompiling).  Compiles lazily on the first decode steps: one
+        graph without and one with an attention mask (plus the chunked-layer variant)."""
+        self._decode_compiled = torch.compile(self._decode_layers, dynamic=True)
 
     def use_fast_layouts(self) -> None:
         """Store tall float weights (out >= 2 x in: the output projection, w1/w3) column-major on CPU.
