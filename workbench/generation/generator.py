@@ -197,6 +197,8 @@ class Generator:
 
         Each item starts from the longest prefix any slot holds (copied into its own slot when it
         lives elsewhere); only the remaining tokens are computed, batched in groups of similar length.
+        Reuse compares token ids only: a row whose prompt embeds something beyond its ids (image patch
+        embeddings) must not reuse or lend positions from its first such token on.
         """
         device = self.model.device
         starts = [0] * len(items)
