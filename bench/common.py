@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 from workbench.factory import SMALL_LLAMA3, TINY_LLAMA3, TINY_LLAMA4, cache_root, write_checkpoint
@@ -47,3 +49,14 @@ def median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def clock() -> float:
+    """CPU seconds of the calling thread (``time.thread_time``): the benchmarks' clock.
+
+    With ``OMP_NUM_THREADS=1`` every contender computes on the calling thread, so its CPU time equals
+    its wall time on an idle machine — and, unlike wall time, stays meaningful on a shared machine
+    where the benchmark is preempted for long stretches (it still includes cache and memory
+    contention from the other jobs).  ``BENCH_CLOCK=wall`` switches to ``time.perf_counter``.
+    """
+    return time.thread_time() if os.environ.get("BENCH_CLOCK", "cpu") == "cpu" else time.perf_counter()

@@ -7,6 +7,8 @@ proportional to routed tokens); ``loop`` is the per-expert loop it replaced (one
 expert that got tokens, with a host sync for the counts).  Medians of interleaved repeats; prints a
 table, the 64-vs-4-expert ratios and one JSON line.
 
+Times are CPU seconds of the benchmark thread (``common.clock``; ``BENCH_CLOCK=wall`` for wall time).
+
     python bench/moe.py [--dim 256] [--hidden 512] [--repeats 15]
 """
 
@@ -15,9 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
+from common import clock
 
 from workbench.distributed import ensure_model_parallel
 from workbench.factory import TINY_LLAMA4
@@ -57,9 +59,9 @@ def main() -> None:
                 for path in ("grouped", "loop"):
                     if path == "loop":
                         layer.experts.grouped = lambda *_: None  # type: ignore[method-assign]
-                    start = time.perf_counter()
+                    start = clock()
                     layer(x)
-                    times.setdefault((path, e, n), []).append(time.perf_counter() - start)
+                    times.setdefault((path, e, n), []).append(clock() - start)
                     if path == "loop":
                         del layer.experts.grouped
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}

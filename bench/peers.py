@@ -19,6 +19,8 @@ prompt with 6 tool definitions, 32 new tokens, batch 16 — plus workbench's pre
 without shared-prefix reuse.  Models: ``bench/common.py:PEER_MODELS``.  Prints a table per model and
 one JSON line.
 
+Times are CPU seconds of the benchmark thread (``common.clock``; ``BENCH_CLOCK=wall`` for wall time).
+
     OMP_NUM_THREADS=1 python bench/peers.py [--models llama3-d256,llama3-d1024,llama4-moe16]
                                             [--workloads a16,a64,b,c] [--repeats 3] [--ref-prompts 16]
 """
@@ -31,13 +33,12 @@ import json
 import os
 import random
 import threading
-import time
 from collections.abc import Callable
 from functools import partial
 
 import contenders
 import torch
-from common import PEER_MODELS, median, peer_model_dir
+from common import PEER_MODELS, clock, median, peer_model_dir
 
 import workbench as wb
 
@@ -148,9 +149,9 @@ def measure(runs: dict[str, tuple[Callable, list[list[int]]]], max_tokens: int, 
         for name, (run, prompts) in runs.items():
             gc.collect()
             with PeakRSS() as rss:
-                start = time.perf_counter()
+                start = clock()
                 outputs[name] = run(prompts, max_tokens)
-                seconds[name].append(time.perf_counter() - start)
+                seconds[name].append(clock() - start)
             memory[name] = max(memory.get(name, 0), rss.extra)
     first = next(iter(outputs))
     out = {}
@@ -166,12 +167,13 @@ def measure(runs: dict[str, tuple[Callable, list[list[int]]]], max_tokens: int, 
 
 
 # --------------------------------------------------------------------------------------------- main
-def bench_model(name: str, workloads: list[str], repeats: int, ref_prompts: int, n_prompts: int = 64) -> dict:
+def bench_model(name: str, workloads: list[str], repeats: int, ref_prompts: int, n_prompts: int = 64,
+                peers: tuple[str, ...] = ("transformers", "reference")) -> dict:  # fmt: skip
     ckpt = peer_model_dir(name)
     llama4 = PEER_MODELS[name].get("moe_args") is not None
     results: dict[str, dict] = {}
-    ref = contenders.reference_model(ckpt, max_batch_size=64, max_seq_len=MAX_SEQ_LEN)
-    hf = None if llama4 else contenders.hf_llama(ckpt, MAX_SEQ_LEN)
+    ref = contenders.reference_model(ckpt, 64, MAX_SEQ_LEN) if "reference" in peers else None
+    hf = contenders.hf_llama(ckpt, MAX_SEQ_LEN) if "transformers" in peers and not llama4 else None
     for work in workloads:
         batch = {"a16": 16, "a64": 64, "b": 1, "c": 16}[work]
         engine = wb.load(ckpt, max_batch_size=batch, max_seq_len=MAX_SEQ_LEN)
@@ -185,7 +187,7 @@ def bench_model(name: str, workloads: list[str], repeats: int, ref_prompts: int,
             runs["workbench_no_reuse"] = (workbench_runner(engine, share=False), prompts)
         if hf is not None:
             runs["transformers"] = (batched(partial(contenders.hf_generate, hf), batch), prompts)
-        if work != "a64":  # the reference prefills token by token: batch 64 of the long prompts takes too long
+        if ref is not None and work != "a64":  # token-by-token prefill: batch 64 of long prompts takes too long
             runs["reference"] = (batched(partial(contenders.reference_generate, ref), batch), prompts[:ref_prompts])
         for warm in runs.values():  # warm-up: first calls allocate and pick kernels
             warm[0](prompts[:2] if batch > 1 else prompts, 2)
@@ -237,11 +239,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ref-prompts", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=64, help="prompts of workloads a and c (64 in the issue)")
+    parser.add_argument("--peers", default="transformers,reference", help="peers to run beside workbench ('' = none)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, float32, CPU")
     summary = {}
     for name in args.models.split(","):
-        summary[name] = bench_model(name, args.workloads.split(","), args.repeats, args.ref_prompts, args.prompts)
+        summary[name] = bench_model(name, args.workloads.split(","), args.repeats, args.ref_prompts, args.prompts,
+                                    tuple(p for p in args.peers.split(",") if p))  # fmt: skip
     print(json.dumps({"bench": "peers", "threads": torch.get_num_threads(), "repeats": args.repeats,
                       "prompts": args.prompts,
                       "results": _rounded(summary)}))  # fmt: skip

@@ -8,6 +8,8 @@ second, median of repeats), counts the bytes each step must read from the loaded
 tensors (quantized ones at their stored size), times decode (128 new tokens after a 32-token prompt,
 minus the prefill measured alone, stop tokens ignored) and reports achieved / limit.
 
+Times are CPU seconds of the benchmark thread (``common.clock``; ``BENCH_CLOCK=wall`` for wall time).
+
     python bench/roofline.py [--models llama3-d256,llama3-d1024,llama4-moe16] [--modes none,bf16,fp8_mixed,int4_mixed]
 """
 
@@ -15,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
-from common import PEER_MODELS, median, peer_model_dir
+from common import PEER_MODELS, clock, median, peer_model_dir
 
 import workbench as wb
 
@@ -33,9 +34,9 @@ def copy_bandwidth(mib: int = 512, repeats: int = 7) -> float:
     dst.copy_(src)
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         dst.copy_(src)
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return 2 * src.numel() * 4 / median(times)
 
 
@@ -63,12 +64,12 @@ def decode_seconds(engine: wb.Engine, prompt: list[int]) -> float:
     engine.completion(prompt, max_tokens=4)  # warm-up
     steps = []
     for _ in range(3):
-        start = time.perf_counter()
+        start = clock()
         engine.completion(prompt, max_tokens=1)
-        prefill = time.perf_counter() - start
-        start = time.perf_counter()
+        prefill = clock() - start
+        start = clock()
         engine.completion(prompt, max_tokens=NEW_TOKENS)
-        steps.append((time.perf_counter() - start - prefill) / (NEW_TOKENS - 1))
+        steps.append((clock() - start - prefill) / (NEW_TOKENS - 1))
     return median(steps)
 
 

@@ -166,16 +166,3 @@ def test_grouped_experts_equal_per_expert_loop(num_experts, top_k):
         del moe.experts.grouped
         torch.testing.assert_close(grouped, looped, rtol=1e-5, atol=1e-5)
 
-
-# --------------------------------------------------------------------------------------------- compiled decode
-@pytest.mark.timeout(1800)
-def test_compiled_decode_equals_eager(llama4_dir, engines):
-    """``compile=True`` runs decode through torch.compile and gives the eager path's tokens (rows at
-    mixed positions, past Llama 4's chunk boundary, one batch and waves through fewer slots)."""
-    compiled = build_engine(resolve_settings(llama4_dir, max_batch_size=3, max_seq_len=256, compile=True))
-    assert compiled.settings.compile and compiled._runner.model._decode_compiled is not None
-    rng = random.Random(2)
-    prompts = [[compiled.tokenizer.bos_id] + _ids(rng, n) for n in (3, 30, 41, 9, 64)]
-    eager = engines["llama4"]
-    expected = [r.tokens for r in eager.batch_completion(prompts, max_tokens=12)]
-    assert [r.tokens for r in compiled.batch_completion(prompts, max_tokens=12)] == expected

@@ -124,7 +124,6 @@ class Settings:
     max_seq_len: int
     model_parallel_size: int  # 0 until check_settings() replaces "auto" by the shard count
     quantization: str | None
-    compile: bool = False  # decode steps through torch.compile (see Transformer.compile_decode)
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
 
     def with_quantization(self, mode: str | None) -> Settings:
@@ -141,7 +140,7 @@ class Settings:
         """
         return (
             str(self.checkpoint_dir), self.model_id, self.device, str(self.dtype), self.max_batch_size,
-            self.max_seq_len, self.model_parallel_size, self.quantization, self.compile,
+            self.max_seq_len, self.model_parallel_size, self.quantization,
         )  # fmt: skip
 
     def source(self, name: str) -> Source:
@@ -333,7 +332,7 @@ def check_entry(name: str, entry: dict[str, Any], path: Path) -> dict[str, tuple
 
 # --------------------------------------------------------------------------------------------- resolution
 LOAD_SETTINGS = ("checkpoint", "model", "device", "dtype", "max_batch_size", "max_seq_len", "model_parallel_size",
-                 "quantization", "compile")
+                 "quantization")
 
 
 def unknown_setting_error(name: str) -> ConfigError:
@@ -361,7 +360,7 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
                      device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                      max_batch_size: int | None = None, max_seq_len: int | None = None,
                      model_parallel_size: int | None = None, quantization: str | None = None,
-                     compile: bool | None = None, environ: Mapping[str, str] | None = None) -> Settings:  # fmt: skip
+                     environ: Mapping[str, str] | None = None) -> Settings:  # fmt: skip
     """Turn ``load`` arguments into concrete Settings: arguments, then environment, then checkpoints.toml,
     then defaults.  ``checkpoint`` is a folder or the name of a checkpoints.toml entry.
 
@@ -437,8 +436,6 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
         ints[name] = fallback if value is None else check_positive_int(
             value, name, sources[name], allow_zero=name == "model_parallel_size")  # fmt: skip
     raw_quant, sources["quantization"] = pick("quantization")
-    if compile is not None and not isinstance(compile, bool):
-        raise _problem("compile", compile, ARGUMENT, "must be True or False")
     return Settings(
         checkpoint_dir=Path(folder).expanduser().resolve(),
         model_id=model_id,
@@ -448,7 +445,6 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
         max_seq_len=ints["max_seq_len"],
         model_parallel_size=ints["model_parallel_size"],
         quantization=check_quantization(raw_quant, "quantization", sources["quantization"]),
-        compile=bool(compile),
         sources=sources,
     )
 

@@ -32,8 +32,6 @@ def load_model_for_rank(settings: Settings, args: ModelArgs, rank: int = 0, *,
     # Called for every mode: a pre-quantized checkpoint's shards hold unscaled fp8 codes that need their scales.
     model = quantize_model(model, settings.quantization, settings=settings, rank=rank)
     model.use_fast_layouts()
-    if settings.compile:
-        model.compile_decode()
     if args.vision_args is not None:
         model.vision_loader = functools.partial(_load_vision, settings, args, rank, model)
     return model

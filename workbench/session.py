@@ -93,7 +93,7 @@ def build_engine(settings: Settings) -> Engine:
 def load(checkpoint: str | Path | None = None, *, model: str | None = None,
          device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
          max_batch_size: int | None = None, max_seq_len: int | None = None, model_parallel_size: int | None = None,
-         quantization: str | None = None, compile: bool | None = None, **unknown: Any) -> Engine:  # fmt: skip
+         quantization: str | None = None, **unknown: Any) -> Engine:  # fmt: skip
     """Load the engine, or return the loaded one when the effective settings are the same.
 
     ``checkpoint`` is a folder or the name of a checkpoints.toml entry; unset keywords come from the
@@ -101,14 +101,13 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None,
     :mod:`workbench.config`).  ``model_parallel_size`` > 1 starts one worker process per rank
     (``0`` = one per checkpoint shard).  Other settings free the old engine first — its weights,
     KV cache and workers — so only one model is ever resident.  Bad settings raise before the old
-    engine is touched.  ``compile=True`` runs decode steps through ``torch.compile`` (same tokens as
-    eager; the first calls pay the compile time).
+    engine is touched.
     """
     if unknown:
         raise unknown_setting_error(next(iter(unknown)))
     settings = resolve_settings(checkpoint, model=model, device=device, dtype=dtype, max_batch_size=max_batch_size,
                                 max_seq_len=max_seq_len, model_parallel_size=model_parallel_size,
-                                quantization=quantization, compile=compile)  # fmt: skip
+                                quantization=quantization)  # fmt: skip
     state = _state()
     loaded = state.engine
     if loaded is not None and _usable(loaded) and loaded.settings.identity() == settings.identity():

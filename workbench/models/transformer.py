@@ -452,8 +452,10 @@ class Transformer(nn.Module):
 
     def compile_decode(self) -> None:
         """Run decode steps through ``torch.compile`` (inductor; dynamic shapes, so the batch width and
-        the attended key span vary without recompiling).  Compiles lazily on the first decode steps: one
-        graph without and one with an attention mask (plus the chunked-layer variant)."""
+        the attended key span vary without recompiling).  Compiles lazily on the first decode steps.
+
+        Experimental: used by ``bench/gpu.py``; not a load option yet and not yet checked against eager.
+        """
         self._decode_compiled = torch.compile(self._decode_layers, dynamic=True)
 
     def use_fast_layouts(self) -> None:
