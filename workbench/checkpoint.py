@@ -21,6 +21,7 @@ import torch
 from .errors import CheckpointError, MissingCheckpointFileError, VocabMismatchError
 from .models.args import ModelArgs
 from .models.transformer import Transformer
+from .shard_check import check_shard, read_shard
 
 SHARD_PATTERN = re.compile(r"^consolidated\.(\d+)\.pth$")
 
@@ -33,6 +34,9 @@ def shard_paths(ckpt_dir: str | Path) -> list[Path]:
     """The checkpoint's ``consolidated.NN.pth`` files in rank order; errors name what is missing."""
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
+        if ckpt_dir.exists():
+            raise CheckpointError(f"{ckpt_dir} is a file, not a folder; give the folder that holds params.json and "
+                                  "the consolidated.NN.pth shards")  # fmt: skip
         raise MissingCheckpointFileError(f"checkpoint folder {ckpt_dir} does not exist; check the path")
     found = {}
     for path in ckpt_dir.iterdir():
@@ -179,13 +183,8 @@ def reshard(shards: list[dict[str, torch.Tensor]], *, n_saved: int, mp_size: int
 
 
 def _load_shard(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as exc:  # corrupted, truncated or pickled with arbitrary objects
-        raise CheckpointError(
-            f"could not load {path} with weights_only=True ({type(exc).__name__}: {exc}); the file is "
-            "corrupt or not a tensor-only checkpoint — re-download it"
-        ) from exc
+    """One shard memory-mapped with ``weights_only=True``; it must map names to tensors (errors name the file)."""
+    return read_shard(path)
 
 
 def load_state_dict_for_rank(ckpt_dir: str | Path, args: ModelArgs, mp_size: int = 1, rank: int = 0, *,
@@ -202,7 +201,9 @@ def load_state_dict_for_rank(ckpt_dir: str | Path, args: ModelArgs, mp_size: int
     shards = []
     with progress_bar(len(picked), desc="loading shards", unit="shard", progress=progress) as bar:
         for i in picked:
-            shards.append(canonicalize(_load_shard(paths[i]), args))
+            raw = _load_shard(paths[i])
+            check_shard(raw, args, paths[i], len(paths))
+            shards.append(canonicalize(raw, args))
             bar.update(1)
     return reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -177,14 +178,26 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str, source: Source =
 def check_positive_int(value: object, name: str, source: Source | str = ARGUMENT, *, allow_zero: bool = False) -> int:
     """An integer >= 1 (>= 0 with ``allow_zero``); digit strings (environment values) are accepted."""
     src = source if isinstance(source, Source) else Source("engine", source)
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+    if isinstance(value, str) and re.fullmatch(r"\+?[0-9]+", value.strip()):  # ASCII digits: "²" is no number
+        value = int(value.strip())
     low = 0 if allow_zero else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         what = "must be an integer >= 0 (0 = one rank per checkpoint shard)" if allow_zero else (
             "must be a positive integer")  # fmt: skip
         raise _problem(name, value, src, what)
     return value
+
+
+def check_model_id(model_id: str, source: Source = ARGUMENT) -> str:
+    """The model name must tell the prompt format (checked at load, not at the first chat call)."""
+    from .errors import InputError
+    from .formats.models import resolve_model
+
+    try:
+        resolve_model(model_id)
+    except InputError as exc:
+        raise _problem("model", model_id, source, f"is not a model name workbench knows ({exc})") from None
+    return model_id
 
 
 def check_quantization(mode: object, name: str = "quantization", source: Source | str = ARGUMENT) -> str | None:
@@ -216,6 +229,9 @@ class ConfigFile:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML ({exc}); fix the syntax (see checkpoints.example.toml)") \
                 from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path} is not a UTF-8 text file ({exc.reason} at byte {exc.start}); a checkpoints.toml "
+                              "must be TOML text (see checkpoints.example.toml)") from exc  # fmt: skip
         except OSError as exc:
             raise ConfigError(f"cannot read {path} ({exc}); check its permissions") from exc
         entries: dict[str, dict[str, Any]] = {}
@@ -426,6 +442,8 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
     model_id, sources["model"] = pick("model")
     if model_id is not None and (not isinstance(model_id, str) or not model_id.strip()):
         raise _problem("model", model_id, sources["model"], "must be a model name such as 'Llama3.2-3B-Instruct'")
+    if model_id is not None:
+        check_model_id(model_id, sources["model"])
     raw_device, sources["device"] = pick("device")
     dev = resolve_device(raw_device, sources["device"])
     raw_dtype, sources["dtype"] = pick("dtype")
@@ -450,10 +468,29 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
 
 
 # --------------------------------------------------------------------------------------------- checkpoint checks
-def check_settings(settings: Settings) -> Settings:
+def check_folder(folder: Path) -> None:
+    """The checkpoint path must be an existing folder; a file is named as a file, not as missing."""
+    from .errors import MissingCheckpointFileError
+
+    if folder.is_dir():
+        return
+    if folder.exists():
+        raise CheckpointError("this path is a file, not a folder; give the folder that holds params.json, "
+                              "consolidated.NN.pth and tokenizer.model")  # fmt: skip
+    raise MissingCheckpointFileError("the folder does not exist")
+
+
+def _relative(message: str, folder: Path) -> str:
+    """``message`` with paths inside ``folder`` shortened to their file names (the caller names the folder)."""
+    return message.replace(f"{folder}{os.sep}", "").replace(f"{folder}: ", "")
+
+
+def check_settings(settings: Settings, *, reclaimable_bytes: int = 0) -> Settings:
     """Check the checkpoint folder against the settings before anything is loaded or spawned.
 
-    Reads only ``params.json`` and the folder listing.  Replaces ``model_parallel_size=0`` ("auto",
+    Reads ``params.json``, the folder listing and shard 0's tensor shapes (memory-mapped: no weights), checks
+    the shapes against params.json and that weights + KV cache fit the device (``reclaimable_bytes``: memory
+    of an engine that is freed before this one loads).  Replaces ``model_parallel_size=0`` ("auto",
     Llama Stack's meaning) by the shard count.  Errors keep their checkpoint-error type and add which
     setting, from where, and the fix.
     """
@@ -463,14 +500,12 @@ def check_settings(settings: Settings) -> Settings:
     ckpt_src = settings.source("checkpoint")
     where = f"checkpoint {str(settings.checkpoint_dir)!r} (from {ckpt_src.describe()})"
     try:
-        if not settings.checkpoint_dir.is_dir():
-            from .errors import MissingCheckpointFileError
-
-            raise MissingCheckpointFileError(f"the folder {settings.checkpoint_dir} does not exist")
+        check_folder(settings.checkpoint_dir)
         args = ModelArgs.from_checkpoint(settings.checkpoint_dir)
         n_shards = len(shard_paths(settings.checkpoint_dir))
     except WorkbenchError as exc:
-        raise type(exc)(f"{where}: {exc}; {ckpt_src.fix('checkpoint')}") from exc
+        raise type(exc)(f"{where}: {_relative(str(exc), settings.checkpoint_dir)}; {ckpt_src.fix('checkpoint')}") \
+            from exc
 
     mp = settings.model_parallel_size or n_shards
     if settings.model_parallel_size == 0:
@@ -504,4 +539,12 @@ def check_settings(settings: Settings) -> Settings:
                            "use device='cuda' and CUDA_VISIBLE_DEVICES to choose the GPUs")  # fmt: skip
         if torch.cuda.device_count() < mp:
             raise misfit(f"only {torch.cuda.device_count()} GPU(s) are visible and each rank needs its own")
+    from .preflight import check_memory
+    from .shard_check import check_checkpoint
+
+    try:
+        check_checkpoint(settings.checkpoint_dir, args)
+    except WorkbenchError as exc:
+        raise type(exc)(f"{where}: {_relative(str(exc), settings.checkpoint_dir)}") from exc
+    check_memory(settings, args, reclaimable_bytes=reclaimable_bytes)
     return settings

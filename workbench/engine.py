@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
 
-from .errors import FormatError, GenerationCancelled, InputError, PromptTooLongError
+from .errors import EngineBusyError, FormatError, GenerationCancelled, InputError, PromptTooLongError
 from .generation.generator import Event, Request
 from .generation.sampling import SamplingParams
 from .models.args import ModelArgs
@@ -109,6 +110,9 @@ class Engine:
         self._formatter = None
         self._calls = _Calls()
         self._grammars: Any = None  # structured.GrammarRuntime, built on the first response_format
+        self._lock = threading.Lock()  # one call at a time: the runner's KV cache rows are shared
+        self._owner: int | None = None  # thread id holding the lock
+        self._holder: Any = None  # the stream generator holding the lock (None: a plain call)
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -186,6 +190,11 @@ class Engine:
         self._check_lengths(prompts)
         formats = list(formats) if formats is not None else [None] * len(prompts)
         constraints = self._constraints(formats)
+        with self._exclusive("batch_completion"):
+            return self._collect(prompts, params, progress, formats, constraints)
+
+    def _collect(self, prompts: list[list[int]], params: SamplingParams, progress: bool | None,
+                 formats: list[OutputFormat | None], constraints: list[Any]) -> list[Completion]:  # fmt: skip
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[TokenLogprob]] = [[] for _ in prompts]
         finals: list[Event | None] = [None] * len(prompts)
@@ -240,10 +249,18 @@ class Engine:
         if isinstance(response_format, (list, tuple)):
             raise FormatError("stream_completion takes one response_format (a list is for batch_completion)")
         fmt = per_row_formats(response_format, 1)[0]
-        return self._stream(prompt, params, fmt, self._constraints([fmt])[0])
+        me: list[Iterator[StreamChunk]] = []
+        stream = self._stream(prompt, params, me, fmt, self._constraints([fmt])[0])
+        me.append(stream)
+        return stream
 
-    def _stream(self, prompt: list[int], params: SamplingParams, fmt: OutputFormat | None = None,
+    def _stream(self, prompt: list[int], params: SamplingParams, me: list, fmt: OutputFormat | None = None,
                 constraint: Constraint | None = None) -> Iterator[StreamChunk]:  # fmt: skip
+        with self._exclusive("stream_completion", stream=me[0]):  # held until the stream ends or is closed
+            yield from self._stream_locked(prompt, params, fmt, constraint)
+
+    def _stream_locked(self, prompt: list[int], params: SamplingParams, fmt: OutputFormat | None,
+                       constraint: Constraint | None) -> Iterator[StreamChunk]:  # fmt: skip
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
         decoded, text, emitted = 0, "", 0  # tokens decoded into `text`; characters of `text` yielded
@@ -406,6 +423,12 @@ class Engine:
         prompts = [self._check_ids(list(t), i) for i, t in enumerate(token_lists)]
         if not prompts:
             return []
+        empty = [i for i, p in enumerate(prompts) if not p]
+        if empty:
+            raise InputError(
+                f"row {empty[0]} of logits() is empty; every row needs at least one token id (logits are "
+                "per position), e.g. engine.tokenizer.encode(text, bos=True)"
+            )
         too_long = [(i, len(p)) for i, p in enumerate(prompts) if len(p) > self.max_seq_len]
         if too_long:
             i, n = too_long[0]
@@ -413,7 +436,8 @@ class Engine:
                 f"row {i} has {n} tokens but max_seq_len is {self.max_seq_len}; shorten it or load with a larger "
                 "max_seq_len"
             )
-        return self._runner.logits(prompts)
+        with self._exclusive("logits"):
+            return self._runner.logits(prompts)
 
     # ----------------------------------------------------------------------------- validation
     def _encode_content(self, content: Content, row: int) -> list[int]:
@@ -462,10 +486,11 @@ class Engine:
         settings = self.settings.with_quantization(mode)
         if settings == self.settings:
             return
-        with progress_bar(1, desc=f"quantization -> {mode or 'none'}", unit="reload", progress=progress) as bar:
-            self._runner.reload(settings)
-            bar.update(1)
-        self.settings = settings
+        with self._exclusive("set_quantization"):
+            with progress_bar(1, desc=f"quantization -> {mode or 'none'}", unit="reload", progress=progress) as bar:
+                self._runner.reload(settings)
+                bar.update(1)
+            self.settings = settings
 
     # ----------------------------------------------------------------------------- introspection
     def info(self) -> dict[str, Any]:
@@ -531,10 +556,57 @@ class Engine:
         return isinstance(self._runner, _ClosedRunner)
 
     def close(self) -> None:
-        """Free the model, cache and any worker processes (the engine is unusable afterwards)."""
-        runner, self._runner = self._runner, _ClosedRunner()
-        if hasattr(runner, "close"):
-            runner.close()
+        """Free the model, cache and any worker processes (the engine is unusable afterwards).
+
+        Closing twice is harmless.  A call running in another thread is waited for; an unfinished stream of
+        this thread is abandoned (its next step raises).
+        """
+        if self.closed:
+            return
+        mine = self._owner == threading.get_ident()
+        if not mine:
+            self._lock.acquire()
+        try:
+            runner, self._runner = self._runner, _ClosedRunner()
+            if hasattr(runner, "close"):
+                runner.close()
+        finally:
+            if not mine:
+                self._lock.release()
+
+    # ----------------------------------------------------------------------------- serialization
+    @contextmanager
+    def _exclusive(self, what: str, stream: Any = None) -> Iterator[None]:
+        """Run one call at a time on this engine: the runner's KV cache rows and scheduler are shared, so
+        two interleaved calls would corrupt each other's rows.  Other threads wait their turn.
+
+        A stream that is suspended (abandoned half-way, or kept alive by a traceback) does not block later
+        calls: the new call closes it first, and the old stream simply ends.  A call re-entering from inside
+        a running call of the same thread (a callback) is refused with :class:`EngineBusyError`.
+        """
+        me = threading.get_ident()
+        self._preempt_suspended_stream()
+        if self._owner == me:  # still held by this thread: a call running below us (from a callback)
+            raise EngineBusyError(
+                f"{what}() was called from inside another call on this engine in the same thread (a callback?); "
+                "finish that call first"
+            )
+        self._lock.acquire()
+        self._owner, self._holder = me, stream
+        try:
+            yield
+        finally:
+            self._owner, self._holder = None, None
+            self._lock.release()
+
+    def _preempt_suspended_stream(self) -> None:
+        holder = self._holder
+        if holder is None or getattr(holder, "gi_running", True) or getattr(holder, "gi_frame", None) is None:
+            return
+        try:
+            holder.close()  # runs the stream's cleanup, which releases the lock
+        except (ValueError, RuntimeError):  # resumed meanwhile by its own thread: wait for it instead
+            pass
 
 
 class _ClosedRunner:

@@ -77,3 +77,11 @@ class GenerationCancelled(WorkbenchError):
 
 class FormatError(WorkbenchError, ValueError):
     """A ``response_format`` (JSON schema, grammar, regex) or a constrained tool-call request is invalid."""
+
+
+class EngineBusyError(WorkbenchError, RuntimeError):
+    """A call would interleave with an unfinished call on the same engine in the same thread (e.g. an open stream)."""
+
+
+class InsufficientMemoryError(ConfigError):
+    """The requested weights + KV cache cannot fit the device's memory (checked before allocating)."""

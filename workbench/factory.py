@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 
 from .checkpoint import split_dim
+from .errors import ConfigError
 from .models.args import ModelArgs
 from .tokenizer import bundled_tokenizer_path
 
@@ -151,7 +152,14 @@ def write_checkpoint(path: str | Path, params: dict[str, Any], *, n_shards: int 
 
 def cache_root() -> Path:
     """Where generated checkpoints live: ``$WORKBENCH_CACHE`` or ``~/.cache/workbench``."""
-    return Path(os.environ.get("WORKBENCH_CACHE", Path.home() / ".cache" / "workbench"))
+    named = os.environ.get("WORKBENCH_CACHE")
+    root = Path(named).expanduser() if named else Path.home() / ".cache" / "workbench"
+    if root.exists() and not root.is_dir():
+        where = "environment variable WORKBENCH_CACHE" if named else "the default cache location"
+        fix = ("point WORKBENCH_CACHE at a folder (or unset it)" if named
+               else "move the file away or set WORKBENCH_CACHE")  # fmt: skip
+        raise ConfigError(f"the workbench cache {str(root)!r} (from {where}) is a file, not a folder; {fix}")
+    return root
 
 
 def default_checkpoint_dir() -> Path:
@@ -169,8 +177,12 @@ def default_checkpoint_dir() -> Path:
     target = cache_root() / f"{DEFAULT_MODEL_VERSION}-{digest}"
     if (target / "params.json").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    except OSError as exc:
+        raise ConfigError(f"cannot create the workbench cache folder {str(target.parent)!r} ({exc.strerror}); set "
+                          "WORKBENCH_CACHE to a writable folder") from exc  # fmt: skip
     expand(tmp, ARTIFACT)
     try:
         os.replace(tmp, target)

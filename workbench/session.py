@@ -58,6 +58,15 @@ def _usable(engine: Engine) -> bool:
     return not engine.closed and bool(getattr(engine._runner, "alive", True))
 
 
+def _resident_bytes(engine: Engine) -> int:
+    """Weights + KV cache of a loaded engine on the same kind of device (freed before the next load)."""
+    try:
+        memory = engine.memory()
+        return int(memory["weights_bytes"]) + int(memory["kv_cache_bytes"])
+    except Exception:  # a failed worker: nothing to count on
+        return 0
+
+
 def build_engine(settings: Settings) -> Engine:
     """Load the checkpoint described by ``settings`` (no singleton logic).
 
@@ -112,7 +121,9 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None,
     loaded = state.engine
     if loaded is not None and _usable(loaded) and loaded.settings.identity() == settings.identity():
         return loaded  # fast path: no filesystem access when nothing changed
-    settings = check_settings(settings)  # may resolve model_parallel_size=0; raises before unloading
+    reclaimable = _resident_bytes(loaded) if loaded is not None and _usable(loaded) else 0
+    # may resolve model_parallel_size=0; raises before unloading (the old engine's memory counts as free)
+    settings = check_settings(settings, reclaimable_bytes=reclaimable)
     if loaded is not None and _usable(loaded) and loaded.settings.identity() == settings.identity():
         return loaded
     unload()

@@ -89,20 +89,44 @@ def bundled_tokenizer_path(family: Family) -> Path:
 
 
 def load_bpe_ranks(path: Path) -> dict[bytes, int]:
-    """Read a tiktoken BPE file: one ``base64(token) rank`` pair per line."""
+    """Read a tiktoken BPE file: one ``base64(token) rank`` pair per line (errors name the file and line)."""
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a tokenizer file; tokenizer.model must be the tiktoken BPE "
+                              "file of the checkpoint")  # fmt: skip
+    hint = ("is this a SentencePiece (Llama 2) tokenizer.model or a corrupted download? Llama 3/4 need the tiktoken "
+            "file (copy it from the checkpoint's original download)")  # fmt: skip
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path} ({exc.strerror}); check its permissions") from exc
+    try:
+        text = data.decode("ascii")  # base64 and decimal ranks only
+    except UnicodeDecodeError as exc:
+        line_no = data.count(b"\n", 0, exc.start) + 1
+        raise CheckpointError(f"{path}:{line_no} holds binary data (byte {exc.start}), not '<base64> <rank>' lines; "
+                              f"{hint}") from exc  # fmt: skip
     ranks: dict[bytes, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                token_b64, rank = line.split()
-                ranks[base64.b64decode(token_b64)] = int(rank)
-            except ValueError as exc:
-                raise CheckpointError(
-                    f"{path}:{line_no} is not a tiktoken BPE line ('<base64> <rank>'): {exc}; "
-                    "is this a SentencePiece (Llama 2) tokenizer.model? Llama 3/4 need the tiktoken file"
-                ) from exc
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            token_b64, rank = line.split()
+            token = base64.b64decode(token_b64, validate=True)
+            if token in ranks:
+                raise ValueError(f"token {token!r} appears twice")
+            ranks[token] = int(rank)
+        except ValueError as exc:
+            raise CheckpointError(
+                f"{path}:{line_no} is not a tiktoken BPE line ('<base64> <rank>'): {exc}; {hint}"
+            ) from exc
+    if not ranks:
+        raise CheckpointError(f"{path} holds no BPE ranks (empty file); {hint}")
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise CheckpointError(f"{path}: the BPE ranks are not 0..{len(ranks) - 1} without gaps or repeats; {hint}")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:  # byte-level BPE must be able to encode any byte (tiktoken panics otherwise)
+        raise CheckpointError(f"{path} has no token for {len(missing)} single byte(s) (e.g. {bytes([missing[0]])!r}); "
+                              f"{hint}")  # fmt: skip
     return ranks
 
 

@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
-import signal
-import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import chat
-from .errors import InputError, ToolError
+from .errors import InputError, PromptTooLongError, ToolError
 from .formats import ToolDefinition, coerce_messages, coerce_tools
+from .proctree import KILLED_BY, run_guarded
 from .types import ChatCompletion, Message, ToolCall
 
 
@@ -37,7 +38,9 @@ class CodeInterpreter:
 
     The result text follows llama-stack's code-interpreter tool: the status (``completed`` / ``failed`` /
     ``timed out``), then ``[stdout]``…``[/stdout]`` and ``[stderr]``…``[/stderr]`` blocks when non-empty.
-    ``memory_mb`` (POSIX only) caps the child's address space.
+    ``memory_mb`` (POSIX only) caps the child's address space.  The code runs under a guard process
+    (:mod:`workbench.proctree`): on a timeout or Ctrl-C every process it started is killed, detached ones
+    included, and reading its output never blocks on a process that outlived it.
     """
 
     timeout: float = 10.0
@@ -47,65 +50,64 @@ class CodeInterpreter:
     env: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
-        if not self.timeout or self.timeout <= 0:
-            raise ToolError(f"CodeInterpreter timeout must be a positive number of seconds, got {self.timeout!r}")
-
-    def _limits(self) -> Callable[[], None] | None:
-        if self.memory_mb is None or os.name != "posix":
-            return None
-        limit = int(self.memory_mb) * 1024 * 1024
-
-        def apply() -> None:
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-        return apply
+        t = self.timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ToolError(f"CodeInterpreter timeout must be a positive number of seconds, got {t!r}")
+        if isinstance(self.max_output_chars, bool) or not isinstance(self.max_output_chars, int) or \
+                self.max_output_chars < 1:  # fmt: skip
+            raise ToolError(
+                f"CodeInterpreter max_output_chars must be a positive integer, got {self.max_output_chars!r}")
+        if self.memory_mb is not None and (isinstance(self.memory_mb, bool) or not isinstance(self.memory_mb, int)
+                                           or self.memory_mb < 1):  # fmt: skip
+            raise ToolError(f"CodeInterpreter memory_mb must be a positive integer or None, got {self.memory_mb!r}")
+        if not isinstance(self.python, (str, os.PathLike)) or not str(self.python):
+            raise ToolError(f"CodeInterpreter python must be the path of a Python executable, got {self.python!r}")
+        if self.env is not None and (not isinstance(self.env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.env.items())):  # fmt: skip
+            raise ToolError("CodeInterpreter env must be a dict of str -> str")
 
     def run(self, code: str) -> str:
-        """Run ``code``; never raises for problems in the code itself (they are reported in the text)."""
+        """Run ``code``; never raises for problems in the code itself (they are reported in the text).
+        Ctrl-C stops the code (and everything it started) and is re-raised."""
         if not isinstance(code, str):
             return "failed\n[stderr]\ncode_interpreter needs a string 'code' argument\n[/stderr]"
-        with tempfile.TemporaryDirectory(prefix="wb-code-") as workdir:
+        with tempfile.TemporaryDirectory(prefix="wb-code-") as root:
+            workdir = os.path.join(root, "work")
+            os.mkdir(workdir)
+            script = os.path.join(root, "main.py")  # a file, not `-c`: any size, and NUL bytes are a SyntaxError
+            with open(script, "w", encoding="utf-8", errors="surrogatepass") as fh:
+                fh.write(code)
             env = {"PATH": os.environ.get("PATH", ""), "PYTHONIOENCODING": "utf-8", "HOME": workdir,
                    "MPLBACKEND": "Agg", **(self.env or {})}  # fmt: skip
-            proc = subprocess.Popen(
-                [self.python, "-I", "-c", code],
-                cwd=workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group, so a timeout kills any children too
-                preexec_fn=self._limits(),
-            )
             try:
-                out, err = proc.communicate(timeout=self.timeout)
-                status = "completed" if proc.returncode == 0 else "failed"
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                out, err = proc.communicate()
-                status = "timed out"
-                err += f"\nExecution timed out after {self.timeout:g} s".encode()
-        return self._report(status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+                result = run_guarded([str(self.python), "-I", script], timeout=float(self.timeout), cwd=workdir,
+                                     env=env, output_cap=4 * self.max_output_chars + 4096,
+                                     memory_bytes=self.memory_mb * 1024 * 1024 if self.memory_mb else None)  # fmt: skip
+            except OSError as exc:
+                return f"failed\n[stderr]\ncould not start {self.python!r}: {exc}\n[/stderr]"
+        status = "timed out" if result.timed_out else ("completed" if result.returncode == 0 else "failed")
+        err = result.stderr.decode("utf-8", "replace")
+        note = ""
+        if result.timed_out:  # the guard may have reported the kill it saw: the timeout says it better
+            err = err.replace(f"\n{KILLED_BY} 9\n", "")
+            note = f"Execution timed out after {float(self.timeout):g} s"
+        return self._report(status, (result.stdout.decode("utf-8", "replace"), result.stdout_dropped),
+                            (err, result.stderr_dropped), note)  # fmt: skip
 
     __call__ = run
 
-    def _report(self, status: str, stdout: str, stderr: str) -> str:
+    def _report(self, status: str, stdout: tuple[str, int], stderr: tuple[str, int], note: str = "") -> str:
         pieces = [status]
-        for name, text in (("stdout", stdout.strip()), ("stderr", stderr.strip())):
+        for name, (text, dropped) in (("stdout", stdout), ("stderr", stderr)):
+            text = text.strip()
+            if len(text) > self.max_output_chars or dropped:
+                cut = len(text) - self.max_output_chars + dropped
+                text = text[: self.max_output_chars] + f"\n... ({cut} chars cut)"
+            if name == "stderr" and note:
+                text = f"{text}\n\n{note}" if text else note
             if text:
-                if len(text) > self.max_output_chars:
-                    text = text[: self.max_output_chars] + f"\n... ({len(text) - self.max_output_chars} chars cut)"
                 pieces += [f"[{name}]", text, f"[/{name}]"]
         return "\n".join(pieces)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, AttributeError):
-        proc.kill()
 
 
 @dataclass
@@ -115,9 +117,14 @@ class Toolbox:
     definitions: list[ToolDefinition]
     functions: dict[str, Callable[..., Any]] = field(default_factory=dict)
     code_interpreter: CodeInterpreter | None = None
+    tool_timeout: float | None = None  # seconds a Python tool may run (None: no limit)
 
     @classmethod
-    def create(cls, tools: Iterable[Any] | None, code_interpreter: bool | CodeInterpreter | None = False) -> Toolbox:
+    def create(cls, tools: Iterable[Any] | None, code_interpreter: bool | CodeInterpreter | None = False,
+               tool_timeout: float | None = None) -> Toolbox:  # fmt: skip
+        if tool_timeout is not None and (isinstance(tool_timeout, bool) or not isinstance(tool_timeout, (int, float))
+                                         or not math.isfinite(tool_timeout) or tool_timeout <= 0):  # fmt: skip
+            raise ToolError(f"tool_timeout must be a positive number of seconds or None, got {tool_timeout!r}")
         items: list[Any] = []
         if tools is not None:
             items = [tools] if isinstance(tools, (str, dict)) or callable(tools) else list(tools)
@@ -147,7 +154,8 @@ class Toolbox:
         if interpreter is not None and not any(d.tool_name == "code_interpreter" for d in defs):
             defs.append(ToolDefinition(tool_name="code_interpreter"))
         functions = {d.tool_name: d.function for d in defs if d.function is not None}
-        return cls(definitions=defs, functions=functions, code_interpreter=interpreter)
+        return cls(definitions=defs, functions=functions, code_interpreter=interpreter,
+                   tool_timeout=None if tool_timeout is None else float(tool_timeout))  # fmt: skip
 
     def execute(self, call: ToolCall) -> Message:
         """Run one call; the answer (or the error) as a tool message with the call's id."""
@@ -169,26 +177,68 @@ class Toolbox:
                 return f"Error: tool {name!r} has no implementation in this session."
             return f"Error: unknown tool {name!r}. Available tools: {', '.join(names) or 'none'}."
         try:
-            bound = inspect.signature(fn).bind(**call.arguments)
-        except TypeError as exc:
-            return f"Error: invalid arguments for tool {name!r}: {exc}. Expected {name}{inspect.signature(fn)}."
-        except ValueError:  # no signature available: just try the call
-            bound = None
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # no signature available: just try the call
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(**call.arguments)
+            except TypeError as exc:
+                return f"Error: invalid arguments for tool {name!r}: {exc}. Expected {name}{signature}."
+        outcome = self._call(fn, call.arguments)
+        if isinstance(outcome, _Failure):
+            return f"Error: tool {name!r} {outcome.text}"
+        return format_result(outcome)
+
+    def _call(self, fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+        """Call a Python tool (in a worker thread when ``tool_timeout`` is set); failures become :class:`_Failure`."""
+
+        def attempt() -> Any:
+            try:
+                return fn(**arguments)
+            except (Exception, SystemExit) as exc:  # a tool failure is information for the model, not a crash
+                return _Failure(f"raised {type(exc).__name__}: {safe_str(exc)}")
+
+        if self.tool_timeout is None:
+            return attempt()
+        box: list[Any] = []
+        worker = threading.Thread(target=lambda: box.append(attempt()), daemon=True, name="workbench-tool")
+        worker.start()
+        worker.join(self.tool_timeout)
+        if worker.is_alive():  # a thread cannot be killed: it is abandoned, and its result ignored
+            return _Failure(f"did not finish within {self.tool_timeout:g} s (tool_timeout); it was abandoned")
+        return box[0]
+
+
+@dataclass
+class _Failure:
+    text: str
+
+
+def safe_str(value: Any, limit: int = 2000) -> str:
+    """``str(value)`` that never raises (falls back to ``repr``, then to the type name)."""
+    for render in (str, repr):
         try:
-            result = fn(*bound.args, **bound.kwargs) if bound is not None else fn(**call.arguments)
-        except Exception as exc:  # a tool failure is information for the model, not a crash
-            return f"Error: tool {name!r} raised {type(exc).__name__}: {exc}"
-        return format_result(result)
+            text = render(value)
+            if isinstance(text, str):
+                return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} chars cut)"
+        except Exception:  # noqa: S112  (a broken __str__/__repr__ is exactly the case handled)
+            continue
+    return f"<{type(value).__name__} object that cannot be printed>"
 
 
 def format_result(result: Any) -> str:
-    """A tool's return value as message text: strings as they are, anything else as JSON."""
-    if isinstance(result, str):
+    """A tool's return value as message text: strings as they are, anything else as JSON (never raises)."""
+    if type(result) is str:
         return result
+    if isinstance(result, str):
+        return safe_str(result, limit=10**9)
     try:
-        return json.dumps(result, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return str(result)
+        return json.dumps(result, ensure_ascii=False, default=safe_str, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return safe_str(result, limit=10**9)
+    except Exception:  # noqa: BLE001  (a broken __str__ inside the value, via default=)
+        return safe_str(result, limit=10**9)
 
 
 def _later_choice(tool_choice: Any) -> Any:
@@ -206,6 +256,11 @@ def _complete(engine: Any, dialogs: list[list[Message]], toolbox: Toolbox, tool_
     return chat.batch_chat_completion(engine, dialogs, **kwargs)
 
 
+def _fits(engine: Any, dialog: list[Message], toolbox: Toolbox, tool_choice: Any, tool_prompt_format: Any) -> bool:
+    prompt = chat.encode_prompt(engine, dialog, toolbox.definitions, tool_choice, tool_prompt_format)
+    return len(prompt) < getattr(engine, "max_seq_len", len(prompt) + 1)
+
+
 def run_batch(
     engine: Any,
     dialogs: Sequence[Any],
@@ -216,20 +271,25 @@ def run_batch(
     tool_prompt_format: Any = None,
     code_interpreter: bool | CodeInterpreter = False,
     constrain_tools: bool = False,
+    tool_timeout: float | None = None,
     **sampling: Any,
 ) -> list[list[Message]]:
     """Run the tool loop on many dialogs; each turn is one batched chat completion over the dialogs that
     are still running.  Returns one transcript (input messages + generated and tool messages) per dialog.
 
     ``constrain_tools=True`` (with ``tool_choice="required"`` or a tool name) makes the forced first reply a
-    well-formed call of an offered tool with schema-valid arguments (grammar-constrained decoding)."""
+    well-formed call of an offered tool with schema-valid arguments (grammar-constrained decoding).
+
+    Whatever the model writes and whatever a tool returns or does, the loop returns transcripts: tool
+    failures become tool messages, and a dialog whose tool results no longer fit ``max_seq_len`` ends with
+    them (as at ``max_turns``).  ``tool_timeout`` (seconds) bounds each Python tool call."""
     if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
         raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
     if not isinstance(dialogs, (list, tuple)):
         raise InputError("run_batch takes a list of dialogs (each a list of messages); for one dialog use run()")
     from .display import Transcript
 
-    toolbox = Toolbox.create(tools, code_interpreter)
+    toolbox = Toolbox.create(tools, code_interpreter, tool_timeout)
     transcripts = [Transcript(coerce_messages(d)) for d in dialogs]
     active = list(range(len(transcripts)))
     for turn in range(max_turns):
@@ -237,8 +297,19 @@ def run_batch(
             break
         choice = tool_choice if turn == 0 else _later_choice(tool_choice)
         turn_sampling = dict(sampling, constrain_tools=True) if constrain_tools and turn == 0 else sampling
-        replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
-                            turn_sampling)  # fmt: skip
+        try:
+            replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
+                                turn_sampling)  # fmt: skip
+        except PromptTooLongError:
+            if turn == 0:  # the caller's own dialog is too long: that is the caller's error
+                raise
+            # a tool result made some dialog too long: those end here, the others go on
+            fitting = [i for i in active if _fits(engine, transcripts[i], toolbox, choice, tool_prompt_format)]
+            if len(fitting) == len(active):
+                raise
+            active = fitting
+            replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
+                                turn_sampling) if active else []  # fmt: skip
         still_running = []
         for i, reply in zip(active, replies):
             message = reply.message
@@ -262,6 +333,7 @@ def run(
     tool_prompt_format: Any = None,
     code_interpreter: bool | CodeInterpreter = False,
     constrain_tools: bool = False,
+    tool_timeout: float | None = None,
     **sampling: Any,
 ) -> list[Message]:
     """Run the tool loop on one dialog and return the whole transcript (list of :class:`Message`).
@@ -278,5 +350,6 @@ def run(
         tool_prompt_format=tool_prompt_format,
         code_interpreter=code_interpreter,
         constrain_tools=constrain_tools,
+        tool_timeout=tool_timeout,
         **sampling,
     )[0]

@@ -6,7 +6,12 @@ Plain dicts of the same shape are accepted wherever a :class:`Message` or :class
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import enum
+import json
+import keyword
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from .errors import InputError
@@ -15,6 +20,73 @@ from .errors import InputError
 StopReason = Literal["end_of_turn", "end_of_message", "out_of_tokens", "cancelled"]
 Role = Literal["system", "user", "assistant", "tool", "ipython"]
 ROLES = ("system", "user", "assistant", "tool", "ipython")
+STOP_REASONS = ("end_of_turn", "end_of_message", "out_of_tokens", "cancelled")
+
+# A tool name the model can write as a call in every syntax (a python-list call is `[name(arg=...)]`).
+_TOOL_NAME_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+# Tool-call arguments nest at most this deep: deeper values are no real arguments and would exhaust the
+# recursion of renderers (and Python's parser) on the next turn.
+MAX_ARGUMENT_DEPTH = 64
+_MAX_INT_BITS = 13_000  # ~4000 decimal digits: Python refuses to print longer ints (sys.set_int_max_str_digits)
+
+
+def check_tool_name(name: Any, what: str = "tool name") -> str:
+    """A tool name as a string, or :class:`InputError` when the model could not write it as a call."""
+    if isinstance(name, enum.Enum):
+        name = name.value
+    if not isinstance(name, str) or not name:
+        raise InputError(f"{what} must be a non-empty string, got {name!r}")
+    if not _TOOL_NAME_RE.fullmatch(name) or any(keyword.iskeyword(part) for part in name.split(".")):
+        raise InputError(
+            f"{what} {name!r} cannot be written as a tool call: use letters, digits and underscores, starting with "
+            "a letter or underscore (e.g. 'get_weather'), and no Python keyword"
+        )
+    return name
+
+
+def check_json_value(value: Any, where: str = "value", depth: int = 0) -> Any:
+    """``value`` if it is a JSON value every prompt format can write (finite numbers, string keys, nesting at most
+    :data:`MAX_ARGUMENT_DEPTH`); else :class:`InputError` naming the path of the offending part."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        if value.bit_length() > _MAX_INT_BITS:
+            raise InputError(f"{where} is an integer with {value.bit_length()} bits; too large to write in a prompt")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InputError(f"{where} is {value!r}, which is not a JSON number; use a finite number or a string")
+        return value
+    if depth >= MAX_ARGUMENT_DEPTH and isinstance(value, (list, tuple, dict)):
+        raise InputError(f"{where} nests deeper than {MAX_ARGUMENT_DEPTH} levels; flatten the value")
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_json_value(item, f"{where}[{i}]", depth + 1)
+        return value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InputError(f"{where} has the key {key!r} ({type(key).__name__}); JSON object keys are strings")
+            check_json_value(item, f"{where}[{key!r}]", depth + 1)
+        return value
+    raise InputError(f"{where} is a {type(value).__name__} ({value!r:.80}); tool-call arguments must be JSON values "
+                     "(str, int, float, bool, None, lists and dicts of them)")  # fmt: skip
+
+
+def check_arguments(arguments: Any, name: str) -> dict[str, Any]:
+    """Tool-call arguments as a dict of JSON values (a JSON object string is parsed; None is ``{}``)."""
+    if arguments is None:
+        return {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+            raise InputError(f"arguments of tool call {name!r} are a string that is not valid JSON ({exc}); give a "
+                             "dict or a JSON object string") from None  # fmt: skip
+    if not isinstance(arguments, dict):
+        raise InputError(f"arguments of tool call {name!r} must be a dict (JSON object), got "
+                         f"{type(arguments).__name__} {arguments!r:.80}")  # fmt: skip
+    return check_json_value(arguments, "arguments")
 
 
 @dataclass
@@ -74,22 +146,39 @@ class ToolCall:
 
     @classmethod
     def coerce(cls, value: ToolCall | dict[str, Any]) -> ToolCall:
+        """A checked ToolCall from a ToolCall or a dict (ours, OpenAI's ``{"id", "function": {"name",
+        "arguments"}}``, or Llama Stack's); errors name the field."""
         if isinstance(value, ToolCall):
-            return value
+            name = check_tool_name(value.tool_name, "tool_name")
+            args = check_arguments(value.arguments, name)
+            if not isinstance(value.call_id, str):
+                raise InputError(f"call_id of tool call {name!r} must be a string, got {value.call_id!r}")
+            if name is value.tool_name and args is value.arguments:
+                return value
+            return replace(value, tool_name=name, arguments=args)
+        if hasattr(value, "model_dump") and not isinstance(value, dict):  # another stack's pydantic ToolCall
+            value = value.model_dump(mode="json")
         if isinstance(value, dict):
-            if "function" in value and isinstance(value["function"], dict):  # OpenAI style
-                import json
-
+            if "function" in value:  # OpenAI style
                 fn = value["function"]
+                if not isinstance(fn, dict):
+                    raise InputError(f"'function' of an OpenAI-style tool call must be a dict with 'name' and "
+                                     f"'arguments', got {fn!r:.80}")  # fmt: skip
+                name = check_tool_name(fn.get("name"), "function.name")
+                call_id = value.get("id", "")
                 args = fn.get("arguments", {})
-                if isinstance(args, str):
-                    args = json.loads(args) if args.strip() else {}
-                return cls(tool_name=fn["name"], arguments=args, call_id=value.get("id", ""))
-            name = value.get("tool_name", value.get("name"))
-            if not name:
-                raise InputError(f"tool call {value!r} has no 'tool_name'; give {{'tool_name', 'arguments'}}")
-            args = value.get("arguments", value.get("parameters", {})) or {}
-            return cls(tool_name=str(name), arguments=dict(args), call_id=str(value.get("call_id", "")))
+            else:
+                raw_name = value.get("tool_name", value.get("name"))
+                if raw_name is None or raw_name == "":
+                    raise InputError(f"tool call {value!r:.120} has no 'tool_name'; give {{'tool_name', 'arguments'}}")
+                name = check_tool_name(raw_name, "tool_name")
+                args = value.get("arguments", value.get("parameters", {}))
+                call_id = value.get("call_id", value.get("id", ""))
+            if call_id is None:
+                call_id = ""
+            if not isinstance(call_id, (str, int)) or isinstance(call_id, bool):
+                raise InputError(f"call_id of tool call {name!r} must be a string, got {call_id!r:.80}")
+            return cls(tool_name=name, arguments=check_arguments(args, name), call_id=str(call_id))
         raise InputError(f"a tool call must be a ToolCall or dict, got {type(value).__name__}")
 
 
@@ -106,28 +195,59 @@ class Message:
 
     @classmethod
     def coerce(cls, value: Message | dict[str, Any]) -> Message:
-        """Accept a Message or a dict with the same keys (``tool_call_id`` also accepted)."""
+        """A checked Message from a Message or a dict with the same keys (``tool_call_id`` also accepted).
+
+        Both forms go through the same checks (role, tool calls, call id, stop reason), so a Message object
+        is trusted no more than a dict; errors name the field (the caller adds the message index).
+        """
         if isinstance(value, Message):
-            return value
+            fields_ = {"role": value.role, "content": value.content, "tool_calls": value.tool_calls,
+                       "call_id": value.call_id, "stop_reason": value.stop_reason}  # fmt: skip
+            checked = cls._checked(fields_)
+            keys = ("role", "tool_calls", "call_id", "stop_reason")
+            if all(getattr(checked, k) == getattr(value, k) for k in keys):
+                return value
+            return replace(value, **{k: getattr(checked, k) for k in keys})
         if not isinstance(value, dict):
             raise InputError(
                 f"a message must be a Message or a dict like {{'role': 'user', 'content': '...'}}, "
                 f"got {type(value).__name__}"
             )
+        fields_ = dict(value)
+        fields_["call_id"] = value.get("call_id", value.get("tool_call_id", ""))
+        return cls._checked(fields_)
+
+    @classmethod
+    def _checked(cls, value: dict[str, Any]) -> Message:
         role = value.get("role")
+        if isinstance(role, enum.Enum):
+            role = role.value
         if role not in ROLES:
-            raise InputError(f"message role {role!r} is not one of {', '.join(ROLES)}")
+            raise InputError(f"field 'role' is {role!r}, not one of {', '.join(ROLES)}")
         content = value.get("content", "")
         if content is None:
             content = ""
-        calls = [ToolCall.coerce(c) for c in (value.get("tool_calls") or [])]
-        return cls(
-            role=role,
-            content=content,
-            tool_calls=calls,
-            call_id=str(value.get("call_id", value.get("tool_call_id", "")) or ""),
-            stop_reason=value.get("stop_reason"),
-        )
+        if isinstance(content, (bool, int, float)):
+            raise InputError(f"field 'content' is a {type(content).__name__}; give a string or a list of content items")
+        raw_calls = value.get("tool_calls") or []
+        if not isinstance(raw_calls, (list, tuple)):
+            raise InputError(f"field 'tool_calls' must be a list of tool calls, got {type(raw_calls).__name__} "
+                             f"{raw_calls!r:.80}")  # fmt: skip
+        calls = []
+        for j, call in enumerate(raw_calls):
+            try:
+                calls.append(ToolCall.coerce(call))
+            except InputError as exc:
+                raise InputError(f"field 'tool_calls'[{j}]: {exc}") from None
+        call_id = value.get("call_id") or ""
+        if isinstance(call_id, bool) or not isinstance(call_id, (str, int)):
+            raise InputError(f"field 'call_id' must be a string, got {call_id!r:.80}")
+        stop = value.get("stop_reason")
+        if isinstance(stop, enum.Enum):
+            stop = stop.value
+        if stop is not None and stop not in STOP_REASONS:
+            raise InputError(f"field 'stop_reason' is {stop!r}, not one of {', '.join(STOP_REASONS)} (or None)")
+        return cls(role=role, content=content, tool_calls=calls, call_id=str(call_id), stop_reason=stop)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

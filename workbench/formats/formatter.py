@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import InputError
 from ..types import Message
 from .calls import normalize_tool_prompt_format
-from .chat_format import ChatFormat, ImageTokens, Prompt
+from .chat_format import ChatFormat, ImageTokens, Prompt, content_items
 from .models import ModelInfo, resolve_model
 from .parser import parse_assistant
 from .tool_prompts import TodayLike, augment_llama3_1, augment_llama3_2
@@ -29,8 +29,15 @@ def coerce_messages(messages: Any) -> list[Message]:
             f"a dialog must be a list of messages like [{{'role': 'user', 'content': '...'}}], "
             f"got {type(messages).__name__}"
         )
-    out = [Message.coerce(_plain(m)) for m in messages]
-    return [dataclasses.replace(m, role="tool") if m.role == "ipython" else m for m in out]
+    out = []
+    for i, raw in enumerate(messages):
+        try:
+            message = Message.coerce(_plain(raw))
+            content_items(message.content)  # content is checked here too, so the error can name the message
+        except InputError as exc:
+            raise InputError(f"message {i}: {exc}") from None
+        out.append(dataclasses.replace(message, role="tool") if message.role == "ipython" else message)
+    return out
 
 
 def _plain(message: Any) -> Any:
@@ -45,13 +52,17 @@ def _plain(message: Any) -> Any:
 
 
 def normalize_tool_choice(tool_choice: Any, tools: Sequence[ToolDefinition]) -> str:
-    """``auto`` | ``required`` | ``none`` | the name of one of ``tools`` (enum members accepted)."""
+    """``auto`` | ``required`` | ``none`` | the name of one of ``tools`` (enum members accepted).
+
+    Dicts: OpenAI's ``{"type": "function", "function": {"name": ...}}``, ``{"type": "function", "name": ...}``
+    and ``{"type": "auto" | "required" | "none"}``.
+    """
     if tool_choice is None:
         return "auto"
     if isinstance(tool_choice, enum.Enum):
         tool_choice = tool_choice.value
-    if isinstance(tool_choice, dict):  # OpenAI's {"type": "function", "function": {"name": ...}}
-        tool_choice = (tool_choice.get("function") or {}).get("name", tool_choice.get("name"))
+    if isinstance(tool_choice, dict):
+        tool_choice = _tool_choice_from_dict(tool_choice)
     if not isinstance(tool_choice, str):
         raise InputError(f"tool_choice must be 'auto', 'required', 'none' or a tool name, got {tool_choice!r}")
     if tool_choice in ("auto", "none"):
@@ -64,6 +75,32 @@ def normalize_tool_choice(tool_choice: Any, tools: Sequence[ToolDefinition]) -> 
     if tool_choice not in names:
         raise InputError(f"tool_choice {tool_choice!r} is not one of the tools: {', '.join(names)}")
     return tool_choice
+
+
+_TOOL_CHOICE_FORM = "{'type': 'function', 'function': {'name': 'TOOL'}}"
+
+
+def _tool_choice_from_dict(choice: dict[str, Any]) -> str:
+    kind = choice.get("type", "function")
+    if kind in ("auto", "required", "none") and set(choice) <= {"type"}:
+        return kind
+    if kind != "function":
+        raise InputError(f"tool_choice['type'] is {kind!r}; use 'function' (as in {_TOOL_CHOICE_FORM}), 'auto', "
+                         "'required' or 'none'")  # fmt: skip
+    if "function" in choice:
+        fn = choice["function"]
+        if not isinstance(fn, dict):
+            raise InputError(f"tool_choice['function'] must be a dict with a 'name', got {fn!r:.80}; write "
+                             f"{_TOOL_CHOICE_FORM}")  # fmt: skip
+        name = fn.get("name")
+        field = "tool_choice['function']['name']"
+    else:
+        name = choice.get("name")
+        field = "tool_choice['name']"
+    if not isinstance(name, str) or not name:
+        raise InputError(f"{field} must be a tool name (a non-empty string), got {name!r:.80}; write "
+                         f"{_TOOL_CHOICE_FORM}")  # fmt: skip
+    return name
 
 
 class Formatter:

@@ -27,6 +27,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import InputError
 from ..types import Message, ToolCall
 from .tooldefs import BUILTIN_TOOLS
 
@@ -46,7 +47,24 @@ _TRIGGER_RE = re.compile(
 )
 _FUNCTION_TAG_RE = re.compile(r"<function=([^>\n]+?)>")
 _CLOSE = {"(": ")", "[": "]", "{": "}"}
-_MAX_SOFT_FAILURES = 64
+_MAX_AST_CHARS = 65_536  # the Python-literal fallback for "almost JSON" is for call-sized text only
+
+
+class _Budget:
+    """Characters the soft (JSON-that-may-be-data) candidates may still scan and parse.
+
+    Each failed JSON candidate may scan to the end of the reply, so unbounded retries are quadratic (a
+    512 KB reply of JSON-looking fragments took seconds).  The budget is a few times the reply's length:
+    total work stays linear, and once it is spent the rest is treated as text.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.left = 4 * len(text) + 200_000
+
+    def spend(self, chars: int) -> None:
+        self.left -= max(chars, 1)
+        if self.left < 0:
+            raise _ParseFailure("the reply holds too much JSON-like text that is not a tool call to parse further")
 
 
 class _ParseFailure(Exception):
@@ -98,11 +116,22 @@ def parse_assistant(text: str, stop_reason: str | None = None) -> Message:
 
 
 def parse_tool_calls(text: str) -> ParseResult:
-    """Split ``text`` into content and tool calls (see the module docstring); never raises."""
+    """Split ``text`` into content and tool calls (see the module docstring); never raises.
+
+    Every call returned passes the same checks as a tool call given in a dialog's history (a name the model
+    can write, JSON arguments that every prompt format can render), so the next turn of a tool loop can
+    always render this reply; a call that fails them makes the reply content with ``error`` set.
+    """
     try:
-        return _parse(text)
+        result = _parse(text)
     except Exception as exc:  # defensive: a parser bug must not crash a notebook loop
         return ParseResult(content=text.strip(), error=f"tool-call parser failed: {type(exc).__name__}: {exc}")
+    for call in result.tool_calls:
+        try:
+            ToolCall.coerce(call)
+        except InputError as exc:
+            return ParseResult(content=text.strip(), error=f"the model wrote a tool call that cannot be used: {exc}")
+    return result
 
 
 def _parse(text: str) -> ParseResult:
@@ -159,21 +188,20 @@ def _parse_search(text: str) -> ParseResult:
     pieces: list[str] = []
     pos = 0
     scan = 0
-    failures = 0
+    budget = _Budget(text)
     while True:
         m = _TRIGGER_RE.search(text, scan)
         if m is None:
             break
         start = m.start()
         kind = m.lastgroup
+        if kind in ("json", "jsonlist") and budget.left <= 0:
+            break  # the budget for JSON-that-may-be-data is spent: the rest is text
         try:
-            end, found = _PARSERS[kind](text, start)
+            end, found = _PARSERS[kind](text, start, budget)
         except _ParseFailure as exc:
             if kind in ("json", "jsonlist") and not exc.strong:
                 scan = start + 1  # JSON that is not a call is just text
-                failures += 1
-                if failures > _MAX_SOFT_FAILURES:  # each failed attempt may scan to the end: bound the work
-                    break
                 continue
             return ParseResult(content=text.strip(), error=str(exc))
         if found is None:  # well-formed, but not a call
@@ -232,6 +260,8 @@ def _segments(text: str, start: int, python: bool) -> list[tuple[int, str]]:
     end, missing, last_call_end = _scan_balanced(text, start, python)
     if end is not None:
         return [(end, text[start:end])]
+    if missing and missing[0][0] in "\"'":  # the reply ends inside a string: a cut-off value, not repairable
+        raise _ParseFailure(f"unterminated string in the tool call {text[start : start + 200]!r}", True)
     out = [(len(text), text[start:] + "".join(missing))]
     if python and last_call_end is not None and text[start] == "[":
         out.append((last_call_end, text[start:last_call_end] + "]"))
@@ -242,7 +272,7 @@ def _segment(text: str, start: int, python: bool) -> tuple[int, str]:
     return _segments(text, start, python)[0]
 
 
-def _parse_python_list(text: str, start: int) -> tuple[int, list[ToolCall] | None]:
+def _parse_python_list(text: str, start: int, budget: _Budget) -> tuple[int, list[ToolCall] | None]:
     failure: _ParseFailure | None = None
     for end, segment in _segments(text, start, python=True):
         try:
@@ -346,24 +376,36 @@ def _normalize_builtin(name: str, args: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-def _json_segment(text: str, start: int) -> tuple[int, Any]:
+def _json_segment(text: str, start: int, budget: _Budget | None = None) -> tuple[int, Any]:
+    budget = budget or _Budget(text)
     try:
         obj, end = json.JSONDecoder().raw_decode(text, start)
         return end, obj
-    except json.JSONDecodeError:
-        pass
+    except json.JSONDecodeError as exc:
+        budget.spend(exc.pos - start)
+    except (RecursionError, ValueError) as exc:  # absurd nesting, or an integer too long to convert
+        budget.spend(len(text) - start)  # work done unknown: assume it ran to the end
+        strong = re.search(r"\"(parameters|arguments)\"", text[start : start + 500]) is not None
+        raise _ParseFailure(f"could not parse the JSON tool call {text[start : start + 200]!r}: {exc}", strong) \
+            from None
     try:
         end, segment = _segment(text, start, python=False)
-    except _ParseFailure:  # a stray closing bracket: not repairable
-        end, segment = len(text), text[start : start + 500]
+    except _ParseFailure as exc:
+        if exc.strong:
+            raise
+        end, segment = len(text), text[start : start + 500]  # a stray closing bracket: not repairable
+    budget.spend(end - start)
     try:
+        budget.spend(len(segment))
         return end, json.loads(segment)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError, ValueError):
         pass
-    try:  # single quotes, Python literals: a model writing JSON "almost"
-        return end, _literal(_ast_expr(segment))
-    except _ParseFailure:
-        pass
+    if len(segment) <= _MAX_AST_CHARS:
+        try:  # single quotes, Python literals: a model writing JSON "almost"
+            budget.spend(4 * len(segment))  # the Python parser costs more per character
+            return end, _literal(_ast_expr(segment))
+        except _ParseFailure:
+            pass
     strong = re.search(r"\"(parameters|arguments)\"", segment) is not None
     raise _ParseFailure(f"could not parse the JSON tool call {segment[:200]!r}", strong)
 
@@ -396,8 +438,8 @@ def _json_call(obj: Any) -> ToolCall | None:
     return ToolCall(tool_name=name, arguments=_normalize_builtin(name, args), call_id=new_call_id())
 
 
-def _parse_json(text: str, start: int) -> tuple[int, list[ToolCall] | None]:
-    end, obj = _json_segment(text, start)
+def _parse_json(text: str, start: int, budget: _Budget) -> tuple[int, list[ToolCall] | None]:
+    end, obj = _json_segment(text, start, budget)
     items = obj if isinstance(obj, list) else [obj]
     calls = [_json_call(o) for o in items]
     if not calls or any(c is None for c in calls):
@@ -405,7 +447,7 @@ def _parse_json(text: str, start: int) -> tuple[int, list[ToolCall] | None]:
     return end, calls  # type: ignore[return-value]
 
 
-def _parse_function_tag(text: str, start: int) -> tuple[int, list[ToolCall] | None]:
+def _parse_function_tag(text: str, start: int, budget: _Budget) -> tuple[int, list[ToolCall] | None]:
     m = _FUNCTION_TAG_RE.match(text, start)
     if m is None:
         raise _ParseFailure(f"malformed function tag {text[start : start + 100]!r}")
@@ -416,7 +458,7 @@ def _parse_function_tag(text: str, start: int) -> tuple[int, list[ToolCall] | No
     args: Any = {}
     if i < len(text) and text[i] == "{":
         try:
-            i, args = _json_segment(text, i)
+            i, args = _json_segment(text, i, budget)
         except _ParseFailure as exc:
             raise _ParseFailure(str(exc), True) from None
         if not isinstance(args, dict):
@@ -429,7 +471,7 @@ def _parse_function_tag(text: str, start: int) -> tuple[int, list[ToolCall] | No
     return i, [ToolCall(tool_name=name, arguments=_normalize_builtin(name, args), call_id=new_call_id())]
 
 
-def _parse_builtin(text: str, start: int) -> tuple[int, list[ToolCall] | None]:
+def _parse_builtin(text: str, start: int, budget: _Budget) -> tuple[int, list[ToolCall] | None]:
     m = re.match(r"([A-Za-z_]\w*)\.call\s*\(", text[start:])
     assert m is not None
     name = m.group(1)

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ToolError
+from ..errors import InputError, ToolError
+from ..types import check_json_value, check_tool_name
 
 BUILTIN_TOOLS = ("brave_search", "wolfram_alpha", "photogen", "code_interpreter")
 
@@ -133,7 +134,46 @@ def coerce_tools(tools: Iterable[Any] | None) -> list[ToolDefinition]:
 
 
 def coerce_tool(spec: Any) -> ToolDefinition:
-    """One tool spec -> :class:`ToolDefinition` (see the module docstring for the accepted forms)."""
+    """One tool spec -> :class:`ToolDefinition` (see the module docstring for the accepted forms), checked
+    once here so that every prompt format can render it and the model can call it."""
+    return check_definition(_coerce_tool(spec))
+
+
+def check_definition(tool: ToolDefinition) -> ToolDefinition:
+    """Names the model can write as calls, string descriptions, JSON-able defaults; errors name the field."""
+    try:
+        name = check_tool_name(tool.tool_name, "tool name")
+    except InputError as exc:
+        raise ToolError(str(exc)) from None
+    if tool.description is not None and not isinstance(tool.description, str):
+        raise ToolError(f"description of tool {name!r} must be a string, got {type(tool.description).__name__}")
+    if tool.parameters is not None and not isinstance(tool.parameters, dict):
+        raise ToolError(f"parameters of tool {name!r} must be a dict of name -> ToolParam")
+    for pname, param in tool.params.items():
+        where = f"parameter {pname!r} of tool {name!r}"
+        try:
+            check_tool_name(pname, f"{where}: the name")
+        except InputError as exc:
+            raise ToolError(str(exc).replace("tool call", "keyword argument")) from None
+        if not isinstance(param, ToolParam):
+            raise ToolError(f"{where} must be a ToolParam, got {type(param).__name__}")
+        if not isinstance(param.param_type, str):
+            raise ToolError(f"{where}: param_type must be a string like 'str' or 'list[int]', got {param.param_type!r}")
+        if param.description is not None and not isinstance(param.description, str):
+            raise ToolError(f"{where}: description must be a string, got {type(param.description).__name__}")
+        if param.required is not None and not isinstance(param.required, bool):
+            raise ToolError(f"{where}: required must be true/false, got {param.required!r}")
+        try:
+            check_json_value(param.default, f"{where}: default")
+            check_json_value(param.schema, f"{where}: schema")
+        except InputError as exc:
+            raise ToolError(str(exc)) from None
+    if name != tool.tool_name:
+        tool = ToolDefinition(name, tool.description, tool.parameters, tool.function)
+    return tool
+
+
+def _coerce_tool(spec: Any) -> ToolDefinition:
     if isinstance(spec, ToolDefinition):
         return spec
     if isinstance(spec, enum.Enum):
@@ -185,7 +225,7 @@ def _from_dict(spec: dict[str, Any]) -> ToolDefinition:
 
 
 def _looks_like_json_schema(params: dict[str, Any]) -> bool:
-    return params.get("type") == "object" and isinstance(params.get("properties", {}), dict)
+    return params.get("type") == "object" and ("properties" in params or "required" in params or len(params) == 1)
 
 
 def _llama_stack_params(tool: str, params: Any) -> dict[str, ToolParam] | None:
@@ -197,7 +237,7 @@ def _llama_stack_params(tool: str, params: Any) -> dict[str, ToolParam] | None:
     for pname, p in params.items():
         if hasattr(p, "model_dump"):
             p = p.model_dump()
-        if not isinstance(p, dict) or "param_type" not in p:
+        if not isinstance(p, dict) or not isinstance(p.get("param_type"), str):
             raise ToolError(
                 f"parameter {pname!r} of tool {tool!r} must be a dict with 'param_type' (and optionally "
                 f"'description', 'required', 'default'), got {p!r}"
@@ -214,23 +254,52 @@ def _llama_stack_params(tool: str, params: Any) -> dict[str, ToolParam] | None:
 def _from_openai_function(fn: dict[str, Any]) -> ToolDefinition:
     name = fn.get("name")
     if not name or not isinstance(name, str):
-        raise ToolError(f"OpenAI-style function {fn!r} has no 'name'")
-    schema = fn.get("parameters") or {}
+        raise ToolError(f"OpenAI-style function {fn!r:.120} has no 'name'")
+    schema = fn.get("parameters")
+    if schema is None:
+        schema = {}
     if not isinstance(schema, dict):
-        raise ToolError(f"'parameters' of tool {name!r} must be a JSON Schema object")
-    props = schema.get("properties") or {}
-    required = set(schema.get("required") or [])
+        raise ToolError(f"'parameters' of tool {name!r} must be a JSON Schema object, got {type(schema).__name__}")
+    if schema.get("type", "object") != "object":
+        raise ToolError(f"'parameters' of tool {name!r} has type {schema.get('type')!r}; tool parameters are a JSON "
+                        "Schema of type 'object' with 'properties'")  # fmt: skip
+    props = schema.get("properties")
+    if props is None:
+        props = {}
+    if not isinstance(props, dict):
+        raise ToolError(f"'parameters.properties' of tool {name!r} must be an object mapping each parameter name to "
+                        f"its JSON Schema, got {type(props).__name__} {props!r:.80}")  # fmt: skip
+    required_list = schema.get("required")
+    if required_list is None:
+        required_list = []
+    if not isinstance(required_list, (list, tuple)) or not all(isinstance(r, str) for r in required_list):
+        raise ToolError(f"'parameters.required' of tool {name!r} must be a list of parameter names, got "
+                        f"{required_list!r:.80}")  # fmt: skip
+    required = set(required_list)
     params: dict[str, ToolParam] = {}
     for pname, pschema in props.items():
-        pschema = dict(pschema or {})
+        if pschema is None or pschema is True:  # JSON Schema's "anything"
+            pschema = {}
+        if not isinstance(pschema, dict):
+            raise ToolError(f"'parameters.properties.{pname}' of tool {name!r} must be a JSON Schema object, got "
+                            f"{type(pschema).__name__} {pschema!r:.80}")  # fmt: skip
+        pschema = dict(pschema)
         json_type = pschema.get("type")
         if isinstance(json_type, list):  # e.g. ["string", "null"]
+            if not all(isinstance(t, str) for t in json_type):
+                raise ToolError(f"'type' of parameter {pname!r} of tool {name!r} must be a string or list of strings")
             non_null = [t for t in json_type if t != "null"]
             json_type = non_null[0] if len(non_null) == 1 else json_type
+        elif json_type is not None and not isinstance(json_type, str):
+            raise ToolError(f"'type' of parameter {pname!r} of tool {name!r} must be a string or list of strings, got "
+                            f"{json_type!r:.80}")  # fmt: skip
         param_type = json_type if isinstance(json_type, str) else ("any" if json_type is None else "|".join(json_type))
+        description = pschema.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ToolError(f"'description' of parameter {pname!r} of tool {name!r} must be a string")
         params[pname] = ToolParam(
             param_type=param_type,
-            description=pschema.get("description"),
+            description=description,
             required=pname in required,
             default=pschema.get("default"),
             schema={k: v for k, v in pschema.items() if k not in ("description", "default")},

@@ -11,6 +11,8 @@ import torch
 from ..errors import SamplingError
 
 MAX_LOGPROBS = 20
+# torch.Generator.manual_seed takes a 64-bit seed: unsigned, or signed (negative seeds wrap around 2**64).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,11 @@ class SamplingParams:
             raise SamplingError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
         if _not_int(top_k) or top_k < 0:
             raise SamplingError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
-        if seed is not None and _not_int(seed):
-            raise SamplingError(f"seed must be an integer or None, got {seed!r}")
+        if seed is not None and (_not_int(seed) or not SEED_MIN <= seed <= SEED_MAX):
+            raise SamplingError(
+                f"seed must be an integer in {SEED_MIN}..{SEED_MAX} (a 64-bit seed) or None, got {seed!r}; "
+                "reduce it, e.g. seed % 2**64"
+            )
         if logprobs is None or logprobs is False:
             logprobs = 0
         elif logprobs is True:
@@ -82,11 +87,24 @@ def _not_number(value: object) -> bool:
     return isinstance(value, bool) or not isinstance(value, (int, float))
 
 
+def tempered_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``softmax(logits / temperature)`` on the CPU in float32, stable for any positive temperature.
+
+    The max logit is subtracted *before* dividing: with a tiny temperature ``logits / t`` overflows to
+    inf (and the softmax to NaN), while ``(logits - max) / t`` is 0 at the maximum and at most -inf
+    elsewhere, so the result tends to greedy (ties shared) instead of failing.
+    """
+    logits = logits.double().cpu()  # [V]; float64: a temperature like 1e-300 would be 0 as a float32 scalar
+    finite = torch.nan_to_num(logits, nan=-torch.inf, posinf=torch.finfo(torch.float32).max)
+    shifted = (finite - finite.max()) / temperature  # [V], <= 0 (or -inf)
+    return torch.softmax(shifted, dim=-1).float()
+
+
 def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Pick one token from one row's float32 logits ``[V]``."""
     if params.greedy:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1).cpu()  # [V]
+    probs = tempered_probs(logits, params.temperature)  # [V]
     if params.top_k and params.top_k < probs.numel():
         kth = torch.topk(probs, params.top_k).values[-1]
         probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))

@@ -8,6 +8,7 @@ load time instead of silently changing the architecture.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -201,42 +202,93 @@ class ModelArgs:
                 f"{path} not found: a Meta checkpoint folder holds params.json, consolidated.NN.pth and "
                 "tokenizer.model; point workbench.load() at that folder"
             )
+        if not path.is_file():
+            raise ModelArgsError(f"{path} is a folder, not a file; params.json must be the checkpoint's JSON "
+                                 "file of model arguments — re-download it")  # fmt: skip
         try:
-            params = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+            params = json.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ModelArgsError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); params.json must be "
+                                 "a JSON file — re-download it") from exc  # fmt: skip
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ModelArgsError(f"{path} is not valid JSON ({exc}); fix or re-download params.json") from exc
+        except OSError as exc:
+            raise ModelArgsError(f"cannot read {path} ({exc.strerror}); check its permissions") from exc
         if not isinstance(params, dict):
             raise ModelArgsError(f"{path} must hold a JSON object, got {type(params).__name__}")
         return cls.from_dict(params, source=str(path))
 
     def _validate(self, source: str) -> None:
+        """Semantic checks: every value in its range, finite, and the sizes consistent with each other."""
+
         def bad(msg: str) -> ModelArgsError:
             return ModelArgsError(f"{source}: {msg}")
 
-        for name in ("dim", "n_layers", "n_heads"):
-            if getattr(self, name) <= 0:
-                raise bad(f"{name} must be positive, got {getattr(self, name)}")
-        if self.kv_heads <= 0 or self.n_heads % self.kv_heads:
+        def check_range(name: str, value: float | int | None, low: float, high: float, *, low_open: bool = False,
+                        hint: str = "") -> None:  # fmt: skip
+            if value is None:
+                return
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad(f"{name} must be a finite number, got {value!r}{hint}")
+            if value < low or (low_open and value == low) or value > high:
+                lo = f"> {low:g}" if low_open else f">= {low:g}"
+                raise bad(f"{name} must be {lo} and <= {high:g}, got {value!r}{hint}")
+
+        for name, high in _INT_LIMITS.items():
+            check_range(name, getattr(self, name), 1, high)
+        check_range("head_dim", self.head_dim, 1, _MAX_HEAD_DIM)
+        if self.vocab_size != -1:
+            check_range("vocab_size", self.vocab_size, 1, _MAX_VOCAB, hint=" (or -1: taken from the tokenizer)")
+        check_range("multiple_of", self.multiple_of, 1, _MAX_DIM)
+        for name in ("ffn_dim_multiplier", "ffn_exp", "norm_eps", "rope_theta", "rope_scaling_factor",
+                     "rope_high_freq_factor", "floor_scale"):  # fmt: skip
+            check_range(name, getattr(self, name), 0.0, _MAX_FLOAT, low_open=True)
+        check_range("attn_scale", self.attn_scale, -_MAX_FLOAT, _MAX_FLOAT)
+        if self.n_kv_heads is not None:
+            check_range("n_kv_heads", self.n_kv_heads, 1, _INT_LIMITS["n_heads"])
+        if self.n_heads % self.kv_heads:
             raise bad(f"n_heads ({self.n_heads}) must be a positive multiple of n_kv_heads ({self.kv_heads})")
         if self.head_dim is None and self.dim % self.n_heads:
             raise bad(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}) (or give head_dim)")
         if self.rope_head_dim % 2:
             raise bad(f"head size {self.rope_head_dim} must be even for rotary embeddings")
         if self.moe_args is not None:
-            if self.moe_args.num_experts <= 0:
-                raise bad(f"moe_args.num_experts must be positive, got {self.moe_args.num_experts}")
-            if not 1 <= self.moe_args.top_k <= self.moe_args.num_experts:
-                raise bad(f"moe_args.top_k ({self.moe_args.top_k}) must be in 1..num_experts")
-            if self.moe_args.interleave_moe_layer_step <= 0:
-                raise bad("moe_args.interleave_moe_layer_step must be positive")
+            moe = self.moe_args
+            check_range("moe_args.num_experts", moe.num_experts, 1, _MAX_EXPERTS)
+            if not 1 <= moe.top_k <= moe.num_experts:
+                raise bad(f"moe_args.top_k ({moe.top_k}) must be in 1..num_experts ({moe.num_experts})")
+            check_range("moe_args.interleave_moe_layer_step", moe.interleave_moe_layer_step, 1, _INT_LIMITS["n_layers"])
+            check_range("moe_args.capacity_factor", moe.capacity_factor, 0.0, _MAX_FLOAT)
             if self.ffn_exp is None:
                 raise bad("Llama 4 (moe_args present) needs 'ffn_exp' for the expert hidden size")
-        if self.attention_chunk_size is not None and self.attention_chunk_size <= 0:
-            raise bad(f"attention_chunk_size must be positive, got {self.attention_chunk_size}")
-        if self.nope_layer_interval is not None and self.nope_layer_interval <= 0:
-            raise bad(f"nope_layer_interval must be positive, got {self.nope_layer_interval}")
+        check_range("attention_chunk_size", self.attention_chunk_size, 1, 2**40)
+        check_range("nope_layer_interval", self.nope_layer_interval, 1, 2**31)
+        if self.quantization_args is not None:
+            check_range("quantization_args.group_size", self.quantization_args.group_size, 1, 2**31)
+        if self.lora_args is not None:
+            check_range("lora_args.rank", self.lora_args.rank, 0, 2**31)
+            check_range("lora_args.scale", self.lora_args.scale, -_MAX_FLOAT, _MAX_FLOAT)
         if self.vision_args is not None:
             _validate_vision(self.vision_args, bad)
+        sizes = [("the dense feed-forward hidden size", self.dense_hidden_dim(), "ffn_dim_multiplier, multiple_of")]
+        if self.moe_args is not None:
+            sizes.append(("the expert hidden size", self.moe_hidden_dim(),
+                          "ffn_exp, ffn_dim_multiplier, moe_args.capacity_factor, multiple_of"))  # fmt: skip
+        for what, size, fields_ in sizes:
+            if not 1 <= size <= _MAX_HIDDEN:
+                raise bad(f"{what} computed from dim={self.dim} and {fields_} is {size}; it must be in "
+                          f"1..{_MAX_HIDDEN}")  # fmt: skip
+
+
+# Upper limits far above any published Llama (405B: dim 16384, 126 layers, 128 heads; vocab 202048) that keep
+# arithmetic on sizes sane; a value past them is a typo or a corrupted file, not a model.
+_INT_LIMITS = {"dim": 2**20, "n_layers": 4096, "n_heads": 4096}
+_MAX_DIM = 2**20
+_MAX_HEAD_DIM = 2**14
+_MAX_VOCAB = 2**24
+_MAX_EXPERTS = 2**14
+_MAX_HIDDEN = 2**24
+_MAX_FLOAT = 1e30
 
 
 def _validate_vision(v: VisionArgs, bad: Any) -> None:
