@@ -51,10 +51,11 @@ class ToolCallDelta:
 StreamItem = TextDelta | ToolCallDelta | ChatCompletion
 
 
-def _debug_print(engine: Any, prompt: list[int]) -> None:
+def _debug_print(engine: Any, prompt: Any) -> None:
     level = os.environ.get("LLAMA_MODELS_DEBUG", "0")
     if level not in ("1", "2"):
         return
+    prompt = getattr(prompt, "tokens", prompt)
     print("Input to model:\n" + engine.tokenizer.decode(prompt), file=sys.stderr)
     if level == "2":
         print(f"Token ids ({len(prompt)}): {prompt}", file=sys.stderr)
@@ -66,12 +67,13 @@ def encode_prompt(
     tools: Iterable[Any] | None = None,
     tool_choice: Any = "auto",
     tool_prompt_format: Any = None,
-) -> list[int]:
-    """The prompt token ids for one dialog (printed when ``LLAMA_MODELS_DEBUG`` is set)."""
-    prompt = engine.formatter.encode_dialog(messages, tools=tools, tool_choice=tool_choice,
+) -> Any:
+    """The prompt for one dialog (printed when ``LLAMA_MODELS_DEBUG`` is set): its token ids, or a
+    :class:`~workbench.formats.Prompt` (ids + images) when the dialog holds images."""
+    prompt = engine.formatter.encode_prompt(messages, tools=tools, tool_choice=tool_choice,
                                             tool_prompt_format=tool_prompt_format)  # fmt: skip
     _debug_print(engine, prompt)
-    return prompt
+    return prompt if prompt.images else prompt.tokens
 
 
 def to_chat_completion(engine: Any, completion: Completion, fmt: OutputFormat | None = None) -> ChatCompletion:

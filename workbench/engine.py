@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .errors import EngineBusyError, FormatError, GenerationCancelled, InputError, PromptTooLongError
+from .errors import EngineBusyError, FormatError, GenerationCancelled, ImageError, InputError, PromptTooLongError
 from .generation.generator import Event, Request
 from .generation.sampling import SamplingParams
 from .models.args import ModelArgs
@@ -24,7 +24,7 @@ from .structured import Constraint, OutputFormat, per_row_formats
 from .tokenizer import Tokenizer
 from .types import Completion, StreamChunk, TokenLogprob
 
-Content = str | Sequence[int]
+Content = str | Sequence[int] | Any  # Any: a formats.Prompt (token ids + images) from formatter.encode_prompt
 F = TypeVar("F", bound=Callable[..., Any])
 
 SAMPLING_DOC = """
@@ -113,6 +113,7 @@ class Engine:
         self._lock = threading.Lock()  # one call at a time: the runner's KV cache rows are shared
         self._owner: int | None = None  # thread id holding the lock
         self._holder: Any = None  # the stream generator holding the lock (None: a plain call)
+        self._vision_eager = False  # load_vision() was asked for: keep it loaded across re-loads
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -149,7 +150,9 @@ class Engine:
                    stop: str | Sequence[str] | None = None, response_format: Any = None) -> Completion:  # fmt: skip
         """Complete one prompt and return a :class:`~workbench.types.Completion` (text, tokens, stop reason).
 
-        content: a string (encoded with a BOS token) or a list of token ids used exactly as given.
+        content: a string (encoded with a BOS token), a list of token ids used exactly as given, a list
+            mixing text and images (Llama 4: BOS, then the items, no chat headers), or a ``Prompt`` from
+            ``engine.formatter.encode_prompt``.
         """
         if isinstance(response_format, (list, tuple)):
             raise FormatError("completion takes one response_format (a list is for batch_completion)")
@@ -168,7 +171,8 @@ class Engine:
         Each row's result equals running that prompt alone (greedy, or sampled with a seed), so
         batching is purely a speed choice.  More prompts than ``max_batch_size`` flow through in waves.
 
-        contents: strings (encoded with BOS) and/or token-id lists.
+        contents: strings (encoded with BOS), token-id lists, text+image lists and/or ``Prompt`` objects (see
+            ``completion``).
         progress: a progress bar of rows done and tokens/s; None (default) shows it once the call has
             run for a couple of seconds, True at once, False never.
         """
@@ -177,28 +181,36 @@ class Engine:
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                        seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
         check_progress(progress)
-        prompts = [self._encode_content(c, i) for i, c in enumerate(contents)]
+        rows = [self._encode_row(c, i) for i, c in enumerate(contents)]
+        prompts = [ids for ids, _ in rows]
         formats = per_row_formats(response_format, len(prompts))
-        return self.generate_tokens(prompts, params, progress=progress, formats=formats)
+        return self.generate_tokens(prompts, params, progress=progress, formats=formats,
+                                    image_tiles=[tiles for _, tiles in rows])  # fmt: skip
 
     def generate_tokens(self, prompts: list[list[int]], params: SamplingParams, *,
                         progress: bool | None = False,
-                        formats: Sequence[OutputFormat | None] | None = None) -> list[Completion]:  # fmt: skip
-        """Run already-encoded prompts (validated here) and collect one Completion per prompt."""
+                        formats: Sequence[OutputFormat | None] | None = None,
+                        image_tiles: Sequence[torch.Tensor | None] | None = None) -> list[Completion]:  # fmt: skip
+        """Run already-encoded prompts (validated here) and collect one Completion per prompt.
+
+        ``image_tiles`` gives, per prompt, its images' preprocessed tiles (or None)."""
         if not prompts:
             return []
-        self._check_lengths(prompts)
+        tiles = list(image_tiles) if image_tiles is not None else [None] * len(prompts)
+        self._check_lengths(prompts, tiles)
         formats = list(formats) if formats is not None else [None] * len(prompts)
         constraints = self._constraints(formats)
         with self._exclusive("batch_completion"):
-            return self._collect(prompts, params, progress, formats, constraints)
+            return self._collect(prompts, params, progress, formats, constraints, tiles)
 
     def _collect(self, prompts: list[list[int]], params: SamplingParams, progress: bool | None,
-                 formats: list[OutputFormat | None], constraints: list[Any]) -> list[Completion]:  # fmt: skip
+                 formats: list[OutputFormat | None], constraints: list[Any],
+                 tiles: list[Any]) -> list[Completion]:  # fmt: skip
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[TokenLogprob]] = [[] for _ in prompts]
         finals: list[Event | None] = [None] * len(prompts)
-        requests = [Request(i, p, params, c) for i, (p, c) in enumerate(zip(prompts, constraints))]
+        requests = [Request(i, p, params, c, image_tiles=t)
+                    for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]  # fmt: skip
         if progress is None and len(prompts) == 1:
             progress = False  # automatic bars count rows: none for a single prompt
         bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress)
@@ -244,28 +256,30 @@ class Engine:
         """
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                        seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
-        prompt = self._encode_content(content, 0)
-        self._check_lengths([prompt])
+        prompt, tiles = self._encode_row(content, 0)
+        self._check_lengths([prompt], [tiles])
         if isinstance(response_format, (list, tuple)):
             raise FormatError("stream_completion takes one response_format (a list is for batch_completion)")
         fmt = per_row_formats(response_format, 1)[0]
         me: list[Iterator[StreamChunk]] = []
-        stream = self._stream(prompt, params, me, fmt, self._constraints([fmt])[0])
+        stream = self._stream(prompt, params, me, fmt, self._constraints([fmt])[0], tiles)
         me.append(stream)
         return stream
 
     def _stream(self, prompt: list[int], params: SamplingParams, me: list, fmt: OutputFormat | None = None,
-                constraint: Constraint | None = None) -> Iterator[StreamChunk]:  # fmt: skip
+                constraint: Constraint | None = None,
+                tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:  # fmt: skip
         with self._exclusive("stream_completion", stream=me[0]):  # held until the stream ends or is closed
-            yield from self._stream_locked(prompt, params, fmt, constraint)
+            yield from self._stream_locked(prompt, params, fmt, constraint, tiles)
 
     def _stream_locked(self, prompt: list[int], params: SamplingParams, fmt: OutputFormat | None,
-                       constraint: Constraint | None) -> Iterator[StreamChunk]:  # fmt: skip
+                       constraint: Constraint | None,
+                       tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:  # fmt: skip
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
         decoded, text, emitted = 0, "", 0  # tokens decoded into `text`; characters of `text` yielded
         call = self._calls.begin()
-        events = self._events(call, [Request(0, prompt, params, constraint)])
+        events = self._events(call, [Request(0, prompt, params, constraint, image_tiles=tiles)])
         try:
             for event in events:
                 if event.token is not None:
@@ -439,7 +453,54 @@ class Engine:
         with self._exclusive("logits"):
             return self._runner.logits(prompts)
 
+    # ----------------------------------------------------------------------------- images
+    def load_vision(self) -> None:
+        """Load the vision encoder now (it is otherwise loaded at the first image) and keep it loaded across
+        ``set_quantization``.  Raises ImageError for models without one."""
+        if self.args.vision_args is None:
+            raise ImageError(self.formatter.chat.no_images_reason or "this model has no vision encoder")
+        self._runner.load_vision()
+        self._vision_eager = True
+
+    def _vision_state(self) -> str | None:
+        if self.args.vision_args is None:
+            return None
+        return "loaded" if getattr(self._runner, "vision_loaded", False) else "not loaded"
+
+    def _prepare_images(self, images: Sequence[Any], ids: list[int], row: int) -> torch.Tensor | None:
+        """The prompt's images as one tile batch [n, 3, T, T] (checked against its ``<|patch|>`` tokens)."""
+        if not images:
+            return None
+        vision = self.args.vision_args
+        if vision is None:
+            raise ImageError(self.formatter.chat.no_images_reason or "this model has no vision encoder")
+        from .vision.preprocess import prepare_image
+
+        if any(im.layout.tile_size != vision.tile_size for im in images):
+            raise InputError(f"prompt row {row} was tiled for another model; build it with this engine's "
+                             "formatter.encode_prompt")  # fmt: skip
+        tiles = torch.cat([prepare_image(im.image, vision.tile_size, layout=im.layout).tiles for im in images])
+        patches = ids.count(self.tokenizer.special_tokens["<|patch|>"])
+        if patches != tiles.shape[0] * vision.tokens_per_tile:
+            raise InputError(
+                f"prompt row {row} has {patches} <|patch|> tokens but its {len(images)} image(s) need "
+                f"{tiles.shape[0] * vision.tokens_per_tile}; build image prompts with engine.formatter.encode_prompt"
+            )
+        return tiles
+
     # ----------------------------------------------------------------------------- validation
+    def _encode_row(self, content: Content, row: int) -> tuple[list[int], torch.Tensor | None]:
+        """Token ids of one prompt row, and its image tiles when it is a Prompt with images."""
+        from .formats import Prompt
+        from .vision.images import is_image_item
+
+        if isinstance(content, (list, tuple)) and any(isinstance(c, str) or is_image_item(c) for c in content):
+            content = self.formatter.encode_content(content)  # raw text + images
+        if isinstance(content, Prompt):
+            ids = self._check_ids(list(content.tokens), row)
+            return ids, self._prepare_images(content.images, ids, row)
+        return self._encode_content(content, row), None
+
     def _encode_content(self, content: Content, row: int) -> list[int]:
         if isinstance(content, str):
             return self.tokenizer.encode(content, bos=True)
@@ -461,10 +522,20 @@ class Engine:
                 )
         return ids
 
-    def _check_lengths(self, prompts: list[list[int]]) -> None:
+    def _check_lengths(self, prompts: list[list[int]], image_tiles: Sequence[Any] | None = None) -> None:
         for i, p in enumerate(prompts):
             if not p:
                 raise InputError(f"prompt row {i} is empty; give at least one token (strings get a BOS token)")
+            tiles = image_tiles[i] if image_tiles is not None else None
+            if tiles is not None and len(p) >= self.max_seq_len:
+                vision = self.args.vision_args
+                image_tokens = p.count(self.tokenizer.special_tokens["<|patch|>"])
+                raise PromptTooLongError(
+                    f"prompt row {i} has {len(p)} tokens, {image_tokens} of them for its images ({tiles.shape[0]} "
+                    f"tiles of {vision.tokens_per_tile} tokens), but max_seq_len is {self.max_seq_len}; load with "
+                    f"max_seq_len > {len(p)}, or send fewer or smaller images (an image of at most "
+                    f"{vision.tile_size}x{vision.tile_size} pixels takes one tile)"
+                )
             if len(p) >= self.max_seq_len:
                 raise PromptTooLongError(
                     f"prompt row {i} has {len(p)} tokens but max_seq_len is {self.max_seq_len} (room is needed "
@@ -491,6 +562,8 @@ class Engine:
                 self._runner.reload(settings)
                 bar.update(1)
             self.settings = settings
+            if self._vision_eager:
+                self._runner.load_vision()
 
     # ----------------------------------------------------------------------------- introspection
     def info(self) -> dict[str, Any]:
@@ -511,6 +584,7 @@ class Engine:
             "device": str(self.settings.device),
             "model_parallel_size": self.settings.model_parallel_size,
             "quantization": self.settings.quantization,
+            "vision": self._vision_state(),
             "max_batch_size": self.max_batch_size,
             "max_seq_len": self.max_seq_len,
             "weights_bytes": memory["weights_bytes"],

@@ -23,6 +23,11 @@ def stop_token_reasons(tokenizer: Tokenizer) -> dict[int, StopReason]:
     return {tokenizer.eos_id: "end_of_turn", tokenizer.eot_id: "end_of_turn", tokenizer.eom_id: "end_of_message"}
 
 
+def image_token(tokenizer: Tokenizer) -> int | None:
+    """The ``<|patch|>`` id (Llama 4 tokenizers), where image embeddings go; None for Llama 3."""
+    return getattr(tokenizer, "special_tokens", {}).get("<|patch|>")
+
+
 class LocalRunner:
     """Runs the model in this process (model_parallel_size == 1)."""
 
@@ -38,6 +43,7 @@ class LocalRunner:
             model, stop_tokens=stop_token_reasons(self.tokenizer), decode_text=self.tokenizer.decode,
             max_batch_size=self.settings.max_batch_size, max_seq_len=self.settings.max_seq_len,
             grammars=GrammarRuntime(self.tokenizer),
+            image_token=image_token(self.tokenizer),
         )  # fmt: skip
 
     def reload(self, settings: Settings) -> None:
@@ -51,6 +57,14 @@ class LocalRunner:
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
         return self.generator.generate(requests)
+
+    def load_vision(self) -> None:
+        """Load the vision encoder now instead of at the first image."""
+        self.model.ensure_vision()
+
+    @property
+    def vision_loaded(self) -> bool:
+        return self.model.vision_loaded
 
     def logits(self, token_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         return self.generator.logits(token_lists)
@@ -90,6 +104,8 @@ class LocalRunner:
 
 def module_kind(name: str) -> str:
     """Coarse kind of a parameter for memory breakdowns."""
+    if name.startswith("vision_"):
+        return "vision"
     if "experts" in name:
         return "routed_experts"
     if "shared_expert" in name:

@@ -102,7 +102,7 @@ def build_engine(settings: Settings) -> Engine:
 def load(checkpoint: str | Path | None = None, *, model: str | None = None,
          device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
          max_batch_size: int | None = None, max_seq_len: int | None = None, model_parallel_size: int | None = None,
-         quantization: str | None = None, **unknown: Any) -> Engine:  # fmt: skip
+         quantization: str | None = None, load_vision: bool = False, **unknown: Any) -> Engine:  # fmt: skip
     """Load the engine, or return the loaded one when the effective settings are the same.
 
     ``checkpoint`` is a folder or the name of a checkpoints.toml entry; unset keywords come from the
@@ -114,9 +114,15 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None,
     """
     if unknown:
         raise unknown_setting_error(next(iter(unknown)))
-    settings = resolve_settings(checkpoint, model=model, device=device, dtype=dtype, max_batch_size=max_batch_size,
-                                max_seq_len=max_seq_len, model_parallel_size=model_parallel_size,
-                                quantization=quantization)  # fmt: skip
+    engine = _load(checkpoint, model=model, device=device, dtype=dtype, max_batch_size=max_batch_size,
+                   max_seq_len=max_seq_len, model_parallel_size=model_parallel_size, quantization=quantization)
+    if load_vision:
+        engine.load_vision()
+    return engine
+
+
+def _load(checkpoint: str | Path | None, **kwargs: Any) -> Engine:
+    settings = resolve_settings(checkpoint, **kwargs)
     state = _state()
     loaded = state.engine
     if loaded is not None and _usable(loaded) and loaded.settings.identity() == settings.identity():

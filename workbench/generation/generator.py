@@ -44,6 +44,7 @@ class Request:
     prompt: list[int]
     params: SamplingParams
     constraint: Any = None  # a structured.Constraint: the row's output must follow its grammar
+    image_tiles: torch.Tensor | None = None  # [n, 3, T, T]: the prompt's images' tiles, in <|patch|> order
 
 
 @dataclass
@@ -89,9 +90,10 @@ class Generator:
 
     def __init__(self, model: Transformer, *, stop_tokens: dict[int, StopReason], decode_text,
                  max_batch_size: int, max_seq_len: int, grammars: Any = None,
-                 share_prefixes: bool = True) -> None:  # fmt: skip
+                 share_prefixes: bool = True, image_token: int | None = None) -> None:  # fmt: skip
         self.model = model
         self.grammars = grammars  # structured.GrammarRuntime (token masks of constrained rows), or None
+        self.image_token = image_token  # <|patch|>: where prefill places image embeddings
         self.stop_tokens = stop_tokens
         self.decode_text = decode_text  # ids -> str, for stop strings and logprob labels
         self.max_batch_size = max_batch_size
@@ -192,7 +194,11 @@ class Generator:
             run = [cur]
         return out
 
-    def _fill(self, items: list[tuple[int, list[int]]]) -> torch.Tensor:
+    def _first_image_position(self, tokens: list[int]) -> int:
+        return tokens.index(self.image_token) if self.image_token in tokens else len(tokens)
+
+    def _fill(self, items: list[tuple[int, list[int]]],
+              images: list[torch.Tensor | None] | None = None) -> torch.Tensor:  # fmt: skip
         """Write the keys/values of ``items`` (slot, tokens) into their slots; last-token logits [n, V].
 
         Each item starts from the longest prefix any slot holds (copied into its own slot when it
@@ -207,6 +213,8 @@ class Generator:
             held = self._resident_tokens()
             for k, (slot, tokens) in enumerate(items):
                 limit = len(tokens) - 1  # at least one token is computed: its logits are needed
+                if images is not None and images[k] is not None:
+                    limit = min(limit, self._first_image_position(tokens))  # image positions are computed
                 best, best_len = -1, 0
                 own = held.get(slot)
                 if own is not None:  # reusing the slot's own tokens costs no copy: any length pays
@@ -232,8 +240,11 @@ class Generator:
             rows = torch.tensor([items[j][0] for j in group], device=device)
             last = torch.tensor([suffix_lengths[j] - 1 for j in group], device=device)
             group_starts = [starts[j] for j in group]
+            tiles = [images[j] for j in group] if images is not None else []
+            extra = {"images": tiles, "image_token": self.image_token} if any(t is not None for t in tiles) else {}
             logits = self.model.forward_full(tokens, cache=self.cache, cache_rows=rows, logit_index=last,
-                                             starts=group_starts if any(group_starts) else None)  # fmt: skip
+                                             starts=group_starts if any(group_starts) else None,
+                                             **extra)  # fmt: skip
             out[group] = logits
         return out
 
@@ -275,15 +286,18 @@ class Generator:
     @torch.inference_mode()
     def _prefill(self, admitted: list[tuple[int, Request]], slots: list[_Row | None]) -> Iterator[Event]:
         if self.share_prefixes:
-            shared = self._shared_prefixes(admitted)
+            shared = self._shared_prefixes([a for a in admitted if a[1].image_tiles is None])
             if shared:
                 self._fill(shared)
                 for slot, prefix in shared:  # the slot now holds the prefix (a row that generated nothing)
                     self._resident[slot] = _Row(Request(-1, prefix, admitted[0][1].params), None)
-        logits = self._fill([(slot, request.prompt) for slot, request in admitted])  # [n, V]
+        logits = self._fill([(slot, request.prompt) for slot, request in admitted],
+                            [request.image_tiles for _, request in admitted])  # [n, V]  # fmt: skip
         new_rows = []
         for slot, request in admitted:
             row = _Row(request, request.params.make_generator(), grammar=self._start_grammar(request))
+            if request.image_tiles is not None:  # positions from the first image on hold image embeddings
+                row.cap = self._first_image_position(request.prompt)
             slots[slot] = self._resident[slot] = row
             new_rows.append((slot, row))
         yield from self._advance_all(new_rows, logits, slots)

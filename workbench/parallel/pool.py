@@ -156,6 +156,12 @@ class ParallelRunner:
         requests = [self._seeded(r) for r in requests]
         if not requests:
             return
+        if any(r.image_tiles is not None for r in requests):
+            self._vision_loaded = True  # the ranks load it at this request's first prefill
+            # As numpy arrays: pickled by value.  torch tensors would travel as shared-memory handles, which
+            # only one receiver can open, and the same bytes go to every rank.
+            requests = [r if r.image_tiles is None else replace(r, image_tiles=r.image_tiles.cpu().numpy())
+                        for r in requests]  # fmt: skip
         rid = self._send("generate", requests)
         yield from self._collect(rid, f"generating (request {rid})")
 
@@ -175,6 +181,18 @@ class ParallelRunner:
     def parameter_count(self) -> int:
         return self._parameters
 
+    def load_vision(self) -> None:
+        """Every rank loads its slice of the vision encoder now (instead of at the first image)."""
+        rid = self._send("load_vision", None)
+        results = self._collect(rid, f"loading the vision encoder (request {rid})")
+        for _ in results:
+            pass
+        self._vision_loaded = True
+
+    @property
+    def vision_loaded(self) -> bool:
+        return getattr(self, "_vision_loaded", False)
+
     def memory(self) -> dict[str, Any]:
         """Bytes summed over ranks (what is resident in total), plus each rank's own numbers (``per_rank``)."""
         from ..runner import merge_memory
@@ -186,6 +204,7 @@ class ParallelRunner:
         self._shutdown(graceful=True)
         self.settings = settings
         self._broken = None
+        self._vision_loaded = False
         self._launch(settings)
 
     def close(self) -> None:

@@ -100,7 +100,7 @@ class _Worker:
         from ..checkpoint import check_vocab
         from ..distributed import init_worker_group
         from ..loading import load_model_for_rank
-        from ..runner import model_memory, stop_token_reasons
+        from ..runner import image_token, model_memory, stop_token_reasons
 
         spec = self.spec
         self.ctrl = init_worker_group(rank=spec.rank, world_size=spec.world_size, store_host="127.0.0.1",
@@ -118,6 +118,7 @@ class _Worker:
             _CheckedModel(model, self), stop_tokens=stop_token_reasons(tokenizer), decode_text=tokenizer.decode,
             max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len,
             grammars=GrammarRuntime(tokenizer),  # every rank computes the same masks from the same tokens
+            image_token=image_token(tokenizer),
         )  # fmt: skip
         info = model_memory(model, self.generator.cache.nbytes())
         info["local_parameters"] = sum(p.numel() for p in model.parameters())
@@ -159,6 +160,8 @@ class _Worker:
         assert self.generator is not None
         rank0 = self.spec.rank == 0
         if kind == "generate":
+            payload = [r if r.image_tiles is None else replace(r, image_tiles=torch.from_numpy(r.image_tiles))
+                       for r in payload]  # fmt: skip
             for event in self.generator.generate(payload):
                 if rank0:
                     self.send("event", self.rid, event)
@@ -166,6 +169,9 @@ class _Worker:
         if kind == "logits":
             out = self.generator.logits(payload)
             return (torch.cat(out), [t.shape[0] for t in out]) if rank0 else None
+        if kind == "load_vision":
+            self.generator.model.ensure_vision()
+            return None
         if kind == "fault":
             self.fault = payload if self.spec.rank in payload["ranks"] else None
             return None
