@@ -149,3 +149,11 @@ def test_model_parallel_2_equals_1(engine, vision_dir, make_checkpoint):
             assert mp2.info()["vision"] == "loaded"
         finally:
             mp2.close()
+
+
+def test_completion_with_raw_text_and_images(engine):
+    image = pattern_image(300, 120)
+    raw = engine.completion(["A picture:", image, "It shows"], max_tokens=5)
+    prompt = engine.formatter.encode_content(["A picture:", image, "It shows"])
+    assert raw.prompt_tokens == len(prompt.tokens) and raw.tokens == engine.completion(prompt, max_tokens=5).tokens
+    assert prompt.tokens[0] == engine.tokenizer.special_tokens["<|begin_of_text|>"]

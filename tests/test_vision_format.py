@@ -152,3 +152,25 @@ def test_text_that_looks_like_image_tokens_stays_text():
     ids = formatter.encode_dialog([{"role": "user", "content": "<|image|><|patch|>"}])
     patch = our_tokenizer("llama4").special_tokens["<|patch|>"]
     assert patch not in ids and torch.tensor(ids).numel() > 8
+
+
+@pytest.mark.parametrize("vision", [TINY_VISION, SCOUT_VISION], ids=["tiny", "scout"])
+def test_raw_content_prompt_matches_reference_encode_content(vision):
+    torchvision_standin.install()
+    from llama_models import datatypes as dt
+    from llama_models.llama4.args import VisionArgs as RefVisionArgs
+    from llama_models.llama4.chat_format import ChatFormat
+    from llama_models.llama4.tokenizer import Tokenizer
+
+    ref_args = RefVisionArgs(**{**vision.__dict__, "image_size": vision.image_size.__dict__,
+                                "patch_size": vision.patch_size.__dict__})  # fmt: skip
+    ref = ChatFormat(Tokenizer.get_instance(), vision_args=ref_args)
+    formatter = make_formatter(our_tokenizer("llama4"), vision_args=vision)
+    image = pattern_image(300, 120)
+    for ours_items, ref_items in (
+        (["A picture:", image, "shows"], [dt.RawTextItem(text="A picture:"), dt.RawMediaItem(data=_png(image)),
+                                          dt.RawTextItem(text="shows")]),
+        ([image, "shows"], [dt.RawMediaItem(data=_png(image)), dt.RawTextItem(text="shows")]),
+    ):  # fmt: skip
+        prompt = formatter.encode_content(ours_items)
+        assert prompt.tokens == ref.encode_content(ref_items).tokens and len(prompt.images) == 1

@@ -110,7 +110,8 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None,
     :mod:`workbench.config`).  ``model_parallel_size`` > 1 starts one worker process per rank
     (``0`` = one per checkpoint shard).  Other settings free the old engine first — its weights,
     KV cache and workers — so only one model is ever resident.  Bad settings raise before the old
-    engine is touched.
+    engine is touched.  A Llama 4 checkpoint's vision encoder is loaded at the first image, or at once with
+    ``load_vision=True`` (which also works on the already loaded engine).
     """
     if unknown:
         raise unknown_setting_error(next(iter(unknown)))

@@ -190,6 +190,12 @@ class ChatFormat:
         ids.append(self.eom if eom else self.eot)
         return ids
 
+    def encode_raw(self, content: Any) -> Prompt:
+        """Plain content (text and images, no chat headers) after ``<|begin_of_text|>``: a completion prompt."""
+        images: list[PromptImage] = []
+        ids = [self.bos, *self.encode_content(content, images)]
+        return Prompt(ids, images)
+
     def encode_dialog(self, messages: Sequence[Message], tool_prompt_format: str) -> list[int]:
         return self.encode_prompt(messages, tool_prompt_format).tokens
 

@@ -210,6 +210,11 @@ class Formatter:
         )
         return self.chat.encode_prompt(msgs, fmt)
 
+    def encode_content(self, content: Any) -> Prompt:
+        """A completion prompt from raw content (a string, or a list of text and image items): BOS, then the
+        items with no chat headers (Meta's ``ChatFormat.encode_content``)."""
+        return self.chat.encode_raw(content)
+
     def render(
         self,
         messages: DialogLike,
