@@ -7,7 +7,7 @@ A setting can come from four places, and the first that gives it wins:
    ``INFERENCE_CHECKPOINT_DIR``, ``MODEL_PARALLEL_SIZE``, ``MAX_BATCH_SIZE``, ``MAX_SEQ_LEN``,
    ``QUANTIZATION_TYPE``), so a notebook started inside such a deployment loads what the server would;
 3. a named entry of a ``checkpoints.toml`` (``workbench.load("scout")``, or the file's ``default``);
-4. the embedded default (a tiny random-weight Llama 4 model, CPU).
+4. the embedded default (the trained tiny Llama 4 demo model that calls tools, CPU).
 
 Every value remembers where it came from, so an error can say "max_seq_len='8k' (from environment
 variable MAX_SEQ_LEN) must be a positive integer; fix or unset MAX_SEQ_LEN" instead of leaving the
