@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..distributed import ensure_model_parallel
+from ..factory import TINY_LLAMA4
 from ..formats import make_formatter
 from ..models.args import ModelArgs
 from ..models.transformer import Transformer
@@ -37,15 +38,9 @@ from .data import COPY_MIX, DialogGenerator, encode
 from .forward import common_prefix_length, hidden_states
 from .vocab import build_compact_vocab
 
-DEMO_PARAMS: dict[str, Any] = {
-    "dim": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "vocab_size": 202048,
-    "multiple_of": 32, "ffn_dim_multiplier": 1.2, "ffn_exp": 4.0, "norm_eps": 1e-5, "rope_theta": 500000.0,
-    "use_scaled_rope": True, "rope_scaling_factor": 16.0, "rope_high_freq_factor": 1.0,
-    "attention_chunk_size": 1024, "nope_layer_interval": 2, "use_qk_norm": True,
-    "attn_temperature_tuning": True, "floor_scale": 16.0, "attn_scale": 0.1,
-    "moe_args": {"num_experts": 4, "capacity_factor": 1.0, "auto_scale_F": True, "top_k": 1,
-                 "interleave_moe_layer_step": 2},
-}  # fmt: skip
+# The embedded tiny Llama 4 shape (MoE, NoPE, QK-norm, temperature tuning) with chunked attention over
+# 1024 tokens, longer than any training dialog, so dialogs are not cut into 32-token chunks.
+DEMO_PARAMS: dict[str, Any] = {**TINY_LLAMA4, "attention_chunk_size": 1024}
 
 
 def build_model(params: dict[str, Any], vocab_size: int, seed: int) -> Transformer:
