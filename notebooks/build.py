@@ -118,35 +118,20 @@ print(len(engine.completion("still works", max_tokens=3).tokens))''', CHECK),
 ]
 
 TOOLS = '''from workbench import tools
+from workbench.demo.tools import convert_currency, get_capital, get_local_time, get_weather
 
-
-def get_weather(city: str, unit: str = "celsius") -> dict:
-    """Get the current weather in a city.
-
-    Args:
-        city: City name, e.g. Paris.
-        unit: celsius or fahrenheit.
-    """
-    return {"city": city, "temperature": 21 if unit == "celsius" else 70, "unit": unit}
-
-
-def convert_currency(amount: float, source: str, target: str) -> float:
-    """Convert an amount of money between two currencies.
-
-    Args:
-        amount: The amount to convert.
-        source: ISO code of the source currency, e.g. EUR.
-        target: ISO code of the target currency, e.g. USD.
-    """
-    rates = {"EUR": 1.08, "USD": 1.0, "GBP": 1.27, "JPY": 0.0067}
-    return round(amount * rates[source] / rates[target], 2)'''
+# Plain Python functions: the demo model was trained to call these (see docs/demo-model.md).
+demo_tools = [get_weather, get_local_time, convert_currency, get_capital]'''
 
 TOOL_EXPERIMENTS = [
     ("md", """# Multi-turn tool experiments
 
 Tools are plain Python functions: their schema comes from the signature, type hints and docstring.
 `tools.run` lets the model call them until it answers, feeding each result back as a tool message.
-What the replies look like depends on the model: the engine card says which one is loaded."""),
+With no checkpoint, `wb.load()` gives the project's **demo model**, a tiny Llama 4 trained on synthetic
+tool dialogs in the official python-list format (model card: `docs/demo-model.md`): it knows the demo
+tools in `workbench.demo.tools` and answers by restating their results. Its accuracy on questions it
+never saw is measured at the end of this notebook."""),
     ("code", LOAD + "\nengine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)\n\n" + TOOLS + "\n\nengine",
      IGNORE),
     ("md", """## The playground
@@ -157,17 +142,17 @@ token count. **Stop** ends generation within one decode step, **Clear** starts o
 choose the tools, `tool_choice` and sampling. The first question below was sent from code."""),
     ("code", '''from workbench.widgets import ChatPlayground
 
-playground = ChatPlayground(engine, [get_weather, convert_currency], max_tokens=200)
+playground = ChatPlayground(engine, demo_tools, max_tokens=200)
 playground.send("What's the weather in Paris?")
 playground''', IGNORE),
     ("md", "## The exact prompt\n\nThe tool definitions go into the prompt in the model's official wording:"),
-    ("code", '''dialog = [{"role": "user", "content": "What's the weather in Paris, and what is 20 EUR in USD?"}]
-wb.show_prompt(dialog, tools=[get_weather, convert_currency], engine=engine)''', IGNORE),
+    ("code", '''dialog = [{"role": "user", "content": "What's the weather in Paris? Convert 20 EUR to USD."}]
+wb.show_prompt(dialog, tools=demo_tools, engine=engine)''', IGNORE),
     ("md", "Replies are parsed into tool calls — several calls per reply, in every official call syntax:"),
     ("code", '''for reply in [
-    '[get_weather(city="Paris"), convert_currency(amount=20, source="EUR", target="USD")]',
+    '[get_weather(city="Paris"), convert_currency(amount=20, from_currency="EUR", to_currency="USD")]',
     '{"type": "function", "name": "get_weather", "parameters": {"city": "Tokyo"}}',
-    '<function=get_weather>{"city": "Oslo", "unit": "fahrenheit"}</function>',
+    '<function=get_local_time>{"city": "Oslo"}</function>',
 ]:
     message = engine.formatter.decode_assistant(reply)
     print([(c.tool_name, c.arguments) for c in message.tool_calls])''', CHECK),
@@ -175,23 +160,39 @@ wb.show_prompt(dialog, tools=[get_weather, convert_currency], engine=engine)''',
 
 Each turn is one chat completion. The transcript displays as cards: every call is numbered and its
 result says which call it answers."""),
-    ("code", '''transcript = tools.run(engine, dialog, tools=[get_weather, convert_currency], max_turns=3, max_tokens=64)
+    ("code", '''transcript = tools.run(engine, dialog, tools=demo_tools, max_turns=3, max_tokens=64)
 transcript''', IGNORE),
+    ("md", "The same transcript as text (greedy decoding, so it is reproducible: CI compares it):"),
+    ("code", '''def show(transcript):
+    for message in transcript:
+        calls = [(c.tool_name, c.arguments) for c in message.tool_calls]
+        print(f"{message.role:>9}: {message.content!r}" + (f" calls={calls}" if calls else ""))
+
+
+show(transcript)''', CHECK),
+    ("md", "A second question in the same dialog: the model sees the whole first exchange."),
+    ("code", '''follow_up = list(transcript) + [{"role": "user", "content": "What time is it in Paris?"}]
+second = tools.run(engine, follow_up, tools=demo_tools, max_tokens=64)
+show(second[len(transcript):])''', CHECK),
     ("md", "### Turn by turn: the prompt, its tokens and the parsed calls of every reply"),
     ("code", '''from IPython.display import display
 
 for i, message in enumerate(transcript):
     if message.role != "assistant":
         continue
-    view = wb.show_prompt(transcript[:i], tools=[get_weather, convert_currency], engine=engine)
+    view = wb.show_prompt(transcript[:i], tools=demo_tools, engine=engine)
     calls = [(c.tool_name, c.arguments) for c in message.tool_calls]
     print(f"reply {i}: {len(view)} prompt tokens -> {message.content!r} calls={calls} ({message.stop_reason})")
     display(view)''', IGNORE),
     ("md", "## Many dialogs at once\n\nEach turn is batched across the dialogs still running:"),
-    ("code", '''cities = ["Paris", "Lima", "Oslo", "Pune"]
-dialogs = [[{"role": "user", "content": f"What's the weather in {city}?"}] for city in cities]
-transcripts = tools.run_batch(engine, dialogs, tools=[get_weather], max_turns=2, max_tokens=48)
+    ("code", '''questions = ["What's the weather in Lima?", "Convert 250 EUR to JPY.", "What is the capital of Norway?",
+             "What time is it in Pune?", "Tell me a story about dragons."]
+dialogs = [[{"role": "user", "content": q}] for q in questions]
+transcripts = tools.run_batch(engine, dialogs, tools=demo_tools, max_turns=3, max_tokens=64)
 wb.to_frame(transcripts)''', IGNORE),
+    ("code", '''for t in transcripts:
+    show(t)
+    print()''', CHECK),
     ("md", """## When a call is malformed
 
 A reply that cannot be parsed keeps its text and says why in `parse_error`; a call to an unknown tool or
@@ -201,6 +202,28 @@ print("calls:", broken.tool_calls, "| parse_error:", broken.parse_error)
 toolbox = tools.Toolbox.create([get_weather])
 print(toolbox.execute(wb.ToolCall("get_wether", {"city": "Paris"})).content)
 print(toolbox.execute(wb.ToolCall("get_weather", {"town": "Paris"})).content)''', CHECK),
+    ("md", """## Measuring tool calling
+
+`workbench.evals` runs cases (a documented JSONL format, or synthetic held-out ones: question phrasings
+and argument values the demo model never saw) batched through the engine, each dialog with its own
+tools, and scores every case: the calls made, exact match of names and arguments, parse failures, and
+whether the final answer restates the tool result. Below, the same cases under two prompt formats and
+the quantization modes. The demo model was trained on the python-list format only, so the JSON row
+shows what a format mismatch costs."""),
+    ("code", '''from workbench import evals
+
+cases = evals.synthetic_cases(25, split="heldout", seed=7)
+settings = [{"tool_prompt_format": "python_list"}, {"tool_prompt_format": "json"},
+            {"quantization": "bf16"}, {"quantization": "fp8_mixed"}, {"quantization": "int4_mixed"}]
+results = evals.compare(engine, cases, settings)
+summary = evals.summarize(results, by=["tool_prompt_format", "quantization"])
+summary''', IGNORE),
+    ("code", '''summary["setting"] = (summary["tool_prompt_format"].fillna("python_list") + " / "
+                      + summary["quantization"].fillna("none"))
+evals.plot_summary(summary, by="setting");''', IGNORE),
+    ("md", "One row per case: what was expected and what the model did."),
+    ("code", '''columns = ["kind", "expected_calls", "calls_made", "exact_match", "answer_has_result", "direct_answer"]
+results[results["tool_prompt_format"] == "python_list"][columns].head(10)''', IGNORE),
 ]
 
 THROUGHPUT = [
