@@ -42,6 +42,10 @@ def test_the_training_command_runs_and_exports_a_loadable_artifact(tmp_path):
     assert artifact["check"]["min_gap"] > 0
     state = full_state_dict(artifact)
     assert state["output.weight"].shape == (202048, 64)
+    # training continues from the shipped artifact too (a fresh checkout has no training folder)
+    train(tmp_path / "warm", steps=1, init_from=tmp_path / "demo.pt", **SMOKE)
+    warm = json.loads((tmp_path / "warm" / "config.json").read_text())
+    assert warm["vocab"] == artifact["vocab"].tolist()
     folder = expand(tmp_path / "ckpt", tmp_path / "demo.pt")
     import workbench as wb
 

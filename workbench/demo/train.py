@@ -134,6 +134,19 @@ class Batcher:
         return tokens, targets, min(prefix, width - 1), aux
 
 
+def _initial_weights(source: Path) -> tuple[list[int], dict[str, Any], dict[str, torch.Tensor]]:
+    """(vocabulary, params, compact state dict) of a training folder or of a shipped compact artifact,
+    so training can continue from either (the artifact is what a fresh checkout has)."""
+    if source.is_dir():
+        config = json.loads((source / "config.json").read_text())
+        return config["vocab"], config["params"], torch.load(source / "state.pt", weights_only=True)["model"]
+    artifact = torch.load(source, weights_only=True)
+    embeddings = artifact["embeddings"].float()
+    state = {k: v.float() for k, v in artifact["body"].items()}
+    state.update({"tok_embeddings.weight": embeddings, "output.weight": embeddings})
+    return artifact["vocab"].tolist(), artifact["params"], state
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -156,8 +169,9 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(bundled_tokenizer_path("llama4"))
     formatter = make_formatter(tokenizer, None)
-    if init_from is not None:  # a warm start keeps the vocabulary it was trained with
-        vocab = json.loads((Path(init_from) / "config.json").read_text())["vocab"]
+    init = _initial_weights(Path(init_from)) if init_from is not None else None
+    if init is not None:  # a warm start keeps the vocabulary it was trained with
+        vocab = init[0]
     elif (out_dir / "config.json").exists():  # a resumed run keeps its own
         vocab = json.loads((out_dir / "config.json").read_text())["vocab"]
     else:
@@ -171,11 +185,10 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
                                   lr=lr, betas=(0.9, 0.95))  # fmt: skip
     state_path = out_dir / "state.pt"
     start = 0
-    if init_from is not None and not state_path.exists():  # warm start: weights only, new optimizer and schedule
-        init_config = json.loads((Path(init_from) / "config.json").read_text())
-        if init_config["vocab"] != vocab or init_config["params"] != params:
-            raise ValueError(f"{init_from} was trained with another vocabulary or model shape")
-        model.load_state_dict(torch.load(Path(init_from) / "state.pt", weights_only=True)["model"])
+    if init is not None and not state_path.exists():  # warm start: weights only, new optimizer and schedule
+        if init[1] != params:
+            raise ValueError(f"{init_from} has another model shape than --params")
+        model.load_state_dict(init[2])
         model.output.weight = model.tok_embeddings.weight
     if state_path.exists():
         state = torch.load(state_path, weights_only=True)
@@ -258,7 +271,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shared-tools", action="store_true",
                         help="offer one tool set per batch, so the whole system prompt is computed once per step")
     parser.add_argument("--init-from", type=Path, default=None,
-                        help="start from the weights of another training folder (same vocabulary and shape)")
+                        help="start from the weights of a training folder or of a compact artifact "
+                             "(e.g. workbench/demo/weights/demo-llama4.pt): same shape, its vocabulary")
     parser.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up steps")
     parser.add_argument("--export", type=Path, default=None, help="after training, write the compact artifact here")
     parser.add_argument("--export-sample", type=int, default=256,
