@@ -103,10 +103,12 @@ class Batcher:
             self._group = (group, rows)
         return self._group[1]
 
-    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
-        """tokens [B, T], assistant targets [B, T] (-100 elsewhere), shared prefix length, and auxiliary
-        targets [B, T]: up to ``aux_positions`` other (non-prefix) tokens per row, for a small
-        language-modelling loss that teaches the model to read (and copy from) the prompt."""
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]:
+        """tokens [B, T], assistant targets [B, T] (-100 elsewhere), shared prefix length, auxiliary
+        targets [B, T] (up to ``aux_positions`` other, non-prefix tokens per row, for a small
+        language-modelling loss that teaches the model to read the prompt) and which assistant targets are
+        *copied* [B, T]: the token occurs earlier in the dialog's own messages (an argument value or a
+        result to restate: the rare, hard tokens that exact match hinges on)."""
         group, index = divmod(step, self.GROUP)
         order = list(range(self.GROUP))
         # a fixed permutation per group, so short and long batches alternate
@@ -118,20 +120,23 @@ class Batcher:
         tokens = torch.zeros(len(rows), width, dtype=torch.long)
         targets = torch.full((len(rows), width), -100, dtype=torch.long)  # target of position t is token t+1
         aux = torch.full((len(rows), width), -100, dtype=torch.long)
+        copied = torch.zeros(len(rows), width, dtype=torch.bool)
         pick = random.Random(self.seed * 7919 + step)
         for i, (row, mask) in enumerate(chosen):
             tokens[i, : len(row)] = torch.tensor(row)
-            others = []
+            others, seen = [], set()
             for t in range(1, len(row)):
                 if row[t] == self.unk:  # a token outside the compact vocabulary is no target
                     continue
                 if mask[t]:
                     targets[i, t - 1] = row[t]
+                    copied[i, t - 1] = row[t] in seen
                 elif t > prefix:
                     others.append(t)
+                    seen.add(row[t])
             for t in pick.sample(others, min(self.aux_positions, len(others))):
                 aux[i, t - 1] = row[t]
-        return tokens, targets, min(prefix, width - 1), aux
+        return tokens, targets, min(prefix, width - 1), aux, copied
 
 
 def _initial_weights(source: Path) -> tuple[list[int], dict[str, Any], dict[str, torch.Tensor]]:
@@ -158,7 +163,8 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
           params: dict[str, Any] | None = None, log_every: int = 10, progress: bool = True,
           vocab_sample: int | None = None, stop_after: int | None = None, synthetic: float = 0.35,
           aux_weight: float = 0.0, aux_positions: int = 32, copy_exercise: bool = False,
-          shared_tools: bool = False, init_from: Path | None = None, warmup: int = 200) -> dict[str, Any]:  # fmt: skip
+          shared_tools: bool = False, init_from: Path | None = None, warmup: int = 200,
+          copy_weight: float = 1.0) -> dict[str, Any]:  # fmt: skip
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
     ``stop_after`` ends the run early after that step (saving first), as an interruption would.
@@ -200,6 +206,7 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
                                                      "batch_size": batch_size, "lr": lr, "steps": steps,
                                                      "synthetic": synthetic, "aux_weight": aux_weight,
                                                      "copy_exercise": copy_exercise, "shared_tools": shared_tools,
+                                                     "copy_weight": copy_weight,
                                                      "init_from": str(init_from) if init_from else None}))  # fmt: skip
     batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
                       batch_size, seed, curriculum_steps=steps // 5, synthetic=synthetic,
@@ -208,15 +215,17 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
     log_path = out_dir / "log.jsonl"
     metrics: dict[str, Any] = {}
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
-    window_loss, window_acc, window_n, t0 = 0.0, 0.0, 0, time.time()
+    window_loss, window_acc, window_copy, window_n, t0 = 0.0, 0.0, 0.0, 0, time.time()
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup=min(warmup, steps // 10 + 1))
-        tokens, targets, prefix, aux = batcher(step)
+        tokens, targets, prefix, aux, copied = batcher(step)
         h = hidden_states(model, tokens, prefix)  # [B, T, D]
         where = targets != -100
         logits = h[where] @ model.tok_embeddings.weight.T  # [N, V]
-        loss = F.cross_entropy(logits, targets[where])
+        # copied tokens (argument values, restated results) weigh ``copy_weight``, the format 1
+        token_weights = 1.0 + (copy_weight - 1.0) * copied[where].float()  # [N]
+        loss = (F.cross_entropy(logits, targets[where], reduction="none") * token_weights).sum() / token_weights.sum()
         if aux_weight > 0 and bool((aux != -100).any()):
             aux_where = aux != -100
             aux_logits = h[aux_where] @ model.tok_embeddings.weight.T  # [M, V]
@@ -226,15 +235,19 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         window_loss += F.cross_entropy(logits.detach(), targets[where]).item()
-        window_acc += (logits.argmax(-1) == targets[where]).float().mean().item()
+        right = logits.argmax(-1) == targets[where]  # [N]
+        window_acc += right.float().mean().item()
+        window_copy += right[copied[where]].float().mean().nan_to_num(1.0).item()
         window_n += 1
         if (step + 1) % log_every == 0 or step + 1 == steps:
             metrics = {"step": step + 1, "loss": window_loss / window_n, "token_acc": window_acc / window_n,
+                       "copy_acc": window_copy / window_n,
                        "lr": optimizer.param_groups[0]["lr"], "s_per_step": (time.time() - t0) / window_n}  # fmt: skip
             with log_path.open("a") as f:
                 f.write(json.dumps(metrics) + "\n")
-            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['token_acc']:.3f}")
-            window_loss, window_acc, window_n, t0 = 0.0, 0.0, 0, time.time()
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['token_acc']:.3f}",
+                            copy=f"{metrics['copy_acc']:.3f}")  # fmt: skip
+            window_loss, window_acc, window_copy, window_n, t0 = 0.0, 0.0, 0.0, 0, time.time()
         if (step + 1) % save_every == 0 or step + 1 == steps:
             tmp = state_path.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1}, tmp)
@@ -273,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init-from", type=Path, default=None,
                         help="start from the weights of a training folder or of a compact artifact "
                              "(e.g. workbench/demo/weights/demo-llama4.pt): same shape, its vocabulary")
+    parser.add_argument("--copy-weight", type=float, default=1.0,
+                        help="loss weight of assistant tokens copied from the dialog (argument values, results)")
     parser.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up steps")
     parser.add_argument("--export", type=Path, default=None, help="after training, write the compact artifact here")
     parser.add_argument("--export-sample", type=int, default=256,
@@ -284,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
                     save_every=args.save_every, params=params, vocab_sample=args.vocab_sample,
                     synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions,
                     copy_exercise=args.copy_exercise, shared_tools=args.shared_tools, init_from=args.init_from,
-                    warmup=args.warmup)  # fmt: skip
+                    warmup=args.warmup, copy_weight=args.copy_weight)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         from .export import export_compact
