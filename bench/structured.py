@@ -6,7 +6,7 @@ same batch with every row under a JSON schema (long enough that no row finishes 
 inside the run; the overhead is that time per step over the unconstrained step time.  Also reports the
 cold compile time of a schema, the cached one, and the one-off build of llguidance's tokenizer info.
 
-    python bench/structured.py [--batch 16] [--max-tokens 64] [--repeats 3] [--device cpu]
+    python bench/structured.py [--batch 16] [--max-tokens 64] [--repeats 3] [--device cpu] [--temperature 0.7]
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ class Timers:
     def __enter__(self) -> Timers:
         timers = self
 
-        def mask_logits(runtime, logits, rows):
+        def mask_logits(runtime, logits, rows, *rest):
             start = time.perf_counter()
-            chosen = timers._mask(runtime, logits, rows)
+            chosen = timers._mask(runtime, logits, rows, *rest)
             timers.mask_s += time.perf_counter() - start
             timers.steps += 1
             return chosen
@@ -61,10 +61,20 @@ class Timers:
         rt.RowConstraint.consume = self._consume
 
 
-def timed(engine: wb.Engine, prompts: list[str], max_tokens: int, fmt: object) -> tuple[float, list]:
-    start = time.perf_counter()
-    rows = engine.batch_completion(prompts, max_tokens=max_tokens, response_format=fmt)
-    return time.perf_counter() - start, rows
+def timed(
+    engine: wb.Engine, prompts: list[str], max_tokens: int, fmt: object, temperature: float
+) -> tuple[float, list]:
+    gen = engine._runner.generator
+    stop_tokens = gen.stop_tokens
+    if fmt is None:  # unconstrained rows ignore their stop tokens, so both runs do every step for every row
+        gen.stop_tokens = {}
+    try:
+        start = time.perf_counter()
+        rows = engine.batch_completion(prompts, max_tokens=max_tokens, response_format=fmt, temperature=temperature,
+                                       seed=0)  # fmt: skip
+        return time.perf_counter() - start, rows
+    finally:
+        gen.stop_tokens = stop_tokens
 
 
 def main() -> None:
@@ -73,6 +83,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default=None)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy rows (the mask only matters where it refuses the argmax); >0: sampled rows "
+                             "(every step rewrites the logits)")  # fmt: skip
     args = parser.parse_args()
     engine = wb.load(device=args.device, max_batch_size=args.batch, max_seq_len=512)
     prompts = [p[:200] for p in make_prompts(args.batch)]
@@ -93,11 +106,12 @@ def main() -> None:
     engine.batch_completion(prompts[:2], max_tokens=4, response_format=fmt)
     free_s, constrained_s, mask_s, consume_s, steps, free_tokens, tokens = [], [], [], [], 0, 0, 0
     for _ in range(args.repeats):  # interleaved, best of N: the machine is shared
-        elapsed, rows = timed(engine, prompts, args.max_tokens, None)
+        elapsed, rows = timed(engine, prompts, args.max_tokens, None, args.temperature)
         free_s.append(elapsed)
         free_tokens = sum(len(r.tokens) for r in rows)
+        assert free_tokens == args.batch * args.max_tokens  # every row ran every step
         with Timers() as t:
-            elapsed, rows = timed(engine, prompts, args.max_tokens, fmt)
+            elapsed, rows = timed(engine, prompts, args.max_tokens, fmt, args.temperature)
         constrained_s.append(elapsed)
         mask_s.append(t.mask_s)
         consume_s.append(t.consume_s)
@@ -114,6 +128,7 @@ def main() -> None:
         "params_M": round(engine.info()["parameters"] / 1e6, 1),
         "batch": args.batch,
         "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
         "tokens": {"unconstrained": free_tokens, "constrained": tokens},
         "step_ms_unconstrained": round(step_free_ms, 2),
         "step_ms_constrained": round(step_constrained_ms, 2),
@@ -125,7 +140,8 @@ def main() -> None:
         "schema_compile_ms_cached": round(1e3 * cached_s, 3),
         "tokenizer_info_build_s": round(tokenizer_s, 2),
     }
-    print(f"model: {result['model']} ({result['params_M']}M params), batch {args.batch}, {args.max_tokens} steps")
+    print(f"model: {result['model']} ({result['params_M']}M params), batch {args.batch}, {args.max_tokens} steps, "
+          f"temperature {args.temperature}")  # fmt: skip
     print(f"  unconstrained decode step        {step_free_ms:8.2f} ms")
     print(f"  constrained decode step          {step_constrained_ms:8.2f} ms")
     print(f"  mask compute + apply per step    {mask_ms:8.3f} ms")

@@ -209,3 +209,25 @@ def test_close_twice_is_harmless(llama3_dir: Path) -> None:
     engine.close()
     engine.close()
     assert engine.closed and "unloaded" in repr(engine)
+
+
+@pytest.mark.parametrize("vocab", [202_048, 128_256, 1_000, 64 * 5 + 17])
+def test_fast_argmax_is_argmax(vocab: int) -> None:
+    """The blocked CPU argmax gives torch's argmax exactly: ties (first one wins), -inf, NaN, ragged tails."""
+    import torch
+
+    from workbench.generation.sampling import fast_argmax
+
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(12, vocab, generator=gen)  # [n, V]
+    logits[1] = 0.0  # all tied
+    logits[2, [5, vocab - 1]] = 50.0  # a tie across blocks, one in the tail
+    logits[3, vocab - 1] = 50.0  # the very last id
+    logits[4] = float("-inf")
+    logits[4, vocab // 2] = -1e30
+    logits[5, 7] = float("nan")
+    logits[6, ::3] = float("-inf")
+    logits[7] = torch.randint(0, 3, (vocab,), generator=gen).float()  # many ties
+    assert torch.equal(fast_argmax(logits), logits.argmax(dim=-1))
+    half = logits[:, : vocab // 2 + 1].contiguous()
+    assert torch.equal(fast_argmax(half), half.argmax(dim=-1))

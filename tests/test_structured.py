@@ -430,3 +430,60 @@ def test_model_parallel_ranks_apply_the_same_masks(llama3_dir, llama3_engine):
         assert len(mp2.completion("x", max_tokens=2).tokens) == 2
     finally:
         mp2.close()
+
+
+@pytest.mark.parametrize("density", [0.0, 2e-5, 1e-3, 0.05, 0.5, 1.0])
+def test_fast_mask_paths_match_the_full_unpack(density):
+    """The sparse and top-candidate shortcuts pick exactly what a full masked argmax / mask would."""
+    import numpy as np
+    import torch
+
+    from workbench.structured import runtime as rt
+
+    n_vocab = 202_048
+    rng = np.random.default_rng(int(density * 1e6))
+    gen = torch.Generator().manual_seed(7)
+    for trial in range(6):
+        bits = rng.random(n_vocab) < density
+        if trial == 0 and density > 0:  # the argmax itself allowed, and just one token allowed elsewhere
+            bits[:] = False
+            bits[rng.integers(n_vocab)] = True
+        words = np.packbits(np.concatenate([bits, np.zeros(-n_vocab % 32, bool)]), bitorder="little").view(np.int32)
+        logits = torch.randn(n_vocab, generator=gen)  # [V]
+        forbidden = rt._unpack_forbidden(words[None], n_vocab, torch.device("cpu"))[0]  # [V]
+        assert torch.equal(~forbidden, torch.from_numpy(bits))
+        allowed = rt._allowed_ids(words, n_vocab)
+        if allowed is not None:
+            assert allowed.tolist() == np.flatnonzero(bits).tolist()
+        else:
+            assert len(np.flatnonzero(words)) > rt._SPARSE_WORDS
+        best = rt._best_allowed(logits, words)
+        if not bits.any():
+            assert best is None
+        elif best is not None:
+            assert best == int(logits.masked_fill(forbidden, float("-inf")).argmax())
+        else:  # only a dense mask whose allowed tokens all sit below the top candidates falls through
+            assert allowed is None and not bits[logits.topk(rt._TOP_CANDIDATES).indices.numpy()].any()
+
+
+def test_prefetched_masks_are_used_only_for_unchanged_rows(llama3_engine):
+    """A mask computed ahead (while the forward runs) is the fresh mask, and is dropped for a row that moved."""
+    import numpy as np
+
+    from workbench.structured.runtime import GrammarRuntime
+    from workbench.structured.spec import regex_format
+
+    tokenizer = llama3_engine.tokenizer
+    runtime = GrammarRuntime(tokenizer)
+    eot = tokenizer.eot_id
+    states = [runtime.start(regex_format(p).constraint((eot,))) for p in (r"[0-9]{3}", r"(yes|no)", r"[a-z]+!")]
+    fresh = [runtime.fill([s]).copy() for s in states]
+    runtime.prefetch(states)
+    assert all(np.array_equal(m, f[0]) for m, f in zip(runtime.fill(states), fresh))
+    runtime.prefetch(states)
+    states[0].consume(tokenizer.encode("7", bos=False, eos=False)[0])  # the row moved after the prefetch
+    moved = runtime.fill(states)
+    again = GrammarRuntime(tokenizer).fill(states)
+    assert np.array_equal(moved, again) and not np.array_equal(moved[0], fresh[0][0])
+    runtime.prefetch(states[:2])  # another set of rows than the one asked for next: recomputed too
+    assert np.array_equal(runtime.fill(states), again)

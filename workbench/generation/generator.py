@@ -30,7 +30,7 @@ import torch
 
 from ..models.transformer import Transformer
 from ..types import StopReason, TokenLogprob
-from .sampling import SamplingParams, sample_token
+from .sampling import SamplingParams, fast_argmax, sample_token
 
 # Keep each prefill forward below this many (padded) tokens to bound activation memory.
 MAX_PREFILL_TOKENS = 16384
@@ -317,6 +317,8 @@ class Generator:
                 resident = self._resident[i]
                 if slots[i] is None and resident is not None:  # the junk row overwrites position `high`
                     resident.cap = min(high, resident.cap if resident.cap is not None else high)
+        if self.grammars is not None:  # the next masks are computed on a worker while the forward runs
+            self.grammars.prefetch([slots[i].grammar for i in live if slots[i].grammar is not None])  # type: ignore[union-attr]
         device = self.model.device
         logits = self.model.forward_decode(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                                            self.cache, span=(low, high))  # [W, V]  # fmt: skip
@@ -329,10 +331,13 @@ class Generator:
                      slots: list[_Row | None]) -> Iterator[Event]:  # fmt: skip
         """Pick every row's next token from ``logits`` [n, V] (one argmax for all greedy rows)."""
         chosen: dict[int, int] = {}  # rows whose grammar already decided their greedy token
+        # before any mask: constrained greedy rows keep their argmax when the grammar allows it
+        greedy = fast_argmax(logits).tolist() if any(r.request.params.greedy for _, r in rows) else []
         if any(row.grammar is not None for _, row in rows):
-            chosen = yield from self._mask_grammars(rows, logits, slots)
-        need_argmax = any(r.request.params.greedy and k not in chosen for k, (_, r) in enumerate(rows))
-        greedy = logits.argmax(dim=-1).tolist() if need_argmax else []
+            chosen = yield from self._mask_grammars(rows, logits, slots, greedy)
+            for k, (_, row) in enumerate(rows):  # greedy rows whose logits the mask rewrote (logprobs asked)
+                if row.grammar is not None and row.request.params.greedy and k not in chosen:
+                    greedy[k] = int(fast_argmax(logits[k : k + 1])[0])
         for k, (slot, row) in enumerate(rows):
             if slots[slot] is not row:  # ended by its grammar
                 continue
@@ -381,8 +386,8 @@ class Generator:
             raise RuntimeError("a constrained request reached a generator built without a grammar runtime")
         return self.grammars.start(request.constraint)
 
-    def _mask_grammars(self, rows: list[tuple[int, _Row]], logits: torch.Tensor,
-                       slots: list[_Row | None]) -> Generator_[Event, None, dict[int, int]]:  # fmt: skip
+    def _mask_grammars(self, rows: list[tuple[int, _Row]], logits: torch.Tensor, slots: list[_Row | None],
+                       argmax: list[int]) -> Generator_[Event, None, dict[int, int]]:  # fmt: skip
         """Apply every constrained row's token mask to its logits (one batched mask computation per step);
         returns the tokens it chose for greedy rows (see ``GrammarRuntime.mask_logits``).
 
@@ -392,7 +397,7 @@ class Generator:
 
         constrained = [MaskRow(k, row.grammar, row.request.params.greedy and not row.request.params.logprobs)
                        for k, (_, row) in enumerate(rows) if row.grammar is not None]  # fmt: skip
-        chosen = self.grammars.mask_logits(logits, constrained)
+        chosen = self.grammars.mask_logits(logits, constrained, argmax)
         for item in constrained:
             if item.state.dead:
                 slot, row = rows[item.index]

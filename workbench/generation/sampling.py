@@ -100,10 +100,37 @@ def tempered_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(shifted, dim=-1).float()
 
 
+_ARGMAX_BLOCK = 64
+
+
+def fast_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` for ``[n, V]`` logits, several times faster on CPU, with the same result.
+
+    torch's CPU argmax over a 202k-token row is not vectorised (about 4 ms for 16 rows, a sixth of a whole
+    decode step of the embedded default); ``amax`` is.  So: the maximum of each block of 64 logits,
+    the first block holding the row's maximum, then the first maximum inside that block - the first
+    occurrence overall, exactly as ``argmax`` picks it (NaN counts as the maximum in both).  Other
+    devices use ``argmax`` itself.
+    """
+    n, vocab = logits.shape
+    if logits.device.type != "cpu" or vocab < 4 * _ARGMAX_BLOCK:
+        return logits.argmax(dim=-1)
+    whole = vocab - vocab % _ARGMAX_BLOCK
+    blocks = logits[:, :whole].reshape(n, -1, _ARGMAX_BLOCK)  # [n, V/64, 64]
+    block_max = blocks.amax(dim=-1)  # [n, V/64]
+    if whole < vocab:  # the ragged tail is one more block
+        block_max = torch.cat([block_max, logits[:, whole:].amax(dim=-1, keepdim=True)], dim=-1)
+    best_block = block_max.argmax(dim=-1)  # [n]
+    starts = best_block * _ARGMAX_BLOCK  # [n]
+    window = torch.arange(_ARGMAX_BLOCK, device=logits.device)  # [64]
+    columns = (starts[:, None] + window).clamp_(max=vocab - 1)  # [n, 64]; the tail block repeats its last id
+    return starts + logits.gather(1, columns).argmax(dim=-1)
+
+
 def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Pick one token from one row's float32 logits ``[V]``."""
     if params.greedy:
-        return int(torch.argmax(logits))
+        return int(fast_argmax(logits[None])[0])
     probs = tempered_probs(logits, params.temperature)  # [V]
     if params.top_k and params.top_k < probs.numel():
         kth = torch.topk(probs, params.top_k).values[-1]

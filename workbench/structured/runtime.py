@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import FormatError
+from ..generation.sampling import fast_argmax
 from .spec import Constraint
 
 _GRAMMAR_CACHE_SIZE = 128
@@ -61,13 +63,18 @@ def build_lltokenizer(tokenizer: Any) -> Any:
 class RowConstraint:
     """One running row's grammar state (an llguidance matcher) and how the row may end."""
 
-    def __init__(self, matcher: Any, constraint: Constraint, eos: int) -> None:
+    def __init__(self, matcher: Any, constraint: Constraint, eos: int, runtime: GrammarRuntime | None = None) -> None:
         self.matcher = matcher
+        self.runtime = runtime  # whose worker may be computing this row's next mask
         self.constraint = constraint
         self.eos = eos  # the grammar's own end token (<|eot|>)
         self.dead = False  # the grammar allows no token at all (unsatisfiable schema or a matcher error)
+        self.consumed = 0  # tokens consumed so far: a prefetched mask is valid only for the same count
 
     def consume(self, token: int) -> None:
+        if self.runtime is not None and self.runtime._pending is not None:  # never while the worker reads it
+            self.runtime._settle()
+        self.consumed += 1
         if not self.matcher.consume_token(token):
             self.dead = True
 
@@ -103,6 +110,9 @@ class GrammarRuntime:
         self._executor: Any = None
         self._words = (tokenizer.n_words + 31) // 32
         self._buffer = np.zeros((0, self._words), dtype=np.int32)
+        self._prefetch_buffer = np.zeros((0, self._words), dtype=np.int32)
+        self._worker: ThreadPoolExecutor | None = None
+        self._pending: tuple[list[tuple[RowConstraint, int]], Future] | None = None  # ((state, consumed)s, masks)
 
     @property
     def lltokenizer(self) -> Any:
@@ -140,18 +150,54 @@ class GrammarRuntime:
     def start(self, constraint: Constraint) -> RowConstraint:
         """Fresh grammar state for a new row (a copy of the cached compiled matcher)."""
         matcher = self._template(constraint.grammar, constraint.kind).deep_copy()
-        return RowConstraint(matcher, constraint, self.tokenizer.eot_id)
+        return RowConstraint(matcher, constraint, self.tokenizer.eot_id, self)
 
     # ----------------------------------------------------------------------------- masks
+    def prefetch(self, states: Sequence[RowConstraint]) -> None:
+        """Start computing the next masks of ``states`` on a worker thread, while the caller runs the
+        forward pass (llguidance and torch both release the GIL): :meth:`fill` then finds them ready.
+
+        Safe whatever happens next: masks are used only for exactly these states at exactly their
+        current positions (a row that advanced, ended or joined in between is recomputed), and every
+        fill first waits for the worker, so the matchers are never used by two threads at once.
+        """
+        self._settle()
+        if not states:
+            return
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-masks")
+        if self._prefetch_buffer.shape[0] < len(states):
+            self._prefetch_buffer = np.zeros((max(len(states), 2 * self._prefetch_buffer.shape[0]), self._words),
+                                             dtype=np.int32)  # fmt: skip
+        keys = [(s, s.consumed) for s in states]
+        self._pending = (keys, self._worker.submit(self._fill_into, list(states), self._prefetch_buffer))
+
+    def _settle(self) -> tuple[list[tuple[RowConstraint, int]], np.ndarray | None] | None:
+        """Wait for a prefetch in flight; its ((state, consumed)s, masks), masks None if it failed."""
+        if self._pending is None:
+            return None
+        keys, future = self._pending
+        self._pending = None
+        try:
+            return keys, future.result()
+        except Exception:  # recomputed on the caller's thread, where an error surfaces normally
+            return keys, None
+
     def fill(self, states: Sequence[RowConstraint]) -> np.ndarray:
         """Next-token bitmasks ``[n, words]`` (int32, bit i of word w = token 32*w + i) of ``states``."""
+        ready = self._settle()
+        if ready is not None and ready[1] is not None and _same_positions(ready[0], states):
+            return ready[1]
+        if self._buffer.shape[0] < len(states):
+            self._buffer = np.zeros((max(len(states), 2 * self._buffer.shape[0]), self._words), dtype=np.int32)
+        return self._fill_into(states, self._buffer)
+
+    def _fill_into(self, states: Sequence[RowConstraint], buffer: np.ndarray) -> np.ndarray:
         import llguidance
         import llguidance.numpy as llnp
 
         n = len(states)
-        if self._buffer.shape[0] < n:
-            self._buffer = np.zeros((max(n, 2 * self._buffer.shape[0]), self._words), dtype=np.int32)
-        masks = self._buffer[:n]
+        masks = buffer[:n]
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         llnp.fill_next_token_bitmask_par(self._executor, [(s.matcher, i) for i, s in enumerate(states)], masks)
@@ -163,14 +209,16 @@ class GrammarRuntime:
                     _set_bit(masks[i], token, True)
         return masks
 
-    def mask_logits(self, logits: torch.Tensor, rows: Sequence[MaskRow]) -> dict[int, int]:
+    def mask_logits(self, logits: torch.Tensor, rows: Sequence[MaskRow],
+                    argmax: Sequence[int] | None = None) -> dict[int, int]:  # fmt: skip
         """Apply each constrained row's grammar to its logits ``[n, V]``; returns the tokens of argmax-only rows.
 
         A row that samples or reports logprobs gets the tokens its grammar forbids set to -inf (in place), so
         temperature, top-k/top-p and logprobs all see the renormalized distribution.  A greedy row without
         logprobs is decided here instead, without rewriting its logits: its argmax when the grammar allows it
         (so such rows stay token-identical to unconstrained ones), else the best allowed token.  A row whose
-        grammar allows nothing is marked ``dead`` (the generator ends it).
+        grammar allows nothing is marked ``dead`` (the generator ends it).  ``argmax``: every row's argmax,
+        when the caller has it already.
         """
         if not rows:
             return {}
@@ -180,19 +228,39 @@ class GrammarRuntime:
         chosen: dict[int, int] = {}
         check = [j for j, r in enumerate(rows) if r.argmax_only and nonempty[j]]
         if check:
-            best = logits[[rows[j].index for j in check]].argmax(dim=-1).tolist()
+            if not argmax:
+                argmax = fast_argmax(logits).tolist()
+            best = [argmax[rows[j].index] for j in check]
             refused = []
             for j, token in zip(check, best):
                 if token < n_vocab and _bit(masks[j], token):
                     chosen[rows[j].index] = token
                 else:
                     refused.append(j)
-            if refused:  # the best tokens the grammar allows: one masked argmax over a copy of those rows
-                forbidden = _unpack_forbidden(masks[refused], n_vocab, logits.device)  # [m, n_vocab] bool
-                picked = logits[[rows[j].index for j in refused], :n_vocab].masked_fill_(forbidden, float("-inf"))
-                for j, token in zip(refused, picked.argmax(dim=-1).tolist()):
+            unresolved = []
+            for j in refused:  # the best token the grammar allows, found without unpacking the whole mask
+                token = _best_allowed(logits[rows[j].index, :n_vocab], masks[j])
+                if token is None:
+                    unresolved.append(j)
+                else:
                     chosen[rows[j].index] = token
-        dense = [j for j, r in enumerate(rows) if not r.argmax_only and nonempty[j]]
+            if unresolved:  # many tokens allowed, none of them near the top: one masked argmax over those rows
+                forbidden = _unpack_forbidden(masks[unresolved], n_vocab, logits.device)  # [m, n_vocab] bool
+                picked = logits[[rows[j].index for j in unresolved], :n_vocab].masked_fill_(forbidden, float("-inf"))
+                for j, token in zip(unresolved, picked.argmax(dim=-1).tolist()):
+                    chosen[rows[j].index] = token
+        dense = []
+        for j, row in enumerate(rows):
+            if row.argmax_only or not nonempty[j]:
+                continue
+            allowed = _allowed_ids(masks[j], n_vocab)
+            if allowed is None or len(allowed) == 0:
+                dense.append(j)
+            else:  # few tokens allowed (the usual case inside a structure): keep those logits, -inf the rest
+                ids = torch.from_numpy(allowed).to(logits.device)
+                kept = logits[row.index, ids]  # [k]
+                logits[row.index].fill_(float("-inf"))
+                logits[row.index, ids] = kept
         if dense:
             forbidden = _unpack_forbidden(masks[dense], n_vocab, logits.device)  # [m, n_vocab] bool
             for k, j in enumerate(dense):
@@ -203,6 +271,47 @@ class GrammarRuntime:
             if not nonempty[j]:
                 row.state.dead = True
         return chosen
+
+
+# A mask with at most this many non-zero words (<= 32k allowed ids) is read as a list of ids: gathering
+# those logits costs microseconds, unpacking and applying the whole mask about a millisecond per row.
+_SPARSE_WORDS = 1024
+# A greedy row whose argmax is refused looks for the best allowed token among this many top logits first.
+_TOP_CANDIDATES = 64
+
+
+def _allowed_ids(words: np.ndarray, n_vocab: int) -> np.ndarray | None:
+    """The allowed token ids of one bitmask ``[words]`` when it is sparse (few non-zero words), else None."""
+    nonzero = np.flatnonzero(words)  # [w]
+    if len(nonzero) > _SPARSE_WORDS:
+        return None
+    bits = (words[nonzero].view(np.uint32)[:, None] >> np.arange(32, dtype=np.uint32)) & 1  # [w, 32]
+    ids = (nonzero[:, None] * 32 + np.arange(32))[bits.astype(bool)]
+    return ids[ids < n_vocab].astype(np.int64)
+
+
+def _best_allowed(row_logits: torch.Tensor, words: np.ndarray) -> int | None:
+    """The highest-scoring token one bitmask allows, from a sparse mask's ids or among the top logits.
+
+    Exact: with few allowed ids it is their argmax; otherwise the first allowed token in descending logit
+    order among the top candidates is the best allowed overall.  None when neither applies (the caller
+    unpacks the mask).
+    """
+    allowed = _allowed_ids(words, row_logits.shape[-1])
+    if allowed is not None:
+        if len(allowed) == 0:
+            return None
+        ids = torch.from_numpy(allowed).to(row_logits.device)
+        return int(ids[row_logits[ids].argmax()])
+    for token in row_logits.topk(min(_TOP_CANDIDATES, row_logits.shape[-1])).indices.tolist():
+        if _bit(words, token):
+            return token
+    return None
+
+
+def _same_positions(keys: list[tuple[RowConstraint, int]], states: Sequence[RowConstraint]) -> bool:
+    """Whether ``states`` are exactly the prefetched states, each still where it was."""
+    return len(keys) == len(states) and all(k is s and n == s.consumed for (k, n), s in zip(keys, states))
 
 
 def _bit(words: np.ndarray, token: int) -> bool:
