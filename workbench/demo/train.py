@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> None:
                              "(e.g. workbench/demo/weights/demo-llama4.pt): same shape, its vocabulary")
     parser.add_argument("--copy-weight", type=float, default=1.0,
                         help="loss weight of assistant tokens copied from the dialog (argument values, results)")
+    parser.add_argument("--stop-after", type=int, default=None,
+                        help="end the run after this step (saved; a later run with other --steps resumes from it)")
     parser.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up steps")
     parser.add_argument("--export", type=Path, default=None, help="after training, write the compact artifact here")
     parser.add_argument("--export-sample", type=int, default=256,
@@ -299,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
                     save_every=args.save_every, params=params, vocab_sample=args.vocab_sample,
                     synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions,
                     copy_exercise=args.copy_exercise, shared_tools=args.shared_tools, init_from=args.init_from,
-                    warmup=args.warmup, copy_weight=args.copy_weight)  # fmt: skip
+                    warmup=args.warmup, copy_weight=args.copy_weight, stop_after=args.stop_after)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         from .export import export_compact
