@@ -1,7 +1,7 @@
 """The shipped demo model through the public API: the compact artifact expands deterministically into
 a Meta-layout checkpoint, which the normal loader reads as ``wb.load()``'s default.  (Its tool-calling
-accuracy is measured by ``python -m workbench.evals`` and shown in notebook 02, whose transcripts nbval
-checks; see docs/demo-model.md.)
+accuracy is measured by ``python -m workbench.evals``, held above floors here, and shown in notebook 02,
+whose transcripts nbval checks; see docs/demo-model.md.)
 """
 
 from __future__ import annotations
@@ -47,3 +47,23 @@ def test_default_load_is_the_demo_model(demo_engine):
     artifact = torch.load(ARTIFACT, weights_only=True)
     assert params == {**artifact["params"], "vocab_size": 202048}
     assert demo_engine.formatter.default_tool_prompt_format == "python_list"
+
+
+# The shipped model's held-out accuracy (docs/demo-model.md, "Measured accuracy"; measured on this set:
+# exact calls 5.6 %, tool names 52 %, answers restating the result 23 %, direct answers 93 %).  These
+# floors sit a few points below, for float32 kernels that differ between CPUs; random weights score 0 on
+# the first three, so a broken artifact, loader, prompt format, parser or tool loop fails here.  They are
+# NOT the issue's targets (95 % / 90 % / 90 %), which the model does not reach yet.
+HELDOUT = {"n": 150, "split": "heldout", "seed": 2024}
+FLOORS = {"tool_call_exact": 0.03, "tool_name_match": 0.45, "answer_restates_result": 0.18, "direct_answer": 0.88}
+
+
+def test_heldout_tool_calling_accuracy(demo_engine):
+    from workbench import evals
+
+    cases = evals.synthetic_cases(**HELDOUT)
+    results = evals.run_cases(demo_engine, cases, progress=False)
+    summary = evals.summarize(results).iloc[0]
+    assert summary["cases"] == HELDOUT["n"]
+    shortfalls = {k: round(float(summary[k]), 3) for k, floor in FLOORS.items() if not summary[k] >= floor}
+    assert not shortfalls, f"held-out accuracy below the shipped model's floors {FLOORS}: {shortfalls}"
