@@ -487,3 +487,31 @@ def test_prefetched_masks_are_used_only_for_unchanged_rows(llama3_engine):
     assert np.array_equal(moved, again) and not np.array_equal(moved[0], fresh[0][0])
     runtime.prefetch(states[:2])  # another set of rows than the one asked for next: recomputed too
     assert np.array_equal(runtime.fill(states), again)
+
+
+@pytest.mark.parametrize("density", [2e-5, 1e-3, 0.5, 0.97, 0.99999])
+def test_sampled_rows_get_exactly_the_forbidden_tokens_masked(density):
+    """However a mask is applied (allowed ids, forbidden ids, full unpack), a sampled row's logits end up
+    -inf exactly where the grammar forbids a token, and unchanged elsewhere."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from workbench.structured import runtime as rt
+
+    n_vocab, padded = 202_048, 202_048 + 64
+    rng = np.random.default_rng(int(density * 1e5))
+    bits = rng.random((3, n_vocab)) < density  # [rows, V]
+    bits[:, 0] = True  # every row allows something
+    words = np.packbits(np.pad(bits, ((0, 0), (0, -n_vocab % 32))), axis=1, bitorder="little").view(np.int32)
+    runtime = rt.GrammarRuntime(SimpleNamespace(n_words=n_vocab))
+    runtime.fill = lambda states: words
+    logits = torch.randn(4, padded)  # [n, V + padding]; row 3 has no format
+    before = logits.clone()
+    rows = [rt.MaskRow(i, SimpleNamespace(dead=False), argmax_only=False) for i in range(3)]
+    assert runtime.mask_logits(logits, rows) == {}
+    expected = before.clone()
+    expected[:3, :n_vocab][~torch.from_numpy(bits)] = float("-inf")
+    expected[:3, n_vocab:] = float("-inf")
+    assert torch.equal(logits, expected)

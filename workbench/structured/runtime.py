@@ -254,13 +254,18 @@ class GrammarRuntime:
             if row.argmax_only or not nonempty[j]:
                 continue
             allowed = _allowed_ids(masks[j], n_vocab)
-            if allowed is None or len(allowed) == 0:
-                dense.append(j)
-            else:  # few tokens allowed (the usual case inside a structure): keep those logits, -inf the rest
+            if allowed is not None and len(allowed):  # few tokens allowed (usual inside a structure): keep those
                 ids = torch.from_numpy(allowed).to(logits.device)
                 kept = logits[row.index, ids]  # [k]
                 logits[row.index].fill_(float("-inf"))
                 logits[row.index, ids] = kept
+                continue
+            forbidden = _allowed_ids(~masks[j], n_vocab) if allowed is None else None
+            if forbidden is not None:  # few tokens forbidden (e.g. inside a string): -inf just those
+                logits[row.index, torch.from_numpy(forbidden).to(logits.device)] = float("-inf")
+                logits[row.index, n_vocab:] = float("-inf")  # model vocabulary padded past the tokenizer's
+            else:
+                dense.append(j)
         if dense:
             forbidden = _unpack_forbidden(masks[dense], n_vocab, logits.device)  # [m, n_vocab] bool
             for k, j in enumerate(dense):
@@ -281,7 +286,8 @@ _TOP_CANDIDATES = 64
 
 
 def _allowed_ids(words: np.ndarray, n_vocab: int) -> np.ndarray | None:
-    """The allowed token ids of one bitmask ``[words]`` when it is sparse (few non-zero words), else None."""
+    """The allowed token ids of one bitmask ``[words]`` when it is sparse (few non-zero words), else None.
+    (Of an inverted bitmask: the forbidden ids.)"""
     nonzero = np.flatnonzero(words)  # [w]
     if len(nonzero) > _SPARSE_WORDS:
         return None
