@@ -110,7 +110,8 @@ def _call_json(call: ToolCall) -> str:
 def tool_call_html(call: ToolCall, number: int) -> str:
     """A tool call as a card; its number links it to the card of its result."""
     return (
-        f'<div style="border:1px solid #f9a825;border-radius:5px;padding:3px 6px;margin:3px 0;background:#fffdf5">'
+        f'<div class="wb-call" style="border:1px solid #f9a825;border-radius:5px;padding:3px 6px;margin:3px 0;'
+        'background:#fffdf5">'
         f"{badge(f'call #{number}', '#fff', '#f9a825')}<b>{esc(call.tool_name)}</b>"
         f'<span style="{_PRE}display:inline"> {esc(_call_json(call))}</span>'
         f'<span style="color:#aaa;font-size:11px"> id {esc(call.call_id or "-")}</span></div>'
@@ -139,8 +140,9 @@ def message_html(message: Message, calls: dict[str, tuple[int, ToolCall]] | None
     error = ""
     if message.parse_error:
         error = f'<div style="color:#c62828">could not parse a tool call: {esc(message.parse_error)}</div>'
-    return (f'<div style="border-left:3px solid {accent};background:{background};padding:4px 8px;margin:4px 0;'
-            f'border-radius:4px">{head}{body}{cards}{error}{extra}</div>')  # fmt: skip
+    # wb-msg / wb-msg-<role> / wb-call: stable hooks for styling and for the real-browser test
+    return (f'<div class="wb-msg wb-msg-{esc(role)}" style="border-left:3px solid {accent};background:{background};'
+            f'padding:4px 8px;margin:4px 0;border-radius:4px">{head}{body}{cards}{error}{extra}</div>')  # fmt: skip
 
 
 def number_calls(messages: Iterable[Message]) -> dict[str, tuple[int, ToolCall]]:

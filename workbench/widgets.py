@@ -163,6 +163,13 @@ class ChatPlayground:
         self.controls = widgets.Accordion([controls], titles=("controls",))
         self.widget = widgets.VBox([self.header, scroller, self.input, buttons, self.controls])
         self.widget.add_class("wb-playground")
+        # stable CSS hooks (styling, and the real-browser test finds the parts by them)
+        for part, name in ((self.input, "wb-prompt"), (self.send_button, "wb-send"), (self.stop_button, "wb-stop"),
+                           (self.clear_button, "wb-clear"), (self.status, "wb-status"), (self.controls, "wb-controls"),
+                           (self.tools_select, "wb-tools"), (self.tool_choice, "wb-tool-choice"),
+                           (self.temperature, "wb-temperature"), (self.top_p, "wb-top-p"),
+                           (self.max_tokens, "wb-max-tokens")):  # fmt: skip
+            part.add_class(name)
 
     def _header_html(self) -> str:
         engine = self.engine
@@ -313,7 +320,8 @@ class ChatPlayground:
                     not isinstance(item, ToolCallDelta) or item.parse_status == "in_progress"):  # fmt: skip
                 self._streaming += item.text
                 generated += 1
-                self.status.value = f"⏳ generating… ({len(ids)} prompt tokens)"
+                if not self._stop:  # "stopping…" stays up until the cancellation lands
+                    self.status.value = f"⏳ generating… ({len(ids)} prompt tokens)"
                 self._draw()
         self._streaming = None
         assert reply is not None
