@@ -150,12 +150,15 @@ def lab(tmp_path):
            {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": "Python 3", "language": "python"})  # fmt: skip
     # the rest of the environment is inherited: WORKBENCH_CACHE (where the expanded demo checkpoint is
-    # cached) and thread settings apply to the kernel as to the rest of the test run
+    # cached) applies to the kernel as to the rest of the test run
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "WORKBENCH_PROGRESS": "0", "JUPYTERLAB_SETTINGS_DIR": str(settings),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"), "JUPYTER_DATA_DIR": str(data),
            "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config")}  # fmt: skip
     env.pop("WORKBENCH_NOTEBOOK_CHECKPOINT", None)  # the playground steps expect the embedded demo model
+    # one compute thread unless set: the kernel shares the cores with Chromium and the server, and OpenMP
+    # threads that wait for a descheduled sibling made Run All several times slower on a busy machine
+    env.setdefault("OMP_NUM_THREADS", "1")
     server = None
     try:
         server, server_lab = _start_server(work, env, tmp_path / "lab.log")
@@ -235,12 +238,12 @@ def _wait(what: str, condition, timeout: float = 300, every: float = 0.2):
 
 
 # One round trip reads the notebook's state: prompts of code cells and error outputs.
-_NOTEBOOK_STATE = """
+_NOTEBOOK_STATE = r"""
 const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
 if (!panel) return null;
 const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].map(p => p.textContent.trim());
 const errors = [...panel.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
-  .map(e => e.textContent).filter(t => /Traceback|Error/.test(t));
+  .map(e => e.textContent).filter(t => /Traceback \(most recent call last\)|^\w*(Error|Exception)\b/m.test(t));
 return {prompts, errors};
 """
 
@@ -270,16 +273,15 @@ def _open_and_run_all(driver, lab: Lab, name: str, timeout: float) -> float:
     _menu(driver, "Run", "Run All Cells")
     numbered = re.compile(r"^\[\d+\]:$")
 
-    def finished():  # every code cell numbered, or an error (Run All stops at the first one)
+    def finished():  # an error shows, or nothing is queued ([*]) any more and the kernel is idle
         state = driver.execute_script(_NOTEBOOK_STATE)
-        if state["errors"] or (all(numbered.match(p) for p in state["prompts"])
-                               and _kernel_state(lab, name) == "idle"):  # fmt: skip
-            return state
-        return None
+        ran = any(numbered.match(p) for p in state["prompts"]) and "[*]:" not in state["prompts"]
+        return state if state["errors"] or (ran and _kernel_state(lab, name) == "idle") else None
 
     state = _wait(f"all cells of {name} to run", finished, timeout=timeout, every=1.0)
     took = time.monotonic() - start
     assert not state["errors"], f"{name} raised while running all cells:\n" + "\n".join(state["errors"])
+    assert all(numbered.match(p) for p in state["prompts"]), f"not every cell ran: {state['prompts']}"
     assert len(set(state["prompts"])) == len(state["prompts"]), f"a cell ran twice: {state['prompts']}"
     return took
 
@@ -402,6 +404,7 @@ def test_playground_and_plot_in_a_real_browser(browser, lab, tmp_path):
 
 def _drive(driver, lab: Lab) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
 
     took = _open_and_run_all(driver, lab, NOTEBOOK_02, timeout=1200)
     print(f"Run All Cells of {NOTEBOOK_02}: {took:.1f} s")
@@ -425,11 +428,13 @@ def _drive(driver, lab: Lab) -> None:
     assert [c["role"] for c in new][-2:] == ["tool", "assistant"], new
     assert state["box"]["value"] == "", state["box"]  # sent, not handed back after an error
 
-    # a long generation: sampled at the highest temperature with room for many tokens; Stop while it streams
+    # a long generation: sampled at the highest temperature with room for many tokens, tool_choice none (a
+    # sampled reply that parses as a call runs no tool round); Stop while it streams
     _wait("the controls", lambda: driver.find_element(
         By.CSS_SELECTOR, ".wb-playground .wb-controls .jupyter-widget-Collapse-header")).click()  # fmt: skip
     assert _set_slider(driver, ".wb-temperature", "2") == "2.00"
     assert _set_slider(driver, ".wb-max-tokens", "1000") == "1000"
+    Select(driver.find_element(By.CSS_SELECTOR, ".wb-playground .wb-tool-choice select")).select_by_visible_text("none")
     attempts = []
     for _ in range(STOP_ATTEMPTS):
         before = len(_playground(driver)["cards"])
