@@ -6,6 +6,7 @@ from __future__ import annotations
 import _thread
 import math
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -72,6 +73,9 @@ def test_detached_child_is_killed_on_timeout() -> None:
 @pytest.mark.timeout(60)
 def test_ctrl_c_kills_the_code_and_everything_it_started() -> None:
     code = DETACH + f"\nimport subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{MARK}'])\nwhile True: pass\n"  # noqa: E501
+    # Ctrl-C as a user's kernel gets it: KeyboardInterrupt in the main thread (interrupt_main does nothing when
+    # the handler in place is SIG_IGN/SIG_DFL, which a library used by an earlier test may have left behind)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(3.0, _thread.interrupt_main)
     timer.start()
     try:
@@ -79,6 +83,7 @@ def test_ctrl_c_kills_the_code_and_everything_it_started() -> None:
             CodeInterpreter(timeout=60).run(code)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert _no_marked_process_within(5), _marked()
 
 
