@@ -54,13 +54,19 @@ def engines(llama3_dir, llama4_dir):
     return {"llama3": _engine(llama3_dir), "llama4": _engine(llama4_dir)}
 
 
+def _fresh(engines, family: str):
+    """The family's shared engine with no prefix resident from an earlier test."""
+    engine = engines[family]
+    engine._runner.generator.forget_prefixes()
+    return engine
+
+
 # Prefix lengths around Llama 4's 32-token chunk (16 = shortest reused prefix), suffixes from 1 token.
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("family", ["llama3", "llama4"])
 @pytest.mark.parametrize("prefix_len", [16, 31, 32, 33, 70])
 def test_shared_prefix_rows_equal_unshared_rows(engines, family, prefix_len):
-    engine = engines[family]
-    engine._runner.generator.forget_prefixes()
+    engine = _fresh(engines, family)
     rng = random.Random(prefix_len)
     prefix = [engine.tokenizer.bos_id] + _ids(rng, prefix_len - 1)
     suffix_lengths = [1, 2, 5, 17, 40]
@@ -73,8 +79,7 @@ def test_shared_prefix_rows_equal_unshared_rows(engines, family, prefix_len):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("family", ["llama3", "llama4"])
 def test_nested_prefixes_and_prompt_that_is_a_prefix(engines, family):
-    engine = engines[family]
-    engine._runner.generator.forget_prefixes()
+    engine = _fresh(engines, family)
     rng = random.Random(7)
     system = [engine.tokenizer.bos_id] + _ids(rng, 35)
     few_shot = system + _ids(rng, 30)
@@ -106,8 +111,7 @@ def test_waves_and_slot_reuse_across_calls(llama3_dir, llama4_dir, family):
 @pytest.mark.parametrize("family", ["llama3", "llama4"])
 def test_multi_turn_prompt_extends_previous_turn(engines, family):
     """A tool loop's next prompt is the previous prompt + reply + more: only the new part is computed."""
-    engine = engines[family]
-    engine._runner.generator.forget_prefixes()
+    engine = _fresh(engines, family)
     rng = random.Random(5)
     dialogs = [[engine.tokenizer.bos_id] + _ids(rng, 20 + 9 * i) for i in range(3)]
     turns = []

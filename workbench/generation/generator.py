@@ -317,8 +317,9 @@ class Generator:
                 resident = self._resident[i]
                 if slots[i] is None and resident is not None:  # the junk row overwrites position `high`
                     resident.cap = min(high, resident.cap if resident.cap is not None else high)
-        if self.grammars is not None:  # the next masks are computed on a worker while the forward runs
-            self.grammars.prefetch([slots[i].grammar for i in live if slots[i].grammar is not None])  # type: ignore[union-attr]
+        constrained = [slots[i].grammar for i in live if slots[i].grammar is not None]  # type: ignore[union-attr]
+        if constrained:  # their next masks are computed on a worker while the forward runs
+            self.grammars.prefetch(constrained)
         device = self.model.device
         logits = self.model.forward_decode(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                                            self.cache, span=(low, high))  # [W, V]  # fmt: skip

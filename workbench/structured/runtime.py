@@ -230,9 +230,9 @@ class GrammarRuntime:
         if check:
             if not argmax:
                 argmax = fast_argmax(logits).tolist()
-            best = [argmax[rows[j].index] for j in check]
             refused = []
-            for j, token in zip(check, best):
+            for j in check:
+                token = argmax[rows[j].index]
                 if token < n_vocab and _bit(masks[j], token):
                     chosen[rows[j].index] = token
                 else:
