@@ -163,12 +163,13 @@ def measure(runs: dict[str, tuple[Callable, list[list[int]]]], max_tokens: int, 
         out[name] = {"seconds": secs, "tok_s": n_new / secs, "prompts": len(prompts),
                      "prompt_tokens": sum(len(p) for p in prompts), "peak_extra_MB": memory[name] / 2**20,
                      f"rows_equal_{first}": f"{same}/{min(len(prompts), len(outputs[first]))}"}  # fmt: skip
+    measure.outputs = outputs  # type: ignore[attr-defined]  # the last call's tokens, for cross-checks
     return out
 
 
 # --------------------------------------------------------------------------------------------- main
 def bench_model(name: str, workloads: list[str], repeats: int, ref_prompts: int, n_prompts: int = 64,
-                peers: tuple[str, ...] = ("transformers", "reference")) -> dict:  # fmt: skip
+                peers: tuple[str, ...] = ("transformers", "reference"), compiled: bool = False) -> dict:  # fmt: skip
     ckpt = peer_model_dir(name)
     llama4 = PEER_MODELS[name].get("moe_args") is not None
     results: dict[str, dict] = {}
@@ -198,6 +199,16 @@ def bench_model(name: str, workloads: list[str], repeats: int, ref_prompts: int,
             res["prefill"] = {"reuse_s": pre["reuse"]["seconds"], "no_reuse_s": pre["no_reuse"]["seconds"],
                               "speedup": pre["no_reuse"]["seconds"] / pre["reuse"]["seconds"],
                               "shared_prefix_tokens": _common_len(prompts)}  # fmt: skip
+        if compiled and work != "c":  # the same engine after compile_decode(), measured alone
+            eager = measure.outputs["workbench"]  # type: ignore[attr-defined]
+            compile_s = engine.compile_decode()
+            runs = {"workbench_compiled": (workbench_runner(engine), prompts)}
+            runs["workbench_compiled"][0](prompts[:2] if batch > 1 else prompts, 2)
+            res.update(measure(runs, max_tokens, repeats))
+            same = sum(a == b for a, b in zip(measure.outputs["workbench_compiled"], eager))  # type: ignore[attr-defined]
+            res["workbench_compiled"].update({"rows_equal_workbench": f"{same}/{len(eager)}",
+                                              "compile_s": compile_s})  # fmt: skip
+            del res["workbench_compiled"]["rows_equal_workbench_compiled"]
         for peer in ("transformers", "reference"):
             if peer in res:
                 res[f"x_{peer}"] = res["workbench"]["tok_s"] / res[peer]["tok_s"]
@@ -226,6 +237,8 @@ def _print(model: str, work: str, batch: int, max_tokens: int, res: dict) -> Non
     ratios = {k: round(v, 2) for k, v in res.items() if k.startswith("x_")}
     if ratios:
         print(f"  workbench speed ratios: {ratios}")
+    if "workbench_compiled" in res:
+        print(f"  compile_decode() took {res['workbench_compiled']['compile_s']:.1f}s")
     if "prefill" in res:
         p = res["prefill"]
         print(f"  prefill: {p['no_reuse_s']:.2f}s without reuse, {p['reuse_s']:.2f}s with "
@@ -240,12 +253,14 @@ def main() -> None:
     parser.add_argument("--ref-prompts", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=64, help="prompts of workloads a and c (64 in the issue)")
     parser.add_argument("--peers", default="transformers,reference", help="peers to run beside workbench ('' = none)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also run workbench after compile_decode() (workloads a and b; compile time reported)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, float32, CPU")
     summary = {}
     for name in args.models.split(","):
         summary[name] = bench_model(name, args.workloads.split(","), args.repeats, args.ref_prompts, args.prompts,
-                                    tuple(p for p in args.peers.split(",") if p))  # fmt: skip
+                                    tuple(p for p in args.peers.split(",") if p), args.compiled)  # fmt: skip
     print(json.dumps({"bench": "peers", "threads": torch.get_num_threads(), "repeats": args.repeats,
                       "prompts": args.prompts,
                       "results": _rounded(summary)}))  # fmt: skip

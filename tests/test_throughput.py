@@ -170,3 +170,48 @@ def test_grouped_experts_equal_per_expert_loop(num_experts, top_k):
         del moe.experts.grouped
         torch.testing.assert_close(grouped, looped, rtol=1e-5, atol=1e-5)
 
+
+
+# --------------------------------------------------------------------------------------------- packed output
+@pytest.mark.parametrize("family", ["llama3", "llama4"])
+def test_packed_output_projection_gives_the_plain_tokens(llama3_dir, llama4_dir, family):
+    """The oneDNN-packed output projection (batched decode on CPU) gives the plain projection's tokens,
+    and an in-place edit of the weight after loading reaches batched decode too (it packs again)."""
+    engine = _engine(llama3_dir if family == "llama3" else llama4_dir)
+    output = engine._runner.model.output
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN: the packed path is never taken")
+    assert output._packed is not None
+    rng = random.Random(7)
+    prompts = [_ids(rng, n) for n in (3, 17, 40, 9, 25)]
+    x = torch.randn(4, output.in_features, generator=torch.Generator().manual_seed(1))  # [4, D]
+    torch.testing.assert_close(output(x), torch.nn.functional.linear(x, output.weight), rtol=1e-5, atol=1e-4)
+    packed = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
+    saved, output._packed = output._packed, None
+    plain = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
+    assert packed == plain
+    output._packed = saved
+    with torch.no_grad():  # make the first row's next token unbeatable
+        output.weight[plain[0][1]] *= 0.0
+        output.weight[plain[0][1], 0] = 1e4
+    edited = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
+    output._packed = None
+    assert edited == [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
+    assert edited != plain
+
+
+# --------------------------------------------------------------------------------------------- compiled decode
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("family", ["llama3", "llama4"])
+def test_compiled_decode_gives_the_eager_tokens(llama3_dir, llama4_dir, family):
+    """``compile_decode`` (``wb.load(compile=True)``): same greedy tokens as eager over mixed lengths,
+    waves and slot reuse (batch width and attended span vary), with its compile time reported."""
+    engine = _engine(llama3_dir if family == "llama3" else llama4_dir, max_batch_size=4)
+    rng = random.Random(11)
+    prompts = [_ids(rng, n) for n in (5, 40, 12, 33, 2, 60)]  # 6 rows through 4 slots; llama4 crosses chunk 32
+    eager = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
+    seconds = engine.compile_decode()
+    assert seconds > 0 and engine.info()["compile_seconds"] == round(seconds, 2)
+    compiled = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
+    assert compiled == eager
+    assert engine.completion(prompts[1], max_tokens=MAX_TOKENS).tokens == eager[1]

@@ -9,6 +9,7 @@ which is what makes it safe to interrupt.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -114,6 +115,7 @@ class Engine:
         self._owner: int | None = None  # thread id holding the lock
         self._holder: Any = None  # the stream generator holding the lock (None: a plain call)
         self._vision_eager = False  # load_vision() was asked for: keep it loaded across re-loads
+        self.compile_seconds: float | None = None  # set by compile_decode(); kept across re-loads
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -462,6 +464,30 @@ class Engine:
         self._runner.load_vision()
         self._vision_eager = True
 
+    def compile_decode(self) -> float:
+        """Run every decode step through ``torch.compile`` from now on, and compile it now.
+
+        Why: eager decode pays Python and one kernel launch per small op for every token; the compiled
+        step fuses the elementwise work around the matmuls.  Tokens are the eager path's (tests hold
+        it to that).  Compiles on a short warm-up (three rows: with and without a position mask) and
+        returns the seconds it took, also in ``info()["compile_seconds"]``; the batch width and the
+        attended span vary without recompiling.  Kept across ``set_quantization``.
+        """
+        with self._exclusive("compile_decode"):
+            start = time.perf_counter()
+            self._runner.compile_decode()
+            self._warm_up_decode()
+            self.compile_seconds = time.perf_counter() - start
+        return self.compile_seconds
+
+    def _warm_up_decode(self) -> None:
+        bos = self.tokenizer.bos_id
+        params = SamplingParams.create(max_tokens=3)
+        # Three rows at unequal positions (mask), then at one (no mask).  Not two rows: with 2 KV heads
+        # torch.compile would tie the batch width to the head count and recompile for the first other width.
+        for prompts in ([[bos, 1000, 1001], [bos, 1002], [bos, 1003]], [[bos, 1004], [bos, 1005], [bos, 1006]]):
+            self._collect(prompts, params, False, [None] * 3, [None] * 3, [None] * 3)
+
     def _vision_state(self) -> str | None:
         if self.args.vision_args is None:
             return None
@@ -564,6 +590,11 @@ class Engine:
             self.settings = settings
             if self._vision_eager:
                 self._runner.load_vision()
+            if self.compile_seconds is not None:
+                start = time.perf_counter()
+                self._runner.compile_decode()
+                self._warm_up_decode()
+                self.compile_seconds = time.perf_counter() - start
 
     # ----------------------------------------------------------------------------- introspection
     def info(self) -> dict[str, Any]:
@@ -590,6 +621,7 @@ class Engine:
             "weights_bytes": memory["weights_bytes"],
             "kv_cache_bytes": memory["kv_cache_bytes"],
             "load_seconds": round(self.load_seconds, 2),
+            "compile_seconds": None if self.compile_seconds is None else round(self.compile_seconds, 2),
         })
 
     def _compute_dtype(self) -> str:

@@ -102,7 +102,8 @@ def build_engine(settings: Settings) -> Engine:
 def load(checkpoint: str | Path | None = None, *, model: str | None = None,
          device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
          max_batch_size: int | None = None, max_seq_len: int | None = None, model_parallel_size: int | None = None,
-         quantization: str | None = None, load_vision: bool = False, **unknown: Any) -> Engine:  # fmt: skip
+         quantization: str | None = None, load_vision: bool = False, compile: bool = False,
+         **unknown: Any) -> Engine:  # fmt: skip
     """Load the engine, or return the loaded one when the effective settings are the same.
 
     ``checkpoint`` is a folder or the name of a checkpoints.toml entry; unset keywords come from the
@@ -111,7 +112,9 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None,
     (``0`` = one per checkpoint shard).  Other settings free the old engine first — its weights,
     KV cache and workers — so only one model is ever resident.  Bad settings raise before the old
     engine is touched.  A Llama 4 checkpoint's vision encoder is loaded at the first image, or at once with
-    ``load_vision=True`` (which also works on the already loaded engine).
+    ``load_vision=True`` (which also works on the already loaded engine).  ``compile=True`` runs
+    decode steps through ``torch.compile`` (see :meth:`Engine.compile_decode`; the compile time is in
+    ``info()["compile_seconds"]``), also on the already loaded engine.
     """
     if unknown:
         raise unknown_setting_error(next(iter(unknown)))
@@ -119,6 +122,8 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None,
                    max_seq_len=max_seq_len, model_parallel_size=model_parallel_size, quantization=quantization)
     if load_vision:
         engine.load_vision()
+    if compile and engine.compile_seconds is None:
+        engine.compile_decode()
     return engine
 
 

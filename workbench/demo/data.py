@@ -20,6 +20,7 @@ from typing import Any
 
 from ..tools import format_result
 from ..types import Message, ToolCall
+from .phrasing import train_question
 from .pools import ValuePools
 from .templates import NO_TOOL_ANSWER, REPEAT_HELDOUT, REPEAT_TRAIN, SMALL_TALK, SPECS, ToolSpec
 from .tools import DEMO_TOOLS
@@ -44,7 +45,9 @@ class Dialog:
         return [DEMO_TOOLS[name] for name in self.tools]
 
 
-def _question(spec: ToolSpec, args: dict[str, Any], rng: random.Random, split: str) -> str:
+def _question(spec: ToolSpec, args: dict[str, Any], rng: random.Random, split: str, composed: float = 0.0) -> str:
+    if split == "train" and composed and rng.random() < composed:
+        return train_question(spec.name, args, rng)
     return rng.choice(spec.questions(split)).format(**args)
 
 
@@ -56,7 +59,7 @@ class DialogGenerator:
     """Draws dialogs of one split ("train" or "heldout"), deterministic in ``seed``."""
 
     def __init__(self, split: str = "train", seed: int = 0, *, synthetic: float | None = None,
-                 max_tools: int = 4, mix: dict[str, float] | None = None) -> None:  # fmt: skip
+                 max_tools: int = 4, mix: dict[str, float] | None = None, composed: float = 0.0) -> None:  # fmt: skip
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         self.split = split
@@ -64,6 +67,7 @@ class DialogGenerator:
         self.pools = ValuePools(split, self.rng, synthetic=(0.35 if split == "train" else 0.0)
                                 if synthetic is None else synthetic)  # fmt: skip
         self.max_tools = max_tools
+        self.composed = composed  # train split: share of questions composed by ``phrasing`` (the rest: templates)
         self.mix = mix or TRAIN_MIX
         self._call_counter = 0
 
@@ -96,7 +100,7 @@ class DialogGenerator:
                                        if self.split == "train" else ("Compare the weather in {a} with {b}.",))
             question = question.format(a=all_args[0]["city"], b=all_args[1]["city"])
         else:
-            question = " ".join(_question(s, a, self.rng, self.split) for s, a in zip(specs, all_args))
+            question = " ".join(_question(s, a, self.rng, self.split, self.composed) for s, a in zip(specs, all_args))
         calls, results, tool_msgs = [], [], []
         for spec, args in zip(specs, all_args):
             call, msg, result = self._call(spec, args)
@@ -140,14 +144,14 @@ class DialogGenerator:
         if kind == "no_tool" and fixed is not None:
             wanted = self.rng.choice([t for t in SPECS if t not in fixed])
             spec = SPECS[wanted]
-            question = _question(spec, spec.sample(self.pools), self.rng, self.split)
+            question = _question(spec, spec.sample(self.pools), self.rng, self.split, self.composed)
             messages = [Message(role="user", content=question),
                         Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]  # fmt: skip
             return Dialog(kind, fixed, messages, [], [wanted])
         if kind == "no_tool":
             wanted = self.rng.choice(names)
             spec = SPECS[wanted]
-            question = _question(spec, spec.sample(self.pools), self.rng, self.split)
+            question = _question(spec, spec.sample(self.pools), self.rng, self.split, self.composed)
             offered = self._offer([], exclude=[wanted])[: self.rng.randint(1, self.max_tools)]
             messages = [Message(role="user", content=question),
                         Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]  # fmt: skip

@@ -76,7 +76,8 @@ class Batcher:
 
     def __init__(self, formatter: Any, to_compact: dict[int, int], unk: int, batch_size: int, seed: int,
                  curriculum_steps: int, synthetic: float = 0.35, aux_positions: int = 0,
-                 copy_exercise: bool = False, shared_tools: bool = False) -> None:  # fmt: skip
+                 copy_exercise: bool = False, shared_tools: bool = False, composed: float = 0.0) -> None:  # fmt: skip
+        self.composed = composed
         self.formatter, self.to_compact, self.unk = formatter, to_compact, unk
         self.batch_size, self.seed, self.curriculum_steps = batch_size, seed, curriculum_steps
         self.synthetic, self.aux_positions, self.copy_exercise = synthetic, aux_positions, copy_exercise
@@ -88,7 +89,7 @@ class Batcher:
             max_tools = 2 if group * self.GROUP < self.curriculum_steps else 4
             mix = COPY_MIX if self.copy_exercise else None
             gen = DialogGenerator("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools,
-                                  synthetic=self.synthetic, mix=mix)  # fmt: skip
+                                  synthetic=self.synthetic, mix=mix, composed=self.composed)  # fmt: skip
             if self.shared_tools:  # one tool set per batch: the whole system prompt is computed once
                 encoded = []
                 for _ in range(self.GROUP):
@@ -164,7 +165,7 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
           vocab_sample: int | None = None, stop_after: int | None = None, synthetic: float = 0.35,
           aux_weight: float = 0.0, aux_positions: int = 32, copy_exercise: bool = False,
           shared_tools: bool = False, init_from: Path | None = None, warmup: int = 200,
-          copy_weight: float = 1.0) -> dict[str, Any]:  # fmt: skip
+          copy_weight: float = 1.0, composed: float = 0.0) -> dict[str, Any]:  # fmt: skip
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
     ``stop_after`` ends the run early after that step (saving first), as an interruption would.
@@ -206,12 +207,12 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
                                                      "batch_size": batch_size, "lr": lr, "steps": steps,
                                                      "synthetic": synthetic, "aux_weight": aux_weight,
                                                      "copy_exercise": copy_exercise, "shared_tools": shared_tools,
-                                                     "copy_weight": copy_weight,
+                                                     "copy_weight": copy_weight, "composed": composed,
                                                      "init_from": str(init_from) if init_from else None}))  # fmt: skip
     batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
                       batch_size, seed, curriculum_steps=steps // 5, synthetic=synthetic,
                       aux_positions=aux_positions if aux_weight > 0 else 0, copy_exercise=copy_exercise,
-                      shared_tools=shared_tools)  # fmt: skip
+                      shared_tools=shared_tools, composed=composed)  # fmt: skip
     log_path = out_dir / "log.jsonl"
     metrics: dict[str, Any] = {}
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
@@ -288,6 +289,9 @@ def main(argv: list[str] | None = None) -> None:
                              "(e.g. workbench/demo/weights/demo-llama4.pt): same shape, its vocabulary")
     parser.add_argument("--copy-weight", type=float, default=1.0,
                         help="loss weight of assistant tokens copied from the dialog (argument values, results)")
+    parser.add_argument("--composed", type=float, default=0.0,
+                        help="share of training questions composed from parts (workbench.demo.phrasing) "
+                             "instead of drawn from the fixed templates")
     parser.add_argument("--stop-after", type=int, default=None,
                         help="end the run after this step (saved; a later run with other --steps resumes from it)")
     parser.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up steps")
@@ -301,7 +305,8 @@ def main(argv: list[str] | None = None) -> None:
                     save_every=args.save_every, params=params, vocab_sample=args.vocab_sample,
                     synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions,
                     copy_exercise=args.copy_exercise, shared_tools=args.shared_tools, init_from=args.init_from,
-                    warmup=args.warmup, copy_weight=args.copy_weight, stop_after=args.stop_after)  # fmt: skip
+                    warmup=args.warmup, copy_weight=args.copy_weight, stop_after=args.stop_after,
+                    composed=args.composed)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         from .export import export_compact

@@ -44,6 +44,58 @@ class ColumnParallel(ColumnParallelLinear):
         else:
             self.register_parameter("bias", None)
         self.master_weight = None
+        self.mp_size = model_parallel_size()  # read once: fairscale's lookups break torch.compile graphs
+        self._packed: torch.Tensor | None = None  # oneDNN-blocked copy of the weight (pack_for_cpu)
+
+    def pack_for_cpu(self, batch_hint: int = 16) -> bool:
+        """Keep a oneDNN-blocked copy of a float32 CPU weight for products of 2 or more rows.
+
+        Why: torch's CPU ``linear`` goes through MKL, whose skinny products (a few rows against a tall
+        matrix, i.e. batched decode against the output projection) reach about half of what oneDNN's
+        prepacked kernels do on the same weight.  A one-row product stays on the plain weight (its
+        column-major layout is already at memory speed).  Costs one more copy of this weight; the
+        values are the same float32 products, summed in another order (differences ~1e-6 relative).
+        Returns whether the packed path is on (off when oneDNN is missing or disagrees with ``linear``).
+        """
+        weight = self.weight
+        if (weight.device.type != "cpu" or weight.dtype != torch.float32 or model_parallel_size() != 1
+                or not torch.backends.mkldnn.is_available()
+                or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):  # fmt: skip
+            return False
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+            probe = torch.randn(3, self.in_features, generator=torch.Generator().manual_seed(0))  # [3, D]
+            got = torch.ops.mkldnn._linear_pointwise(probe, packed, self.bias, "none", [], "")
+        except RuntimeError:
+            return False
+        want = nn.functional.linear(probe, weight, self.bias)
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())):
+            return False
+        self._packed, self._packed_of = packed, (weight, _version(weight))
+        return True
+
+    def forward(self, input_: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        packed = self._packed
+        if packed is not None and input_.dtype == torch.float32 and input_.numel() >= 2 * self.in_features:
+            source, version = self._packed_of
+            if source is not self.weight or version != _version(self.weight):  # edited since: pack again
+                self._packed = None
+                if not self.pack_for_cpu():
+                    return super().forward(input_)
+                packed = self._packed
+            return torch.ops.mkldnn._linear_pointwise(input_, packed, self.bias, "none", [], "")  # [..., out]
+        if self.mp_size == 1:  # fairscale's copy/gather are identities here
+            return nn.functional.linear(input_, self.weight, self.bias)
+        return super().forward(input_)
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """In-place edits bump a tensor's version; inference tensors have none (and cannot be edited outside
+    inference mode), so they read as -1."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return -1
 
 
 class RowParallel(RowParallelLinear):
@@ -55,7 +107,8 @@ class RowParallel(RowParallelLinear):
         self.in_features = in_features
         self.out_features = out_features
         self.input_is_parallel = True
-        self.input_size_per_partition = divide(in_features, model_parallel_size(), "input features")
+        self.mp_size = model_parallel_size()
+        self.input_size_per_partition = divide(in_features, self.mp_size, "input features")
         self.weight = nn.Parameter(
             torch.empty(out_features, self.input_size_per_partition, device=device, dtype=dtype), requires_grad=False
         )
@@ -64,6 +117,11 @@ class RowParallel(RowParallelLinear):
         else:
             self.register_parameter("bias", None)
         self.master_weight = None
+
+    def forward(self, input_: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if self.mp_size == 1:  # fairscale's all-reduce is an identity here
+            return nn.functional.linear(input_, self.weight, self.bias)
+        return super().forward(input_)
 
 
 class VocabParallel(VocabParallelEmbedding):
@@ -80,7 +138,8 @@ class VocabParallel(VocabParallelEmbedding):
         self.scale_grad_by_freq = False
         self.sparse = False
         self._weight = None
-        divide(num_embeddings, model_parallel_size(), "vocab_size")
+        self.mp_size = model_parallel_size()
+        divide(num_embeddings, self.mp_size, "vocab_size")
         self.vocab_start_index, self.vocab_end_index = VocabUtility.vocab_range_from_global_vocab_size(
             num_embeddings, model_parallel_rank(), model_parallel_size()
         )
@@ -91,6 +150,6 @@ class VocabParallel(VocabParallelEmbedding):
         )
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if model_parallel_size() == 1:  # skip fairscale's masking copies on the common path
+        if self.mp_size == 1:  # skip fairscale's masking copies on the common path
             return nn.functional.embedding(input_, self.weight)
         return super().forward(input_)

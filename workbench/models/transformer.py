@@ -185,9 +185,23 @@ class Experts(nn.Module):
         """
         if not _GROUPED_MM or not _grouped_ok(x, self.w1, self.w2):
             return None
+        if x.dtype != torch.bfloat16 and torch.compiler.is_compiling():  # its meta kernel takes bf16 only
+            return None
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # [E] end row of each expert's group
         hidden = F.silu(torch._grouped_mm(x, self.w1, offs=offsets)) * torch._grouped_mm(x, self.w3, offs=offsets)
         return torch._grouped_mm(hidden, self.w2, offs=offsets)  # [n, D]
+
+
+@torch.compiler.disable  # data-dependent group sizes: run eagerly inside a compiled step, no recompiles
+def _per_expert(experts: nn.Module, routed_in: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Each used expert on its rows of ``routed_in`` [n, D] (sorted by expert; ``counts`` [E])."""
+    pieces = []
+    start = 0
+    for e, count in enumerate(counts.tolist()):
+        if count:
+            pieces.append(experts.expert(e, routed_in[start : start + count]))
+            start += count
+    return torch.cat(pieces)  # [n, D]
 
 
 class MoE(nn.Module):
@@ -197,6 +211,7 @@ class MoE(nn.Module):
         super().__init__()
         assert args.moe_args is not None
         self.top_k = args.moe_args.top_k
+        self.mp_size = model_parallel_size()
         hidden = args.moe_hidden_dim()
         self.experts = Experts(args.moe_args.num_experts, args.dim, hidden, device=device, dtype=dtype)
         self.router_DE = nn.Parameter(torch.empty(args.dim, args.moe_args.num_experts, device=device, dtype=dtype),
@@ -217,16 +232,12 @@ class MoE(nn.Module):
         grouped = getattr(self.experts, "grouped", None)
         routed_sorted = grouped(routed_in, counts) if grouped is not None else None
         if routed_sorted is None:  # quantized experts, or no grouped kernel: one call per used expert
-            pieces = []
-            start = 0
-            for e, count in enumerate(counts.tolist()):
-                if count:
-                    pieces.append(self.experts.expert(e, routed_in[start : start + count]))
-                    start += count
-            routed_sorted = torch.cat(pieces)
+            routed_sorted = _per_expert(self.experts, routed_in, counts)
         routed_out = torch.empty_like(routed_sorted).index_copy_(0, order, routed_sorted)  # [A*K, D] (token, k) order
         out_aD = out_aD + routed_out.view(-1, self.top_k, dim).sum(dim=1)
-        return reduce_from_model_parallel_region(out_aD).view(bsz, seqlen, dim)
+        if self.mp_size > 1:
+            out_aD = reduce_from_model_parallel_region(out_aD)
+        return out_aD.view(bsz, seqlen, dim)
 
 
 class TransformerBlock(nn.Module):
@@ -437,25 +448,26 @@ class Transformer(nn.Module):
             local_pos = key_pos[:, local_start:]
             local_mask = ((local_pos <= positions) & (local_pos >= chunk_start))[:, None, None, :]  # [B, 1, 1, S']
         step = self._decode_compiled if self._decode_compiled is not None else self._decode_layers
-        return step(tokens, positions, cos, sin, global_mask, local_mask, cache, kv_len, local_start)
+        h = step(tokens, positions, cos, sin, global_mask, local_mask, cache, kv_len, local_start)  # [B, 1, D]
+        return self._logits(h)[:, 0]  # [B, V]
 
     def _decode_layers(self, tokens: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        global_mask: torch.Tensor | None, local_mask: torch.Tensor | None, cache: KVCache, kv_len: int,
                        local_start: int) -> torch.Tensor:  # fmt: skip
-        """The arithmetic of one decode step (what ``compile_decode`` compiles): logits [B, V]."""
+        """The transformer layers of one decode step (what ``compile_decode`` compiles): hidden states
+        [B, 1, D].  The output projection stays outside: its packed CPU kernel is not traceable."""
         ctx = StepContext(positions, cos, sin, global_mask, local_mask, self._temperature(positions), cache, None,
                           decode=True, kv_len=kv_len, local_start=local_start)  # fmt: skip
         h = self.tok_embeddings(tokens[:, None])  # [B, 1, D]
         for layer in self.layers:
             h = layer(h, ctx)
-        return self._logits(h)[:, 0]  # [B, V]
+        return h
 
     def compile_decode(self) -> None:
         """Run decode steps through ``torch.compile`` (inductor; dynamic shapes, so the batch width and
-        the attended key span vary without recompiling).  Compiles lazily on the first decode steps.
-
-        Experimental: used by ``bench/gpu.py``; not a load option yet and not yet checked against eager.
-        """
+        the attended key span vary without recompiling).  Compiles lazily on the first decode steps;
+        ``Engine.compile_decode`` (``wb.load(compile=True)``) warms it up and times it.  Not CUDA graphs:
+        the attended span grows every step, and a graph needs fixed shapes."""
         self._decode_compiled = torch.compile(self._decode_layers, dynamic=True)
 
     def use_fast_layouts(self) -> None:
@@ -463,7 +475,9 @@ class Transformer(nn.Module):
 
         Same values, same shapes and names; only the memory order changes.  MKL streams a matrix-vector
         or skinny product over a column-major ``[out, in]`` weight (a contiguous ``[in, out]``) about
-        twice as fast as over a row-major one — and decode is exactly such products.
+        twice as fast as over a row-major one — and decode is exactly such products.  The output
+        projection also gets a oneDNN-packed copy for products of several rows (batched decode), where
+        MKL is slowest (see :meth:`ColumnParallel.pack_for_cpu`).
         """
         if self.device.type != "cpu":
             return
@@ -473,6 +487,9 @@ class Transformer(nn.Module):
                 continue
             if weight.is_floating_point() and weight.is_contiguous() and weight.shape[0] >= 2 * weight.shape[1]:
                 module.weight = nn.Parameter(weight.t().contiguous().t(), requires_grad=False)
+        pack = getattr(self.output, "pack_for_cpu", None)
+        if pack is not None:
+            pack()
 
     def parameter_count(self) -> int:
         """Weights of the whole model (all ranks); quantized modules count the weights they stand for."""

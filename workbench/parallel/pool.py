@@ -189,6 +189,12 @@ class ParallelRunner:
             pass
         self._vision_loaded = True
 
+    def compile_decode(self) -> None:
+        """Every rank compiles its decode step (lazily, on the next decode)."""
+        rid = self._send("compile_decode", None)
+        for _ in self._collect(rid, f"compiling the decode step (request {rid})"):
+            pass
+
     @property
     def vision_loaded(self) -> bool:
         return getattr(self, "_vision_loaded", False)

@@ -172,6 +172,9 @@ class _Worker:
         if kind == "load_vision":
             self.generator.model.ensure_vision()
             return None
+        if kind == "compile_decode":
+            self.generator.model.compile_decode()
+            return None
         if kind == "fault":
             self.fault = payload if self.spec.rank in payload["ranks"] else None
             return None
