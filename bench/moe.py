@@ -2,10 +2,11 @@
 
 One Llama-4-style MoE layer (router, shared expert, routed experts; dim and expert width of the
 ``--dim``/``--hidden`` flags) with random weights, timed at decode-sized (1, 16 tokens) and
-prefill-sized (512 tokens) inputs.  ``grouped`` is workbench's path (three grouped matmuls, work
-proportional to routed tokens); ``loop`` is the per-expert loop it replaced (one matmul chain per
-expert that got tokens, with a host sync for the counts).  Medians of interleaved repeats; prints a
-table, the 64-vs-4-expert ratios and one JSON line.
+prefill-sized (512 tokens) inputs.  ``grouped`` is three grouped matmuls (work proportional to
+routed tokens, no host sync); ``loop`` is one matmul chain per expert that got tokens (a host sync
+for the counts); ``workbench`` is what the layer runs (on CPU the loop below
+``CPU_GROUPED_MIN_ROWS`` routed rows, grouped above; grouped on GPUs).  Medians of interleaved
+repeats; prints a table, the 64-vs-4-expert ratios and one JSON line.
 
 Times are CPU seconds of the benchmark thread (``common.clock``; ``BENCH_CLOCK=wall`` for wall time).
 
@@ -23,8 +24,13 @@ from common import clock
 
 from workbench.distributed import ensure_model_parallel
 from workbench.factory import TINY_LLAMA4
+from workbench.models import transformer
 from workbench.models.args import ModelArgs
 from workbench.models.transformer import MoE
+
+# workbench: the layer as it runs (on CPU: the loop below CPU_GROUPED_MIN_ROWS routed rows, grouped above);
+# grouped: always torch._grouped_mm; loop: always one matmul chain per used expert
+PATHS = ("workbench", "grouped", "loop")
 
 
 def build(num_experts: int, dim: int, hidden: int) -> MoE:
@@ -53,23 +59,27 @@ def main() -> None:
     layers = {e: build(e, args.dim, args.hidden) for e in experts}
     inputs = {n: torch.randn(1, n, args.dim, generator=torch.Generator().manual_seed(n)) for n in token_counts}
     times: dict[tuple[str, int, int], list[float]] = {}
+    default_min_rows = transformer.CPU_GROUPED_MIN_ROWS
     for _ in range(args.repeats):  # interleaved: machine noise hits every cell alike
         for e, layer in layers.items():
             for n, x in inputs.items():
-                for path in ("grouped", "loop"):
+                for path in PATHS:
                     if path == "loop":
                         layer.experts.grouped = lambda *_: None  # type: ignore[method-assign]
+                    if path == "grouped":
+                        transformer.CPU_GROUPED_MIN_ROWS = 0
                     start = clock()
                     layer(x)
                     times.setdefault((path, e, n), []).append(clock() - start)
                     if path == "loop":
                         del layer.experts.grouped
+                    transformer.CPU_GROUPED_MIN_ROWS = default_min_rows
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     print(f"MoE layer (dim {args.dim}, expert width {args.hidden}, top-1), median ms of {args.repeats}")
     print(f"{'tokens':>7} {'path':>8} " + " ".join(f"{f'{e} experts':>11}" for e in experts) + f" {'64/4':>6}")
     ratios = {}
     for n in token_counts:
-        for path in ("grouped", "loop"):
+        for path in PATHS:
             row = [ms[(path, e, n)] for e in experts]
             ratios[f"{path}_{n}"] = row[-1] / row[0]
             print(f"{n:>7} {path:>8} " + " ".join(f"{v:11.3f}" for v in row) + f" {row[-1] / row[0]:6.2f}")

@@ -46,7 +46,7 @@ def test_train_and_heldout_templates_and_values_are_disjoint():
 
 @pytest.mark.parametrize("split", ["train", "heldout"])
 def test_every_rendered_dialog_parses_back_to_its_calls(formatter, split):
-    gen = DialogGenerator(split, seed=7)
+    gen = DialogGenerator(split, seed=7, composed=0.7)  # composed phrasings: training questions only
     seen_kinds, offered_counts, double_calls = set(), set(), 0
     for _ in range(150):
         dialog = gen.dialog()
@@ -121,3 +121,31 @@ def test_generation_is_deterministic(formatter):
     b = [encode(formatter, d).tokens for d, _ in zip(DialogGenerator("train", seed=5), range(10))]
     c = [encode(formatter, d).tokens for d, _ in zip(DialogGenerator("train", seed=6), range(10))]
     assert a == b and a != c
+
+
+def test_composed_training_questions_vary_and_never_hit_a_heldout_phrasing():
+    """``--composed``: thousands of distinct phrasings per tool, every field of the tool filled, and
+    no composed sentence equal to a held-out template (held-out phrasings stay unseen)."""
+    import random
+    import re
+
+    from workbench.demo.phrasing import _HELDOUT, _norm, compose
+
+    rng = random.Random(0)
+    for name in SPECS:
+        drawn = [compose(name, rng) for _ in range(3000)]
+        fields = set(inspect.signature(DEMO_TOOLS[name]).parameters)
+        assert all(set(re.findall(r"{(\w+)}", t)) == fields for t in drawn), name
+        assert not any(_norm(t) in _HELDOUT for t in drawn), name
+        assert len(set(drawn)) > 500, (name, len(set(drawn)))
+    gen = DialogGenerator("train", seed=1, composed=1.0)
+    held = DialogGenerator("heldout", seed=1, composed=1.0)  # composing applies to training only
+    assert any(d.messages[0].content not in {t for s in SPECS.values() for t in s.train}
+               for d in (gen.dialog("single") for _ in range(20)))  # fmt: skip
+    heldout_forms = {_norm(t) for s in SPECS.values() for t in s.heldout}
+    for _ in range(30):
+        d = held.dialog("single")
+        spec = SPECS[d.needed[0]]
+        args = d.expected_calls[0][0].arguments
+        assert any(_norm(t.format(**args)) == _norm(d.messages[0].content) for t in spec.heldout)
+    assert heldout_forms
