@@ -215,3 +215,22 @@ def test_compiled_decode_gives_the_eager_tokens(llama3_dir, llama4_dir, family):
     compiled = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
     assert compiled == eager
     assert engine.completion(prompts[1], max_tokens=MAX_TOKENS).tokens == eager[1]
+
+
+def test_a_failed_compile_leaves_the_engine_eager_and_usable(llama3_dir, monkeypatch):
+    from workbench.errors import CompileError
+
+    engine = _engine(llama3_dir, max_batch_size=4)
+    before = engine.batch_completion([[1000, 1001], [1002]], max_tokens=4)
+
+    def broken(fn, **kwargs):
+        def step(*args, **kw):
+            raise RuntimeError("inductor: no C++ compiler")
+        return step
+
+    monkeypatch.setattr(torch, "compile", broken)
+    with pytest.raises(CompileError, match="no C\\+\\+ compiler.*keeps decoding eagerly"):
+        engine.compile_decode()
+    assert engine.info()["compile_seconds"] is None
+    after = engine.batch_completion([[1000, 1001], [1002]], max_tokens=4)
+    assert [r.tokens for r in after] == [r.tokens for r in before]

@@ -16,7 +16,15 @@ from typing import Any, TypeVar
 
 import torch
 
-from .errors import EngineBusyError, FormatError, GenerationCancelled, ImageError, InputError, PromptTooLongError
+from .errors import (
+    CompileError,
+    EngineBusyError,
+    FormatError,
+    GenerationCancelled,
+    ImageError,
+    InputError,
+    PromptTooLongError,
+)
 from .generation.generator import Event, Request
 from .generation.sampling import SamplingParams
 from .models.args import ModelArgs
@@ -474,11 +482,21 @@ class Engine:
         attended span vary without recompiling.  Kept across ``set_quantization``.
         """
         with self._exclusive("compile_decode"):
-            start = time.perf_counter()
+            self.compile_seconds = self._compile()
+        return self.compile_seconds
+
+    def _compile(self) -> float:
+        start = time.perf_counter()
+        try:
             self._runner.compile_decode()
             self._warm_up_decode()
-            self.compile_seconds = time.perf_counter() - start
-        return self.compile_seconds
+        except Exception as exc:
+            self._runner.compile_decode(enabled=False)
+            raise CompileError(
+                f"torch.compile could not compile the decode step ({type(exc).__name__}: {str(exc)[:300]}); "
+                "the engine keeps decoding eagerly (same tokens): carry on without compile=True"
+            ) from exc
+        return time.perf_counter() - start
 
     def _warm_up_decode(self) -> None:
         bos = self.tokenizer.bos_id
@@ -591,10 +609,7 @@ class Engine:
             if self._vision_eager:
                 self._runner.load_vision()
             if self.compile_seconds is not None:
-                start = time.perf_counter()
-                self._runner.compile_decode()
-                self._warm_up_decode()
-                self.compile_seconds = time.perf_counter() - start
+                self.compile_seconds = self._compile()
 
     # ----------------------------------------------------------------------------- introspection
     def info(self) -> dict[str, Any]:

@@ -85,3 +85,7 @@ class EngineBusyError(WorkbenchError, RuntimeError):
 
 class InsufficientMemoryError(ConfigError):
     """The requested weights + KV cache cannot fit the device's memory (checked before allocating)."""
+
+
+class CompileError(WorkbenchError, RuntimeError):
+    """``torch.compile`` could not compile the decode step; the engine keeps decoding eagerly."""

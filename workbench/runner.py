@@ -66,8 +66,8 @@ class LocalRunner:
     def vision_loaded(self) -> bool:
         return self.model.vision_loaded
 
-    def compile_decode(self) -> None:
-        self.model.compile_decode()
+    def compile_decode(self, enabled: bool = True) -> None:
+        self.model.compile_decode(enabled)
 
     def logits(self, token_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         return self.generator.logits(token_lists)

@@ -468,12 +468,12 @@ class Transformer(nn.Module):
             h = layer(h, ctx)
         return h
 
-    def compile_decode(self) -> None:
+    def compile_decode(self, enabled: bool = True) -> None:
         """Run decode steps through ``torch.compile`` (inductor; dynamic shapes, so the batch width and
         the attended key span vary without recompiling).  Compiles lazily on the first decode steps;
         ``Engine.compile_decode`` (``wb.load(compile=True)``) warms it up and times it.  Not CUDA graphs:
         the attended span grows every step, and a graph needs fixed shapes."""
-        self._decode_compiled = torch.compile(self._decode_layers, dynamic=True)
+        self._decode_compiled = torch.compile(self._decode_layers, dynamic=True) if enabled else None
 
     def use_fast_layouts(self) -> None:
         """Store tall float weights (out >= 2 x in: the output projection, w1/w3) column-major on CPU.

@@ -189,9 +189,9 @@ class ParallelRunner:
             pass
         self._vision_loaded = True
 
-    def compile_decode(self) -> None:
-        """Every rank compiles its decode step (lazily, on the next decode)."""
-        rid = self._send("compile_decode", None)
+    def compile_decode(self, enabled: bool = True) -> None:
+        """Every rank compiles its decode step (lazily, on the next decode); ``enabled=False``: eager again."""
+        rid = self._send("compile_decode", enabled)
         for _ in self._collect(rid, f"compiling the decode step (request {rid})"):
             pass
 

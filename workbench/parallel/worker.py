@@ -173,7 +173,7 @@ class _Worker:
             self.generator.model.ensure_vision()
             return None
         if kind == "compile_decode":
-            self.generator.model.compile_decode()
+            self.generator.model.compile_decode(payload)
             return None
         if kind == "fault":
             self.fault = payload if self.spec.rank in payload["ranks"] else None
