@@ -26,6 +26,14 @@ def _state(ckpt: Path) -> dict[str, torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------------- reference
+def _stub_attribute(attr: str) -> type:
+    """Any name the reference imports from torchvision is a placeholder class; dunder lookups (``__file__``,
+    ``__path__``: torch.compile scans every module's ``__file__``) stay missing, as on a real module."""
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    return type(attr, (), {})
+
+
 def _torchvision_stub() -> None:
     """The reference generator module imports torchvision for images; text-only use never calls it."""
     import importlib.util
@@ -37,7 +45,7 @@ def _torchvision_stub() -> None:
     names = ("torchvision", "torchvision.transforms", "torchvision.transforms.functional")
     mods = {name: types.ModuleType(name) for name in names}
     for mod in mods.values():
-        mod.__getattr__ = lambda attr: type(attr, (), {})  # type: ignore[method-assign]
+        mod.__getattr__ = _stub_attribute  # type: ignore[method-assign]
     mods["torchvision"].transforms = mods["torchvision.transforms"]  # type: ignore[attr-defined]
     mods["torchvision.transforms"].functional = mods["torchvision.transforms.functional"]  # type: ignore[attr-defined]
     sys.modules.update(mods)

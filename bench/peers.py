@@ -200,6 +200,7 @@ def bench_model(name: str, workloads: list[str], repeats: int, ref_prompts: int,
                               "speedup": pre["no_reuse"]["seconds"] / pre["reuse"]["seconds"],
                               "shared_prefix_tokens": _common_len(prompts)}  # fmt: skip
         if compiled and work != "c":  # the same engine after compile_decode(), measured alone
+            _print(name, work, batch, max_tokens, res)  # the eager results first, whatever compiling does
             eager = measure.outputs["workbench"]  # type: ignore[attr-defined]
             compile_s = engine.compile_decode()
             runs = {"workbench_compiled": (workbench_runner(engine), prompts)}

@@ -182,6 +182,7 @@ def test_packed_output_projection_gives_the_plain_tokens(llama3_dir, llama4_dir,
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN: the packed path is never taken")
     assert output._packed is not None
+    assert engine.memory()["packed_bytes"] == output.weight.numel() * 4
     rng = random.Random(7)
     prompts = [_ids(rng, n) for n in (3, 17, 40, 9, 25)]
     x = torch.randn(4, output.in_features, generator=torch.Generator().manual_seed(1))  # [4, D]

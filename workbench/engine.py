@@ -645,7 +645,8 @@ class Engine:
         return str(dtype).replace("torch.", "")
 
     def memory(self) -> dict[str, Any]:
-        """Bytes of parameters (by dtype and by module kind) and of the KV cache.
+        """Bytes of parameters (by dtype and by module kind) and of the KV cache; ``packed_bytes``: extra
+        weight copies kept for faster CPU kernels (the output projection's oneDNN-packed copy).
 
         A dict of raw byte counts that displays in KiB/MiB/GiB (``.readable()`` for the strings).
         """

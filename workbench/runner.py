@@ -140,8 +140,11 @@ def model_memory(model: torch.nn.Module, kv_cache_bytes: int) -> dict[str, Any]:
     by_dtype: dict[str, int] = defaultdict(int)
     by_kind: dict[str, int] = defaultdict(int)
     by_kernel: dict[str, int] = defaultdict(int)
-    quantized_bytes = scale_bytes = quantized_bf16_bytes = 0
+    quantized_bytes = scale_bytes = quantized_bf16_bytes = packed_bytes = 0
     for module_name, module in model.named_modules():
+        packed = getattr(module, "_packed", None)  # a CPU kernel's repacked copy (ColumnParallel.pack_for_cpu)
+        if isinstance(packed, torch.Tensor):
+            packed_bytes += packed.numel() * packed.element_size()
         labels = getattr(module, "DTYPE_LABELS", {})
         scales = getattr(module, "SCALE_BUFFERS", ())
         quantized = bool(getattr(module, "FORMAT", ""))
@@ -166,13 +169,15 @@ def model_memory(model: torch.nn.Module, kv_cache_bytes: int) -> dict[str, Any]:
         "scale_bytes": scale_bytes,
         "quantized_bf16_bytes": quantized_bf16_bytes,
         "by_kernel": dict(by_kernel),
+        "packed_bytes": packed_bytes,  # not in weights_bytes: extra copies kept for faster CPU kernels
         "kv_cache_bytes": kv_cache_bytes,
     }
 
 
 def merge_memory(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Sum :func:`model_memory` reports of several ranks (what is resident in total), keeping each rank's."""
-    keys = ("weights_bytes", "quantized_bytes", "scale_bytes", "quantized_bf16_bytes", "kv_cache_bytes")
+    keys = ("weights_bytes", "quantized_bytes", "scale_bytes", "quantized_bf16_bytes", "packed_bytes",
+            "kv_cache_bytes")
     total: dict[str, Any] = dict.fromkeys(keys, 0)
     for key in total:
         total[key] = sum(info.get(key, 0) for info in per_rank)
