@@ -8,6 +8,9 @@ its communication) but allocate only this rank's slice, on the device and dtype 
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import torch
 from fairscale.nn.model_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from fairscale.nn.model_parallel.utils import VocabUtility
@@ -71,14 +74,20 @@ class ColumnParallel(ColumnParallelLinear):
         want = nn.functional.linear(probe, weight, self.bias)
         if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())):
             return False
-        self._packed, self._packed_of = packed, (weight, _version(weight))
+        # a weak reference: the packed copy must not keep a replaced (or unloaded) weight alive
+        self._packed, self._packed_of = packed, (weakref.ref(weight), _version(weight))
         return True
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """Moving or converting the module (``.to("meta")`` when the engine unloads) drops the packed copy."""
+        self._packed = None
+        return super()._apply(fn, recurse)
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         packed = self._packed
         if packed is not None and input_.dtype == torch.float32 and input_.numel() >= 2 * self.in_features:
             source, version = self._packed_of
-            if source is not self.weight or version != _version(self.weight):  # edited since: pack again
+            if source() is not self.weight or version != _version(self.weight):  # edited since: pack again
                 self._packed = None
                 if not self.pack_for_cpu():
                     return super().forward(input_)
