@@ -50,6 +50,25 @@ def test_same_effective_settings_return_the_same_engine(llama3_dir):
     assert wb.current() is engine and kernel_state().loads == loads
 
 
+def test_compile_keyword_compiles_the_loaded_engine_once(llama3_dir, monkeypatch):
+    """``wb.load(..., compile=True)`` compiles the (same) engine once; compile_decode itself is tested in
+    test_throughput.py."""
+    from workbench.engine import Engine
+
+    calls = []
+
+    def fake_compile(self):
+        calls.append(self)
+        self.compile_seconds = 1.5
+        return 1.5
+
+    monkeypatch.setattr(Engine, "compile_decode", fake_compile)
+    engine = wb.load(llama3_dir, **SMALL)
+    assert wb.load(llama3_dir, compile=True, **SMALL) is engine and calls == [engine]
+    assert wb.load(llama3_dir, compile=True, **SMALL) is engine and calls == [engine]  # already compiled
+    assert engine.info()["compile_seconds"] == 1.5
+
+
 def test_named_entry_and_environment_resolve_to_the_loaded_engine(monkeypatch, tmp_path, llama3_dir):
     engine = wb.load(llama3_dir, **SMALL)
     (tmp_path / "checkpoints.toml").write_text(f'[tiny]\npath = "{llama3_dir}"\nmax_seq_len = 64\n')
