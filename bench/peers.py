@@ -140,11 +140,14 @@ def workbench_runner(engine: wb.Engine, share: bool = True) -> Callable:
     return go
 
 
-def measure(runs: dict[str, tuple[Callable, list[list[int]]]], max_tokens: int, repeats: int) -> dict:
-    """Interleaved repeats of every contender; median seconds, tokens/s, peak extra memory, agreement."""
+def measure(runs: dict[str, tuple[Callable, list[list[int]]]], max_tokens: int, repeats: int,
+            outputs: dict[str, list[list[int]]] | None = None,
+            against: tuple[str, list[list[int]]] | None = None) -> dict:  # fmt: skip
+    """Interleaved repeats of every contender; median seconds, tokens/s, peak extra memory, agreement with
+    the first contender (or with ``against``: a name and its rows).  ``outputs`` receives every run's rows."""
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     memory: dict[str, int] = {}
-    outputs: dict[str, list[list[int]]] = {}
+    outputs = {} if outputs is None else outputs
     for _ in range(repeats):
         for name, (run, prompts) in runs.items():
             gc.collect()
@@ -153,17 +156,16 @@ def measure(runs: dict[str, tuple[Callable, list[list[int]]]], max_tokens: int, 
                 outputs[name] = run(prompts, max_tokens)
                 seconds[name].append(clock() - start)
             memory[name] = max(memory.get(name, 0), rss.extra)
-    first = next(iter(outputs))
+    first, first_rows = against or (next(iter(runs)), outputs[next(iter(runs))])
     out = {}
     for name, (_, prompts) in runs.items():
         secs = median(seconds[name])
         n_new = sum(len(t) for t in outputs[name])
         assert n_new == len(prompts) * max_tokens, f"{name} generated {n_new} tokens, not {len(prompts) * max_tokens}"
-        same = sum(a == b for a, b in zip(outputs[name], outputs[first]))
+        same = sum(a == b for a, b in zip(outputs[name], first_rows))
         out[name] = {"seconds": secs, "tok_s": n_new / secs, "prompts": len(prompts),
                      "prompt_tokens": sum(len(p) for p in prompts), "peak_extra_MB": memory[name] / 2**20,
-                     f"rows_equal_{first}": f"{same}/{min(len(prompts), len(outputs[first]))}"}  # fmt: skip
-    measure.outputs = outputs  # type: ignore[attr-defined]  # the last call's tokens, for cross-checks
+                     f"rows_equal_{first}": f"{same}/{min(len(prompts), len(first_rows))}"}  # fmt: skip
     return out
 
 
@@ -192,7 +194,8 @@ def bench_model(name: str, workloads: list[str], repeats: int, ref_prompts: int,
             runs["reference"] = (batched(partial(contenders.reference_generate, ref), batch), prompts[:ref_prompts])
         for warm in runs.values():  # warm-up: first calls allocate and pick kernels
             warm[0](prompts[:2] if batch > 1 else prompts, 2)
-        res = measure(runs, max_tokens, repeats)
+        rows: dict[str, list[list[int]]] = {}
+        res = measure(runs, max_tokens, repeats, outputs=rows)
         if work == "c":  # prefill alone (one new token), shared-prefix reuse on vs off
             pre = measure({"reuse": (workbench_runner(engine), prompts),
                            "no_reuse": (workbench_runner(engine, share=False), prompts)}, 1, repeats)  # fmt: skip
@@ -201,15 +204,12 @@ def bench_model(name: str, workloads: list[str], repeats: int, ref_prompts: int,
                               "shared_prefix_tokens": _common_len(prompts)}  # fmt: skip
         if compiled and work != "c":  # the same engine after compile_decode(), measured alone
             _print(name, work, batch, max_tokens, res)  # the eager results first, whatever compiling does
-            eager = measure.outputs["workbench"]  # type: ignore[attr-defined]
             compile_s = engine.compile_decode()
-            runs = {"workbench_compiled": (workbench_runner(engine), prompts)}
-            runs["workbench_compiled"][0](prompts[:2] if batch > 1 else prompts, 2)
-            res.update(measure(runs, max_tokens, repeats))
-            same = sum(a == b for a, b in zip(measure.outputs["workbench_compiled"], eager))  # type: ignore[attr-defined]
-            res["workbench_compiled"].update({"rows_equal_workbench": f"{same}/{len(eager)}",
-                                              "compile_s": compile_s})  # fmt: skip
-            del res["workbench_compiled"]["rows_equal_workbench_compiled"]
+            run = workbench_runner(engine)
+            run(prompts[:2] if batch > 1 else prompts, 2)
+            res.update(measure({"workbench_compiled": (run, prompts)}, max_tokens, repeats,
+                               against=("workbench", rows["workbench"])))  # fmt: skip
+            res["workbench_compiled"]["compile_s"] = compile_s
         for peer in ("transformers", "reference"):
             if peer in res:
                 res[f"x_{peer}"] = res["workbench"]["tok_s"] / res[peer]["tok_s"]

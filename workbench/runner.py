@@ -142,9 +142,7 @@ def model_memory(model: torch.nn.Module, kv_cache_bytes: int) -> dict[str, Any]:
     by_kernel: dict[str, int] = defaultdict(int)
     quantized_bytes = scale_bytes = quantized_bf16_bytes = packed_bytes = 0
     for module_name, module in model.named_modules():
-        packed = getattr(module, "_packed", None)  # a CPU kernel's repacked copy (ColumnParallel.pack_for_cpu)
-        if isinstance(packed, torch.Tensor):
-            packed_bytes += packed.numel() * packed.element_size()
+        packed_bytes += getattr(module, "packed_bytes", 0)  # a CPU kernel's repacked copy (ColumnParallel.pack_for_cpu)
         labels = getattr(module, "DTYPE_LABELS", {})
         scales = getattr(module, "SCALE_BUFFERS", ())
         quantized = bool(getattr(module, "FORMAT", ""))

@@ -49,6 +49,7 @@ class ColumnParallel(ColumnParallelLinear):
         self.master_weight = None
         self.mp_size = model_parallel_size()  # read once: fairscale's lookups break torch.compile graphs
         self._packed: torch.Tensor | None = None  # oneDNN-blocked copy of the weight (pack_for_cpu)
+        self._packed_of: tuple[weakref.ref, int] | None = None  # (the weight it was packed from, its version)
 
     def pack_for_cpu(self, batch_hint: int = 16) -> bool:
         """Keep a oneDNN-blocked copy of a float32 CPU weight for products of 2 or more rows.
@@ -61,7 +62,7 @@ class ColumnParallel(ColumnParallelLinear):
         Returns whether the packed path is on (off when oneDNN is missing or disagrees with ``linear``).
         """
         weight = self.weight
-        if (weight.device.type != "cpu" or weight.dtype != torch.float32 or model_parallel_size() != 1
+        if (weight.device.type != "cpu" or weight.dtype != torch.float32 or self.mp_size != 1
                 or not torch.backends.mkldnn.is_available()
                 or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):  # fmt: skip
             return False
@@ -83,16 +84,25 @@ class ColumnParallel(ColumnParallelLinear):
         self._packed = None
         return super()._apply(fn, recurse)
 
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of the packed copy (counted apart from the weights by ``Engine.memory``)."""
+        return 0 if self._packed is None else self._packed.numel() * self._packed.element_size()
+
+    def _current_pack(self) -> torch.Tensor | None:
+        """The packed copy, packed again first if the weight was replaced or edited in place since."""
+        assert self._packed_of is not None
+        source, version = self._packed_of
+        if source() is not self.weight or version != _version(self.weight):
+            self._packed = None
+            self.pack_for_cpu()
+        return self._packed
+
     def forward(self, input_: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        packed = self._packed
-        if packed is not None and input_.dtype == torch.float32 and input_.numel() >= 2 * self.in_features:
-            source, version = self._packed_of
-            if source() is not self.weight or version != _version(self.weight):  # edited since: pack again
-                self._packed = None
-                if not self.pack_for_cpu():
-                    return super().forward(input_)
-                packed = self._packed
-            return torch.ops.mkldnn._linear_pointwise(input_, packed, self.bias, "none", [], "")  # [..., out]
+        if self._packed is not None and input_.dtype == torch.float32 and input_.numel() >= 2 * self.in_features:
+            packed = self._current_pack()
+            if packed is not None:
+                return torch.ops.mkldnn._linear_pointwise(input_, packed, self.bias, "none", [], "")  # [..., out]
         if self.mp_size == 1:  # fairscale's copy/gather are identities here
             return nn.functional.linear(input_, self.weight, self.bias)
         return super().forward(input_)
