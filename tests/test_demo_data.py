@@ -149,3 +149,33 @@ def test_composed_training_questions_vary_and_never_hit_a_heldout_phrasing():
         args = d.expected_calls[0][0].arguments
         assert any(_norm(t.format(**args)) == _norm(d.messages[0].content) for t in spec.heldout)
     assert heldout_forms
+
+
+def test_spelling_exercise_writes_vocabulary_words_in_quotes_as_other_tokens(formatter):
+    """The spell kind teaches the space form -> quoted form mapping that copying a value into a call needs."""
+    from workbench.demo.data import spelling_mix
+    from workbench.demo.vocab import build_compact_vocab, spelling_words
+
+    tokenizer = formatter.tokenizer
+    vocab = build_compact_vocab(tokenizer, sample_dialogs=50)
+    words = spelling_words(tokenizer, vocab)
+    assert len(words) > 1000 and "Oslo" in words and "the" in words
+    allowed = set(vocab)
+    for word in words[:200]:
+        assert tokenizer.encode(" " + word) == tokenizer.encode(" " + word)[:1]  # one token after a space
+        assert all(t in allowed for t in tokenizer.encode(f'"{word}"'))
+    gen = DialogGenerator("train", seed=3, spelling_words=words, mix=spelling_mix(1.0))
+    seen_forms = set()
+    for _ in range(30):
+        dialog = gen.dialog()
+        assert dialog.kind == "spell" and dialog.expected_calls == []
+        question, answer = dialog.messages[0].content, dialog.messages[1].content
+        quoted = [w.strip('"') for w in (answer if answer.startswith('"') else question.split(": ", 1)[1]).split(", ")]
+        plain = (question.split(": ", 1)[1] if answer.startswith('"') else answer).split(" ")
+        assert quoted == plain and all(w in words for w in plain)
+        seen_forms.add(answer.startswith('"'))
+        encoded = encode(formatter, dialog)
+        assert any(encoded.targets)
+    assert seen_forms == {True, False}  # both directions
+    with pytest.raises(ValueError, match="spelling_words"):
+        DialogGenerator("train", seed=3).dialog("spell")

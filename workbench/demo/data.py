@@ -22,13 +22,28 @@ from ..tools import format_result
 from ..types import Message, ToolCall
 from .phrasing import train_question
 from .pools import ValuePools
-from .templates import NO_TOOL_ANSWER, REPEAT_HELDOUT, REPEAT_TRAIN, SMALL_TALK, SPECS, ToolSpec
+from .templates import (
+    NO_TOOL_ANSWER,
+    QUOTE_TEMPLATES,
+    REPEAT_HELDOUT,
+    REPEAT_TRAIN,
+    SMALL_TALK,
+    SPECS,
+    UNQUOTE_TEMPLATES,
+    ToolSpec,
+)
 from .tools import DEMO_TOOLS
 
 KINDS = ("single", "double", "two_round", "no_tool", "small_talk")
 TRAIN_MIX = {"single": 0.40, "double": 0.15, "two_round": 0.17, "no_tool": 0.18, "small_talk": 0.10}
 # with the copy exercise (``repeat``): what the training command draws from
 COPY_MIX = {**{k: v * 0.85 for k, v in TRAIN_MIX.items()}, "repeat": 0.15}
+
+
+def spelling_mix(share: float, copy_exercise: bool = False) -> dict[str, float]:
+    """The training mix with ``share`` of spelling exercises (``spell``), the rest as before."""
+    base = COPY_MIX if copy_exercise else TRAIN_MIX
+    return {**{k: v * (1.0 - share) for k, v in base.items()}, "spell": share}
 
 
 @dataclass
@@ -59,7 +74,8 @@ class DialogGenerator:
     """Draws dialogs of one split ("train" or "heldout"), deterministic in ``seed``."""
 
     def __init__(self, split: str = "train", seed: int = 0, *, synthetic: float | None = None,
-                 max_tools: int = 4, mix: dict[str, float] | None = None, composed: float = 0.0) -> None:  # fmt: skip
+                 max_tools: int = 4, mix: dict[str, float] | None = None, composed: float = 0.0,
+                 spelling_words: Sequence[str] = ()) -> None:  # fmt: skip
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         self.split = split
@@ -69,6 +85,7 @@ class DialogGenerator:
         self.max_tools = max_tools
         self.composed = composed  # train split: share of questions composed by ``phrasing`` (the rest: templates)
         self.mix = mix or TRAIN_MIX
+        self.spelling_words = list(spelling_words)  # for ``spell`` dialogs (workbench.demo.vocab.spelling_words)
         self._call_counter = 0
 
     # ------------------------------------------------------------------ pieces
@@ -169,7 +186,29 @@ class DialogGenerator:
             messages = [Message(role="user", content=template.format(words=words)),
                         Message(role="assistant", content=words, stop_reason="end_of_turn")]  # fmt: skip
             return Dialog(kind, fixed or self._offer([]), messages, [])
-        raise ValueError(f"unknown dialog kind {kind!r}; one of {', '.join(KINDS)} or repeat")
+        if kind == "spell":
+            return self._spell(fixed)
+        raise ValueError(f"unknown dialog kind {kind!r}; one of {', '.join(KINDS)}, repeat or spell")
+
+    def _spell(self, fixed: list[str] | None) -> Dialog:
+        """A spelling exercise: vocabulary words after spaces (one token each) written in quotes, or back.
+
+        Inside quotes a word is other tokens than after a space (' Oslo' against 'Os', 'lo'), so copying
+        a value from a question into a call's quotes means knowing how each word is spelled; a model
+        trained from scratch learns that only for words it wrote.  Not a tool call: the words are
+        vocabulary, and the tool-call data never shows held-out values as arguments.
+        """
+        if not self.spelling_words:
+            raise ValueError("spell dialogs need spelling_words (workbench.demo.vocab.spelling_words)")
+        words = self.rng.sample(self.spelling_words, min(len(self.spelling_words), self.rng.randint(8, 24)))
+        quoted = ", ".join(f'"{w}"' for w in words)
+        if self.rng.random() < 0.7:
+            question, answer = self.rng.choice(QUOTE_TEMPLATES).format(words=" ".join(words)), quoted
+        else:
+            question, answer = self.rng.choice(UNQUOTE_TEMPLATES).format(words=quoted), " ".join(words)
+        messages = [Message(role="user", content=question),
+                    Message(role="assistant", content=answer, stop_reason="end_of_turn")]  # fmt: skip
+        return Dialog("spell", fixed or self._offer([]), messages, [])
 
     def __iter__(self) -> Iterator[Dialog]:
         while True:

@@ -154,5 +154,9 @@ SMALL_TALK: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
 # "Repeat after me": copying arbitrary words, the skill a tool call needs for its argument values.
 REPEAT_TRAIN = ("Repeat after me: {words}", "Please repeat: {words}", "Say this back to me: {words}")
 REPEAT_HELDOUT = ("Could you repeat this: {words}",)
+# the spelling exercise (``spell``): a word after a space is one token, the same word inside quotes other
+# tokens, so these teach the model how each vocabulary word is written in a call's quotes and back
+QUOTE_TEMPLATES = ("Put each word in quotes: {words}", "Quote these words: {words}", "Write these in quotes: {words}")
+UNQUOTE_TEMPLATES = ("Remove the quotes: {words}", "Unquote these words: {words}", "Write these without quotes: {words}")
 
 NO_TOOL_ANSWER = "Sorry, I can't help with that: none of the available tools can answer it."

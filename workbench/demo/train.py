@@ -34,9 +34,9 @@ from ..formats import make_formatter
 from ..models.args import ModelArgs
 from ..models.transformer import Transformer
 from ..tokenizer import Tokenizer, bundled_tokenizer_path
-from .data import COPY_MIX, DialogGenerator, encode
+from .data import COPY_MIX, DialogGenerator, encode, spelling_mix
 from .forward import common_prefix_length, hidden_states
-from .vocab import build_compact_vocab
+from .vocab import build_compact_vocab, spelling_words
 
 # The embedded tiny Llama 4 shape (MoE, NoPE, QK-norm, temperature tuning) with chunked attention over
 # 1024 tokens, longer than any training dialog, so dialogs are not cut into 32-token chunks.
@@ -76,8 +76,9 @@ class Batcher:
 
     def __init__(self, formatter: Any, to_compact: dict[int, int], unk: int, batch_size: int, seed: int,
                  curriculum_steps: int, synthetic: float = 0.35, aux_positions: int = 0,
-                 copy_exercise: bool = False, shared_tools: bool = False, composed: float = 0.0) -> None:  # fmt: skip
-        self.composed = composed
+                 copy_exercise: bool = False, shared_tools: bool = False, composed: float = 0.0,
+                 spell: float = 0.0, spelling: list[str] | None = None) -> None:  # fmt: skip
+        self.composed, self.spell, self.spelling = composed, spell, spelling or []
         self.formatter, self.to_compact, self.unk = formatter, to_compact, unk
         self.batch_size, self.seed, self.curriculum_steps = batch_size, seed, curriculum_steps
         self.synthetic, self.aux_positions, self.copy_exercise = synthetic, aux_positions, copy_exercise
@@ -88,8 +89,11 @@ class Batcher:
         if self._group is None or self._group[0] != group:
             max_tools = 2 if group * self.GROUP < self.curriculum_steps else 4
             mix = COPY_MIX if self.copy_exercise else None
+            if self.spell:
+                mix = spelling_mix(self.spell, self.copy_exercise)
             gen = DialogGenerator("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools,
-                                  synthetic=self.synthetic, mix=mix, composed=self.composed)  # fmt: skip
+                                  synthetic=self.synthetic, mix=mix, composed=self.composed,
+                                  spelling_words=self.spelling)  # fmt: skip
             if self.shared_tools:  # one tool set per batch: the whole system prompt is computed once
                 encoded = []
                 for _ in range(self.GROUP):
@@ -165,7 +169,7 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
           vocab_sample: int | None = None, stop_after: int | None = None, synthetic: float = 0.35,
           aux_weight: float = 0.0, aux_positions: int = 32, copy_exercise: bool = False,
           shared_tools: bool = False, init_from: Path | None = None, warmup: int = 200,
-          copy_weight: float = 1.0, composed: float = 0.0) -> dict[str, Any]:  # fmt: skip
+          copy_weight: float = 1.0, composed: float = 0.0, spell: float = 0.0) -> dict[str, Any]:  # fmt: skip
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
     ``stop_after`` ends the run early after that step (saving first), as an interruption would.
@@ -208,11 +212,13 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
                                                      "synthetic": synthetic, "aux_weight": aux_weight,
                                                      "copy_exercise": copy_exercise, "shared_tools": shared_tools,
                                                      "copy_weight": copy_weight, "composed": composed,
+                                                     "spell": spell,
                                                      "init_from": str(init_from) if init_from else None}))  # fmt: skip
     batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
                       batch_size, seed, curriculum_steps=steps // 5, synthetic=synthetic,
                       aux_positions=aux_positions if aux_weight > 0 else 0, copy_exercise=copy_exercise,
-                      shared_tools=shared_tools, composed=composed)  # fmt: skip
+                      shared_tools=shared_tools, composed=composed, spell=spell,
+                      spelling=spelling_words(tokenizer, vocab) if spell else None)  # fmt: skip
     log_path = out_dir / "log.jsonl"
     metrics: dict[str, Any] = {}
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
@@ -292,6 +298,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--composed", type=float, default=0.0,
                         help="share of training questions composed from parts (workbench.demo.phrasing) "
                              "instead of drawn from the fixed templates")
+    parser.add_argument("--spell", type=float, default=0.0,
+                        help="share of spelling exercises: vocabulary words written in quotes and back "
+                             "(a word after a space is other tokens than inside a call's quotes)")
     parser.add_argument("--stop-after", type=int, default=None,
                         help="end the run after this step (saved; a later run with other --steps resumes from it)")
     parser.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up steps")
@@ -306,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
                     synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions,
                     copy_exercise=args.copy_exercise, shared_tools=args.shared_tools, init_from=args.init_from,
                     warmup=args.warmup, copy_weight=args.copy_weight, stop_after=args.stop_after,
-                    composed=args.composed)  # fmt: skip
+                    composed=args.composed, spell=args.spell)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         from .export import export_compact

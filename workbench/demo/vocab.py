@@ -44,3 +44,25 @@ def build_compact_vocab(tokenizer: Any, sample_dialogs: int = SAMPLE_DIALOGS) ->
         for text in (piece, " " + piece, "=" + piece, '"' + piece):
             ids.update(tokenizer.encode(text))
     return sorted(ids)
+
+
+def spelling_words(tokenizer: Any, vocab: list[int]) -> list[str]:
+    """Every word of the compact vocabulary that is one token after a space (' Oslo') and whose quoted
+    form (``"Oslo"``: other tokens) lies in the vocabulary too: the words of the spelling exercise.
+
+    The whole vocabulary, not a chosen pool: the compact vocabulary holds the argument pools of both
+    splits, so held-out values are among these words (as a pretrained model knows every word's
+    spelling), but the exercise never writes them as tool arguments.
+    """
+    allowed = set(vocab)
+    quote = tokenizer.encode('"')
+    words = []
+    for token in vocab:
+        text = tokenizer.decode([token])
+        word = text[1:]
+        if not (text.startswith(" ") and len(word) >= 2 and word.isascii() and word.isalpha()):
+            continue
+        quoted = tokenizer.encode(f'"{word}"')
+        if quoted[:1] == quote and all(t in allowed for t in quoted):
+            words.append(word)
+    return words
