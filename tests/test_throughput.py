@@ -235,3 +235,30 @@ def test_a_failed_compile_leaves_the_engine_eager_and_usable(llama3_dir, monkeyp
     assert engine.info()["compile_seconds"] is None
     after = engine.batch_completion([[1000, 1001], [1002]], max_tokens=4)
     assert [r.tokens for r in after] == [r.tokens for r in before]
+
+
+@pytest.mark.parametrize("family", ["llama3", "llama4"])
+def test_packed_prefill_equals_each_row_alone(engines, family):
+    """Rows laid end to end (no padding) give each row's own logits and keys/values, also when rows
+    continue cached prefixes and cross Llama 4's 32-token attention chunks."""
+    model = engines[family]._runner.generator.model
+    rng = random.Random(5)
+    prompts = [_ids(rng, n) for n in (1, 7, 33, 70, 40)]
+    alone = torch.stack([model.forward_full(torch.tensor([p]))[0, -1] for p in prompts])  # [B, V]
+    cache = model.new_cache(len(prompts), 128)
+    slots = [4, 2, 0, 1, 3]
+    flat = torch.tensor([[t for p in prompts for t in p]])  # [1, N]
+    packed = model.forward_packed(flat, [len(p) for p in prompts], [0] * len(prompts), cache, slots)
+    torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-4)
+    reference = model.new_cache(1, 128)
+    for prompt, slot in zip(prompts, slots):
+        model.forward_full(torch.tensor([prompt]), cache=reference, cache_rows=torch.tensor([0]))
+        for layer in range(len(cache.keys)):
+            n = len(prompt)
+            torch.testing.assert_close(cache.keys[layer][slot, :, :n], reference.keys[layer][0, :, :n])
+            torch.testing.assert_close(cache.values[layer][slot, :, :n], reference.values[layer][0, :, :n])
+    # continuing cached prefixes: the slots hold each prompt's first `cut` tokens; the rest follows packed
+    cuts = [0, 3, 32, 35, 20]
+    suffix = torch.tensor([[t for p, c in zip(prompts, cuts) for t in p[c:]]])
+    cont = model.forward_packed(suffix, [len(p) - c for p, c in zip(prompts, cuts)], cuts, cache, slots)
+    torch.testing.assert_close(cont, alone, rtol=1e-4, atol=1e-4)

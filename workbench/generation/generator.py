@@ -34,10 +34,11 @@ from .sampling import SamplingParams, fast_argmax, sample_token
 
 # Keep each prefill forward below this many (padded) tokens to bound activation memory.
 MAX_PREFILL_TOKENS = 16384
-# A prefill forward pads its rows to the longest; a row joins a group only while the padded total stays
-# within this factor of the real tokens (+64).  Every padded token costs a full pass through the
-# linears (compute-bound on CPU), so a tight factor with more, smaller forwards wins: on bench/peers.py's
-# workload (a) 1.25 pads 1.17x where 2 padded 1.49x.
+# Text prompts are prefilled packed (rows end to end, no padding: ``Transformer.forward_packed``).
+# Image prompts and teacher-forced scoring use padded forwards, which pad their rows to the longest: a
+# row joins a group only while the padded total stays within this factor of the real tokens (+64).
+# Every padded token costs a full pass through the linears (compute-bound on CPU), so a tight factor
+# with more, smaller forwards wins: on bench/peers.py's workload (a) 1.25 pads 1.17x where 2 padded 1.49x.
 PREFILL_PAD_FACTOR = 1.25
 # A common prefix shorter than this is recomputed: copying its keys/values would cost about as much.
 MIN_SHARED_PREFIX = 16
@@ -240,6 +241,13 @@ class Generator:
         self.stats["prefill_tokens"] += sum(suffix_lengths)
         self.stats["reused_tokens"] += sum(starts)
         out = torch.empty(len(items), self.model.args.vocab_size, device=device)
+        if images is None or all(t is None for t in images):  # text only: rows packed end to end, no padding
+            for group in self._packed_groups(suffix_lengths):
+                tokens = torch.tensor([[t for j in group for t in items[j][1][starts[j] :]]], device=device)  # [1, N]
+                out[group] = self.model.forward_packed(tokens, [suffix_lengths[j] for j in group],
+                                                       [starts[j] for j in group], self.cache,
+                                                       [items[j][0] for j in group])  # fmt: skip
+            return out
         for group in self._prefill_groups(list(range(len(items))), suffix_lengths):
             tokens = self._padded([items[j][1][starts[j] :] for j in group])
             rows = torch.tensor([items[j][0] for j in group], device=device)
@@ -273,6 +281,19 @@ class Generator:
         for j, p in enumerate(prompts):
             tokens[j, : len(p)] = torch.tensor(p, dtype=torch.long)
         return tokens.to(self.model.device)  # [b, T]
+
+    def _packed_groups(self, lengths: list[int]) -> Iterator[list[int]]:
+        """Rows in order, cut into packed forwards of at most MAX_PREFILL_TOKENS tokens (a longer row alone)."""
+        group: list[int] = []
+        total = 0
+        for i, length in enumerate(lengths):
+            if group and total + length > MAX_PREFILL_TOKENS:
+                yield group
+                group, total = [], 0
+            group.append(i)
+            total += length
+        if group:
+            yield group
 
     def _prefill_groups(self, order: list[int], lengths: list[int]) -> Iterator[list[int]]:
         """Split into forwards of similar lengths, each under MAX_PREFILL_TOKENS padded tokens."""

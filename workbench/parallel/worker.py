@@ -59,6 +59,10 @@ class _CheckedModel:
         self._worker.checkpoint("prefill", tokens)
         return self._model.forward_full(tokens, **kwargs)
 
+    def forward_packed(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self._worker.checkpoint("prefill", tokens)
+        return self._model.forward_packed(tokens, *args, **kwargs)
+
     def forward_decode(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         self._worker.checkpoint("decode", tokens)
         return self._model.forward_decode(tokens, *args, **kwargs)
