@@ -1,9 +1,10 @@
 """Batched generation over a static KV cache with continuous batching and shared-prefix reuse.
 
-Every prompt owns one cache slot while it runs.  New prompts are prefilled together (one forward per
-group of similar lengths, right-padded), then all running rows decode one token per step at their own
-positions.  A row that stops frees its slot; freed slots are refilled in batches (a wave waits until a
-quarter of the slots are free) so prefill forwards stay wide.
+Every prompt owns one cache slot while it runs.  New prompts are prefilled together (text prompts in
+one packed forward, rows end to end with no padding; prompts with images in padded groups of similar
+lengths), then all running rows decode one token per step at their own positions.  A row that stops
+frees its slot; freed slots are refilled in batches (a wave waits until a quarter of the slots are
+free) so prefill forwards stay wide.
 
 Shared prefixes are computed once.  Each slot remembers which tokens its keys/values hold (its
 *resident* tokens: a prompt plus the generated tokens fed so far, kept after the row ends).  A new

@@ -5,9 +5,10 @@ RoPE everywhere and global attention.  Llama 4 adds sigmoid top-k MoE with a sha
 (interleaved with dense layers), NoPE layers with attention-temperature tuning, weightless QK-norm on
 RoPE layers and chunked local attention on RoPE layers.
 
-Two entry points: :meth:`Transformer.forward_full` runs whole sequences from position 0 (prefill
-and teacher-forced scoring), :meth:`Transformer.forward_decode` runs one token per row at per-row
-positions against the KV cache.  Parameter names are Meta's module names, so a checkpoint in that
+Three entry points: :meth:`Transformer.forward_full` runs padded rows from position 0 (teacher-forced
+scoring, image prompts), :meth:`Transformer.forward_packed` prefills rows laid end to end (no padding;
+rows may continue cached prefixes), :meth:`Transformer.forward_decode` runs one token per row at
+per-row positions against the KV cache.  Parameter names are Meta's module names, so a checkpoint in that
 layout loads with ``load_state_dict`` directly.
 """
 
