@@ -262,3 +262,29 @@ def test_packed_prefill_equals_each_row_alone(engines, family):
     suffix = torch.tensor([[t for p, c in zip(prompts, cuts) for t in p[c:]]])
     cont = model.forward_packed(suffix, [len(p) - c for p, c in zip(prompts, cuts)], cuts, cache, slots)
     torch.testing.assert_close(cont, alone, rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_prefill_cut_into_small_forwards_gives_the_same_tokens(engines, monkeypatch):
+    """The CPU activation budget cuts a wave's packed prefill into several forwards; tokens do not change."""
+    import workbench.generation.generator as generator_module
+
+    engine = _fresh(engines, "llama3")
+    gen = engine._runner.generator
+    rng = random.Random(11)
+    prompts = [_ids(rng, n) for n in (9, 40, 3, 25, 60, 17)]
+    whole = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
+    calls = []
+    forward = gen.model.forward_packed
+
+    def counted(tokens, *args):
+        calls.append(tokens.shape[1])
+        return forward(tokens, *args)
+
+    monkeypatch.setattr(gen.model, "forward_packed", counted)
+    monkeypatch.setattr(generator_module, "CPU_PREFILL_MIN_TOKENS", 1)
+    per_token = max(gen.model.args.dim, gen.model.args.dense_hidden_dim()) * 4
+    monkeypatch.setattr(generator_module, "CPU_PREFILL_ACTIVATION_BYTES", 64 * per_token)  # 64 tokens a forward
+    gen.forget_prefixes()
+    cut = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
+    assert cut == whole
+    assert len(calls) > 1 and max(calls) <= 64

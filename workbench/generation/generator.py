@@ -41,6 +41,15 @@ MAX_PREFILL_TOKENS = 16384
 # Every padded token costs a full pass through the linears (compute-bound on CPU), so a tight factor
 # with more, smaller forwards wins: on bench/peers.py's workload (a) 1.25 pads 1.17x where 2 padded 1.49x.
 PREFILL_PAD_FACTOR = 1.25
+# On CPU a packed prefill forward keeps its widest activation (the feed-forward's hidden states) under this
+# many bytes, by cutting the rows into several forwards.  Larger blocks get fresh pages from the OS on
+# every allocation (glibc maps blocks over 32 MB anew, and each page faults on first touch), smaller ones
+# reuse freed heap memory and stay in cache; the linears are at full GEMM speed down to ~512 rows.
+# Prefill of bench/peers.py's workload (a), one process, one thread: d256 (64 prompts) 3.6 s with one
+# 16384-token forward, ~2.9 s at 12 MB (3510 tokens); d1024 (32 prompts) 30.0-34.1 s, 25.2 s at 12 MB
+# (877 tokens), 26.1 s at 8 MB, 30.5 s at 4 MB (292 tokens: too few rows for full GEMM speed).
+CPU_PREFILL_ACTIVATION_BYTES = 12 * 2**20
+CPU_PREFILL_MIN_TOKENS = 512
 # A common prefix shorter than this is recomputed: copying its keys/values would cost about as much.
 MIN_SHARED_PREFIX = 16
 
@@ -283,12 +292,23 @@ class Generator:
             tokens[j, : len(p)] = torch.tensor(p, dtype=torch.long)
         return tokens.to(self.model.device)  # [b, T]
 
+    def _packed_token_limit(self) -> int:
+        """Tokens per packed prefill forward: MAX_PREFILL_TOKENS, and on CPU what keeps the widest activation
+        under CPU_PREFILL_ACTIVATION_BYTES (at least CPU_PREFILL_MIN_TOKENS, for full-speed linears)."""
+        if self.model.device.type != "cpu":
+            return MAX_PREFILL_TOKENS
+        args = self.model.args
+        widest = max(args.dim, args.dense_hidden_dim(), args.moe_hidden_dim() if args.moe_args is not None else 0)
+        per_token = widest * torch.empty((), dtype=self.model.dtype).element_size()
+        return max(CPU_PREFILL_MIN_TOKENS, min(MAX_PREFILL_TOKENS, CPU_PREFILL_ACTIVATION_BYTES // per_token))
+
     def _packed_groups(self, lengths: list[int]) -> Iterator[list[int]]:
-        """Rows in order, cut into packed forwards of at most MAX_PREFILL_TOKENS tokens (a longer row alone)."""
+        """Rows in order, cut into packed forwards of at most ``_packed_token_limit()`` tokens (a longer row alone)."""
+        limit = self._packed_token_limit()
         group: list[int] = []
         total = 0
         for i, length in enumerate(lengths):
-            if group and total + length > MAX_PREFILL_TOKENS:
+            if group and total + length > limit:
                 yield group
                 group, total = [], 0
             group.append(i)
