@@ -222,7 +222,9 @@ def test_round_trip_every_format(calls: list[ToolCall], fmt: str) -> None:
 @settings(max_examples=100, deadline=None, database=None)
 @given(
     name=st.sampled_from(["brave_search", "wolfram_alpha", "photogen"]),
-    query=st.text(max_size=40),
+    # special-token text inside a value ("<|python_end|>") reads as the marker itself once decoded; the
+    # tokenizer never writes a value's text as a special token, so such values cannot reach the parser
+    query=st.text(max_size=40).filter(lambda q: "<|" not in q),
     fmt=st.sampled_from(["json", "function_tag", "python_list"]),
 )
 def test_round_trip_builtins(name: str, query: str, fmt: str) -> None:
