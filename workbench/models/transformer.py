@@ -153,7 +153,6 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*D]
         return self.wo(out)
 
-
     def _attend_segments(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor,
                          ctx: StepContext) -> torch.Tensor:  # fmt: skip
         """Attention of a packed prefill, one row at a time: ``xq`` [1, N, Hq, D], ``xk``/``xv`` [1, N, Hkv, D]
@@ -397,13 +396,12 @@ class Transformer(nn.Module):
             query_pos = torch.arange(start, end, device=device)  # [L]
             pieces.append(query_pos)
             key_pos = torch.arange(end, device=device)  # [S]
-            causal = (key_pos[None, :] <= query_pos[:, None])[None, None] if start else None  # [1, 1, L, S]
+            causal = key_pos[None, :] <= query_pos[:, None]  # [L, S]
             local = None
             if chunk is not None and end > chunk:
-                same_chunk = key_pos[None, :] // chunk == query_pos[:, None] // chunk  # [L, S]
-                local = (key_pos[None, :] <= query_pos[:, None]) & same_chunk
-                local = local[None, None]
-            segments.append(Segment(offset, length, start, slot, causal, local))
+                local = (causal & (key_pos[None, :] // chunk == query_pos[:, None] // chunk))[None, None]
+            # a row from position 0 needs no global mask: SDPA's own causal mask is the same
+            segments.append(Segment(offset, length, start, slot, causal[None, None] if start else None, local))
             offset += length
         positions = torch.cat(pieces)[None]  # [1, N]
         cos, sin = self._rope(positions)
