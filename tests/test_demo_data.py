@@ -179,3 +179,27 @@ def test_spelling_exercise_writes_vocabulary_words_in_quotes_as_other_tokens(for
     assert seen_forms == {True, False}  # both directions
     with pytest.raises(ValueError, match="spelling_words"):
         DialogGenerator("train", seed=3).dialog("spell")
+
+
+def test_cases_can_take_values_from_the_other_split_than_their_phrasings():
+    from workbench.evals import synthetic_cases
+
+    city_pools = {s: set(pools._split(pools.CITIES, s)) for s in ("train", "heldout")}
+
+    def cities(cases):
+        return {c["arguments"]["city"] for case in cases for t in case.turns for c in t.expected_calls
+                if "city" in c["arguments"]}  # fmt: skip
+
+    phrasing_only = synthetic_cases(60, split="heldout", values="train", seed=5, kinds=["single"])
+    copying_only = synthetic_cases(60, split="train", values="heldout", seed=5, kinds=["single"])
+    assert cities(phrasing_only) and cities(phrasing_only) <= city_pools["train"]
+    assert cities(copying_only) and cities(copying_only) <= city_pools["heldout"]  # no made-up words either
+    # the phrasings still come from their own split: only held-out questions are held-out templates
+    gen_h = DialogGenerator("heldout", seed=5, values="train")
+    weather_h = {q for q in (gen_h.dialog("single", offered=["get_weather"]).messages[0].content for _ in range(40))}
+    assert any(q.startswith("Give me the weather report for") or q.startswith("Could you look up the weather")
+               or q.startswith("I'm heading to") for q in weather_h), weather_h
+    # the default stays one split for both
+    assert synthetic_cases(5, seed=5)[0].turns[0].user == synthetic_cases(5, seed=5, values="heldout")[0].turns[0].user
+    with pytest.raises(ValueError, match="values must be"):
+        DialogGenerator("train", values="test")

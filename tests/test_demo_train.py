@@ -15,10 +15,11 @@ SMOKE = dict(batch_size=2, lr=3e-3, seed=0, save_every=2, params=SMOKE_PARAMS, l
 
 
 @pytest.mark.timeout(300)
-def test_training_resumes_to_the_same_weights_as_an_uninterrupted_run(tmp_path):
-    straight = train(tmp_path / "straight", steps=4, **SMOKE)
-    train(tmp_path / "resumed", steps=4, **{**SMOKE, "save_every": 2}, stop_after=2)
-    resumed = train(tmp_path / "resumed", steps=4, **SMOKE)
+@pytest.mark.parametrize("spelled", [False, True], ids=["plain", "spelled"])
+def test_training_resumes_to_the_same_weights_as_an_uninterrupted_run(tmp_path, spelled):
+    straight = train(tmp_path / "straight", steps=4, **SMOKE, spelled=spelled)
+    train(tmp_path / "resumed", steps=4, **{**SMOKE, "save_every": 2}, stop_after=2, spelled=spelled)
+    resumed = train(tmp_path / "resumed", steps=4, **SMOKE, spelled=spelled)
     a = torch.load(tmp_path / "straight" / "state.pt", weights_only=True)
     b = torch.load(tmp_path / "resumed" / "state.pt", weights_only=True)
     assert a["step"] == b["step"] == 4
@@ -28,6 +29,42 @@ def test_training_resumes_to_the_same_weights_as_an_uninterrupted_run(tmp_path):
     log = [json.loads(line) for line in (tmp_path / "straight" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3, 4] and all(r["loss"] > 0 for r in log)
     assert 0.0 <= log[-1]["token_acc"] <= 1.0
+    if spelled:  # the saved model holds the materialised rows (what export ships), tied in and out
+        assert torch.equal(a["model"]["tok_embeddings.weight"], a["model"]["output.weight"])
+        assert not torch.equal(a["model"]["tok_embeddings.weight"], a["free_embeddings"])
+        torch.testing.assert_close(a["free_embeddings"], b["free_embeddings"], rtol=0, atol=0)
+
+
+def test_spelled_rows_hold_the_spelling_of_word_tokens():
+    from workbench.demo.spelled import MAX_PIECES, SpelledEmbeddings, spelling_table
+    from workbench.demo.vocab import build_compact_vocab
+    from workbench.tokenizer import Tokenizer, bundled_tokenizer_path
+
+    tokenizer = Tokenizer(bundled_tokenizer_path("llama4"))
+    vocab = build_compact_vocab(tokenizer, sample_dialogs=5)
+    to_compact = {t: i for i, t in enumerate(vocab)}
+    rows, pieces = spelling_table(tokenizer, vocab)
+    assert pieces.shape == (len(rows), MAX_PIECES)
+    oslo = to_compact[tokenizer.encode(" Oslo")[0]]
+    spelled_oslo = pieces[rows.tolist().index(oslo)]
+    assert [vocab[i] for i in spelled_oslo if i >= 0] == tokenizer.encode("Oslo")  # "Os", "lo"
+    assert len(tokenizer.encode("Oslo")) == 2
+    # tokens that are not a word after a space are left alone
+    assert to_compact[tokenizer.encode("Oslo")[0]] not in set(rows.tolist())
+    assert to_compact[tokenizer.encode_special("<|eot|>")] not in set(rows.tolist())
+
+    free = torch.nn.Parameter(torch.randn(len(vocab), 16, generator=torch.Generator().manual_seed(0)))
+    speller = SpelledEmbeddings(free, rows, pieces, seed=0)
+    rotation = speller.powers[1]  # [D, D], orthogonal, and the higher powers are its powers
+    torch.testing.assert_close(rotation @ rotation.T, torch.eye(16), atol=1e-5, rtol=0)
+    torch.testing.assert_close(speller.powers[2], rotation @ rotation, atol=1e-5, rtol=0)
+    table = speller()  # [V, D]
+    first, second = (int(i) for i in spelled_oslo[:2])
+    want = speller.space + free[first] + rotation @ free[second]  # the free row of a word starts at zero
+    torch.testing.assert_close(table[oslo], want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(table[first], free[first])  # a piece's row is its own
+    table[oslo].sum().backward()  # training a word's row trains its pieces
+    assert free.grad[second].abs().sum() > 0 and speller.space.grad.abs().sum() > 0
 
 
 @pytest.mark.timeout(300)

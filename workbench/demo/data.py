@@ -71,17 +71,23 @@ def _answer(spec: ToolSpec, args: dict[str, Any], result: str) -> str:
 
 
 class DialogGenerator:
-    """Draws dialogs of one split ("train" or "heldout"), deterministic in ``seed``."""
+    """Draws dialogs of one split ("train" or "heldout"), deterministic in ``seed``.
+
+    ``values`` draws the argument values from another split than the questions' templates (default:
+    the same), so an evaluation can tell unseen phrasings from unseen values apart.
+    """
 
     def __init__(self, split: str = "train", seed: int = 0, *, synthetic: float | None = None,
                  max_tools: int = 4, mix: dict[str, float] | None = None, composed: float = 0.0,
-                 spelling_words: Sequence[str] = ()) -> None:  # fmt: skip
-        if split not in ("train", "heldout"):
-            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+                 spelling_words: Sequence[str] = (), values: str | None = None) -> None:  # fmt: skip
+        values = values or split
+        for name, given in (("split", split), ("values", values)):
+            if given not in ("train", "heldout"):
+                raise ValueError(f"{name} must be 'train' or 'heldout', got {given!r}")
         self.split = split
         self.rng = random.Random(seed)
-        self.pools = ValuePools(split, self.rng, synthetic=(0.35 if split == "train" else 0.0)
-                                if synthetic is None else synthetic)  # fmt: skip
+        made_up = 0.35 if split == values == "train" else 0.0  # made-up words only among training values
+        self.pools = ValuePools(values, self.rng, synthetic=made_up if synthetic is None else synthetic)
         self.max_tools = max_tools
         self.composed = composed  # train split: share of questions composed by ``phrasing`` (the rest: templates)
         self.mix = mix or TRAIN_MIX

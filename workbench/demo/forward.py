@@ -61,23 +61,28 @@ def _layers(model: Transformer, h: torch.Tensor, positions: torch.Tensor,
     return h, kvs
 
 
-def hidden_states(model: Transformer, tokens: torch.Tensor, shared_prefix: int = 0) -> torch.Tensor:
+def hidden_states(model: Transformer, tokens: torch.Tensor, shared_prefix: int = 0,
+                  embeddings: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Final-norm hidden states [B, T, D] of ``tokens`` [B, T] (right-padded; padding only sees itself
     and what precedes it).  The first ``shared_prefix`` tokens must be identical in every row; they are
-    computed once.
+    computed once.  ``embeddings`` [V, D] replaces the model's table (spelled embeddings).
     """
     bsz, seqlen = tokens.shape
     device = tokens.device
+    table = model.tok_embeddings.weight if embeddings is None else embeddings  # [V, D]
+
+    def embed(ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, table)
     if shared_prefix > 0:
         prefix = tokens[:1, :shared_prefix]  # [1, P]
-        h_prefix, pasts = _layers(model, model.tok_embeddings(prefix), torch.arange(shared_prefix, device=device),
+        h_prefix, pasts = _layers(model, embed(prefix), torch.arange(shared_prefix, device=device),
                                   None)  # fmt: skip
         suffix = tokens[:, shared_prefix:]  # [B, T-P]
-        h_suffix, _ = _layers(model, model.tok_embeddings(suffix), torch.arange(shared_prefix, seqlen, device=device),
+        h_suffix, _ = _layers(model, embed(suffix), torch.arange(shared_prefix, seqlen, device=device),
                               pasts)  # fmt: skip
         h = torch.cat([h_prefix.expand(bsz, -1, -1), h_suffix], dim=1)  # [B, T, D]
     else:
-        h, _ = _layers(model, model.tok_embeddings(tokens), torch.arange(seqlen, device=device), None)
+        h, _ = _layers(model, embed(tokens), torch.arange(seqlen, device=device), None)
     return model.norm(h)
 
 

@@ -36,6 +36,7 @@ from ..models.transformer import Transformer
 from ..tokenizer import Tokenizer, bundled_tokenizer_path
 from .data import COPY_MIX, DialogGenerator, encode, spelling_mix
 from .forward import common_prefix_length, hidden_states
+from .spelled import SpelledEmbeddings, spelling_table
 from .vocab import build_compact_vocab, spelling_words
 
 # The embedded tiny Llama 4 shape (MoE, NoPE, QK-norm, temperature tuning) with chunked attention over
@@ -169,7 +170,8 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
           vocab_sample: int | None = None, stop_after: int | None = None, synthetic: float = 0.35,
           aux_weight: float = 0.0, aux_positions: int = 32, copy_exercise: bool = False,
           shared_tools: bool = False, init_from: Path | None = None, warmup: int = 200,
-          copy_weight: float = 1.0, composed: float = 0.0, spell: float = 0.0) -> dict[str, Any]:  # fmt: skip
+          copy_weight: float = 1.0, composed: float = 0.0, spell: float = 0.0,
+          spelled: bool = False) -> dict[str, Any]:  # fmt: skip
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
     ``stop_after`` ends the run early after that step (saving first), as an interruption would.
@@ -192,6 +194,26 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
     model = build_model(params, len(vocab), seed)
     decay = [p for n, p in model.named_parameters() if not n.endswith("norm.weight")]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("norm.weight")]
+    speller = None
+    if spelled:  # word rows built from their spelling while training (workbench.demo.spelled)
+        if init is not None:
+            raise ValueError("--spelled trains from scratch; it cannot start from --init-from weights")
+        speller = SpelledEmbeddings(model.tok_embeddings.weight, *spelling_table(tokenizer, vocab), seed=seed)
+        no_decay.append(speller.space)
+
+    def table() -> torch.Tensor:  # [V, D]: the embedding (and tied output) rows the model uses
+        return model.tok_embeddings.weight if speller is None else speller()
+
+    def snapshot(step: int) -> dict[str, Any]:
+        weights = model.state_dict()
+        extra: dict[str, Any] = {}
+        if speller is not None:  # the materialised rows for export; the free rows and space to resume
+            with torch.no_grad():
+                rows = table().detach().clone()
+            free = weights["tok_embeddings.weight"].clone()
+            extra = {"free_embeddings": free, "space": speller.space.detach().clone()}
+            weights = {**weights, "tok_embeddings.weight": rows, "output.weight": rows}
+        return {"model": weights, "optimizer": optimizer.state_dict(), "step": step, **extra}
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=lr, betas=(0.9, 0.95))  # fmt: skip
     state_path = out_dir / "state.pt"
@@ -205,6 +227,10 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
         state = torch.load(state_path, weights_only=True)
         model.load_state_dict(state["model"])
         model.output.weight = model.tok_embeddings.weight
+        if speller is not None:
+            with torch.no_grad():
+                model.tok_embeddings.weight.copy_(state["free_embeddings"])
+                speller.space.copy_(state["space"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
     (out_dir / "config.json").write_text(json.dumps({"params": params, "vocab": vocab, "seed": seed,
@@ -212,7 +238,7 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
                                                      "synthetic": synthetic, "aux_weight": aux_weight,
                                                      "copy_exercise": copy_exercise, "shared_tools": shared_tools,
                                                      "copy_weight": copy_weight, "composed": composed,
-                                                     "spell": spell,
+                                                     "spell": spell, "spelled": spelled,
                                                      "init_from": str(init_from) if init_from else None}))  # fmt: skip
     batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
                       batch_size, seed, curriculum_steps=steps // 5, synthetic=synthetic,
@@ -227,15 +253,16 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup=min(warmup, steps // 10 + 1))
         tokens, targets, prefix, aux, copied = batcher(step)
-        h = hidden_states(model, tokens, prefix)  # [B, T, D]
+        rows = table()  # [V, D]
+        h = hidden_states(model, tokens, prefix, rows)  # [B, T, D]
         where = targets != -100
-        logits = h[where] @ model.tok_embeddings.weight.T  # [N, V]
+        logits = h[where] @ rows.T  # [N, V]
         # copied tokens (argument values, restated results) weigh ``copy_weight``, the format 1
         token_weights = 1.0 + (copy_weight - 1.0) * copied[where].float()  # [N]
         loss = (F.cross_entropy(logits, targets[where], reduction="none") * token_weights).sum() / token_weights.sum()
         if aux_weight > 0 and bool((aux != -100).any()):
             aux_where = aux != -100
-            aux_logits = h[aux_where] @ model.tok_embeddings.weight.T  # [M, V]
+            aux_logits = h[aux_where] @ rows.T  # [M, V]
             loss = loss + aux_weight * F.cross_entropy(aux_logits, aux[aux_where])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -257,12 +284,11 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
             window_loss, window_acc, window_copy, window_n, t0 = 0.0, 0.0, 0.0, 0, time.time()
         if (step + 1) % save_every == 0 or step + 1 == steps:
             tmp = state_path.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1}, tmp)
+            torch.save(snapshot(step + 1), tmp)
             tmp.replace(state_path)
         if stop_after is not None and step + 1 >= stop_after:
             if (step + 1) % save_every:
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1},
-                           state_path)  # fmt: skip
+                torch.save(snapshot(step + 1), state_path)
             break
     bar.close()
     return metrics
@@ -301,6 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spell", type=float, default=0.0,
                         help="share of spelling exercises: vocabulary words written in quotes and back "
                              "(a word after a space is other tokens than inside a call's quotes)")
+    parser.add_argument("--spelled", action="store_true",
+                        help="build the rows of word tokens after a space from their spelling's pieces while "
+                             "training (workbench.demo.spelled), so writing an unseen word in a call generalises")
     parser.add_argument("--stop-after", type=int, default=None,
                         help="end the run after this step (saved; a later run with other --steps resumes from it)")
     parser.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up steps")
@@ -315,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
                     synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions,
                     copy_exercise=args.copy_exercise, shared_tools=args.shared_tools, init_from=args.init_from,
                     warmup=args.warmup, copy_weight=args.copy_weight, stop_after=args.stop_after,
-                    composed=args.composed, spell=args.spell)  # fmt: skip
+                    composed=args.composed, spell=args.spell, spelled=args.spelled)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         from .export import export_compact

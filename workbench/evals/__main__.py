@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases-file", default=None, help="JSONL cases (see workbench.evals.cases)")
     parser.add_argument("--cases", type=int, default=150, help="number of synthetic cases when no file is given")
     parser.add_argument("--split", default="heldout", choices=["train", "heldout"], help="synthetic split")
+    parser.add_argument("--values", default=None, choices=["train", "heldout"],
+                        help="split of the argument values (default: --split's; e.g. --split heldout --values "
+                             "train measures unseen phrasings alone)")
     parser.add_argument("--seed", type=int, default=2024, help="seed of the synthetic cases")
     parser.add_argument("--quantization", nargs="*", default=None,
                         help="modes to compare: none bf16 fp8_mixed int4_mixed")  # fmt: skip
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from workbench import evals
 
     cases = (evals.load_cases(args.cases_file) if args.cases_file
-             else evals.synthetic_cases(args.cases, split=args.split, seed=args.seed))  # fmt: skip
+             else evals.synthetic_cases(args.cases, split=args.split, seed=args.seed, values=args.values))  # fmt: skip
     engine = wb.load(args.checkpoint, model=args.model, max_batch_size=32)
     settings: list[dict] = [{}]
     for key, values in (("quantization", args.quantization), ("tool_prompt_format", args.tool_prompt_format),

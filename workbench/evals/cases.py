@@ -98,14 +98,17 @@ def save_cases(cases: Iterable[EvalCase], path: str | Path) -> Path:
 
 
 def synthetic_cases(n: int = 200, *, split: str = "heldout", seed: int = 2024,
-                    kinds: Iterable[str] | None = None) -> list[EvalCase]:  # fmt: skip
+                    kinds: Iterable[str] | None = None, values: str | None = None) -> list[EvalCase]:  # fmt: skip
     """Cases drawn from the demo-model dialog generator (held-out templates and values by default).
 
     The kinds rotate (single, double, two_round, no_tool, small_talk) so every kind is represented.
+    ``values`` ("train" or "heldout", default: ``split``) takes the argument values from another split
+    than the question templates: held-out templates with training values measure phrasing alone,
+    training templates with held-out values measure copying unseen values alone.
     """
     from ..demo.data import KINDS, DialogGenerator
 
-    gen = DialogGenerator(split, seed=seed)
+    gen = DialogGenerator(split, seed=seed, values=values)
     kinds = list(kinds or KINDS)
     cases = []
     for i in range(n):
