@@ -162,21 +162,22 @@ def main() -> None:
     copy = copy_gbps(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{name}: peak {peak} GB/s (data sheet), copy {copy:.0f} GB/s (measured), torch {torch.__version__}")
-    results = []
-    for mode in args.modes.split(","):
-        try:
-            results += run_mode(args.shape, mode, device, [int(b) for b in args.batches.split(",")], args.steps)
-        except Exception as exc:  # one mode failing (e.g. no fp8 on this GPU) must not lose the others
-            print(f"  {mode}: failed: {type(exc).__name__}: {exc}")
-            results.append({"mode": mode, "error": f"{type(exc).__name__}: {exc}"})
-    for r in results:
-        if "achieved_GBps" in r:
-            r["of_peak"] = r["achieved_GBps"] / peak if peak else None
-            r["of_copy"] = r["achieved_GBps"] / copy
+    results: list[dict] = []
     doc = {"bench": "gpu", "device": name, "shape": args.shape, "peak_GBps": peak, "copy_GBps": round(copy, 1),
            "torch": torch.__version__, "prompt_len": PROMPT_LEN, "steps": args.steps, "results": results}  # fmt: skip
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    for mode in args.modes.split(","):
+        try:
+            rows = run_mode(args.shape, mode, device, [int(b) for b in args.batches.split(",")], args.steps)
+        except Exception as exc:  # one mode failing (e.g. no fp8 on this GPU) must not lose the others
+            print(f"  {mode}: failed: {type(exc).__name__}: {exc}")
+            rows = [{"mode": mode, "error": f"{type(exc).__name__}: {exc}"}]
+        for r in rows:
+            if "achieved_GBps" in r:
+                r["of_peak"] = r["achieved_GBps"] / peak if peak else None
+                r["of_copy"] = r["achieved_GBps"] / copy
+        results += rows
+        with open(args.out, "w") as f:  # after every mode, so a run cut short by a time limit keeps what it measured
+            json.dump(doc, f, indent=1)
     print(json.dumps(doc))
 
 

@@ -35,6 +35,19 @@ def test_training_resumes_to_the_same_weights_as_an_uninterrupted_run(tmp_path, 
         torch.testing.assert_close(a["free_embeddings"], b["free_embeddings"], rtol=0, atol=0)
 
 
+@pytest.mark.timeout(300)
+def test_batch_workers_give_the_same_run_and_stop_cleanly(tmp_path):
+    """Batches made ahead by worker processes (what keeps a GPU busy) are the main process's batches."""
+    here = train(tmp_path / "here", steps=6, **SMOKE)
+    train(tmp_path / "workers", steps=6, **SMOKE, workers=2, stop_after=3)  # the workers are stopped mid-run
+    ahead = train(tmp_path / "workers", steps=6, **SMOKE, workers=3)
+    assert here["loss"] == pytest.approx(ahead["loss"], abs=0)
+    a = torch.load(tmp_path / "here" / "state.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "workers" / "state.pt", weights_only=True)["model"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+
+
 def test_spelled_rows_hold_the_spelling_of_word_tokens():
     from workbench.demo.spelled import MAX_PIECES, SpelledEmbeddings, spelling_table
     from workbench.demo.vocab import build_compact_vocab
@@ -65,6 +78,13 @@ def test_spelled_rows_hold_the_spelling_of_word_tokens():
     torch.testing.assert_close(table[first], free[first])  # a piece's row is its own
     table[oslo].sum().backward()  # training a word's row trains its pieces
     assert free.grad[second].abs().sum() > 0 and speller.space.grad.abs().sum() > 0
+    # a warm start adopts exported rows: the same table, with the word rows still built from their pieces
+    exported = torch.randn(len(vocab), 16, generator=torch.Generator().manual_seed(1))
+    speller.adopt(exported)
+    with torch.no_grad():
+        torch.testing.assert_close(speller(), exported, atol=1e-5, rtol=0)
+        free[second] += 1.0  # a piece's row moves every word spelled with it
+        assert not torch.allclose(speller()[oslo], exported[oslo], atol=1e-3)
 
 
 @pytest.mark.timeout(300)
@@ -83,6 +103,10 @@ def test_the_training_command_runs_and_exports_a_loadable_artifact(tmp_path):
     train(tmp_path / "warm", steps=1, init_from=tmp_path / "demo.pt", **SMOKE)
     warm = json.loads((tmp_path / "warm" / "config.json").read_text())
     assert warm["vocab"] == artifact["vocab"].tolist()
+    # ... also with spelled rows: the word rows split into spelling + free rest, the same table to start
+    train(tmp_path / "warm-spelled", steps=1, init_from=tmp_path / "demo.pt", spelled=True, **SMOKE)
+    first = [json.loads((tmp_path / run / "log.jsonl").read_text().splitlines()[0]) for run in ("warm", "warm-spelled")]
+    assert first[0]["loss"] == pytest.approx(first[1]["loss"], rel=1e-4)
     folder = expand(tmp_path / "ckpt", tmp_path / "demo.pt")
     import workbench as wb
 

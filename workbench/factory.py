@@ -51,7 +51,7 @@ TINY_LLAMA4_VISION: dict[str, Any] = {**TINY_LLAMA4, "vision_args": TINY_VISION_
 SMALL_LLAMA3: dict[str, Any] = {**TINY_LLAMA3, "dim": 192, "n_layers": 6, "n_heads": 6, "n_kv_heads": 2}
 
 DEFAULT_MODEL_VERSION = "demo-llama4-v1"
-DEFAULT_MODEL_NAME = "workbench-demo-llama4 (trained tool-calling demo, 53M parameters)"
+DEFAULT_MODEL_NAME = "workbench-demo-llama4 (trained tool-calling demo, 82M parameters)"
 
 
 def random_state_dict(args: ModelArgs, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -69,6 +69,17 @@ class SpelledEmbeddings(nn.Module):
         with torch.no_grad():
             free[rows] = 0.0  # word rows start as their spelling alone
 
+    def adopt(self, table: torch.Tensor) -> None:
+        """Make the materialised table equal ``table`` [V, D] (rows trained this way and exported, for a
+        warm start): word rows keep their spelling and their free rows take the rest; ``space`` restarts at 0."""
+        with torch.no_grad():
+            table = table.detach().clone()
+            self.free.copy_(table)
+            self.space.zero_()
+            self.free[self.rows] = 0.0
+            spelling = self()[self.rows]  # [W, D]: pieces are bare tokens, never word rows themselves
+            self.free[self.rows] = table[self.rows] - spelling
+
     def forward(self) -> torch.Tensor:
         composed = self.space.expand(len(self.rows), -1)  # [W, D]
         for k in range(MAX_PIECES):

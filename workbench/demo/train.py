@@ -1,7 +1,8 @@
 """Train the demo model: ``python -m workbench.demo.train [--steps N] [--out DIR]``.
 
 A small Llama 4 (MoE and NoPE layers, chunked attention) learns the official python-list tool-call
-format from synthetic dialogs (:mod:`workbench.demo.data`), on CPU, deterministic from ``--seed``.
+format from synthetic dialogs (:mod:`workbench.demo.data`), on CPU or a GPU (``--device cuda
+--workers 14``), deterministic from ``--seed``.
 Design choices, and why:
 
 * Compact vocabulary: the model is trained over the few tens of thousands of token ids it can meet
@@ -22,6 +23,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +41,10 @@ from .forward import common_prefix_length, hidden_states
 from .spelled import SpelledEmbeddings, spelling_table
 from .vocab import build_compact_vocab, spelling_words
 
-# The embedded tiny Llama 4 shape (MoE, NoPE, QK-norm, temperature tuning) with chunked attention over
-# 1024 tokens, longer than any training dialog, so dialogs are not cut into 32-token chunks.
-DEMO_PARAMS: dict[str, Any] = {**TINY_LLAMA4, "attention_chunk_size": 1024}
+# The shipped demo model's shape: the tiny Llama 4 code paths (MoE, NoPE, QK-norm, temperature tuning),
+# widened to dim 192 and 6 layers (the largest whose compact artifact stays under 20 MB), with chunked
+# attention over 1024 tokens, longer than any training dialog, so dialogs are not cut into 32-token chunks.
+DEMO_PARAMS: dict[str, Any] = {**TINY_LLAMA4, "attention_chunk_size": 1024, "dim": 192, "n_layers": 6, "n_heads": 6}
 
 
 def build_model(params: dict[str, Any], vocab_size: int, seed: int) -> Transformer:
@@ -171,10 +174,15 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
           aux_weight: float = 0.0, aux_positions: int = 32, copy_exercise: bool = False,
           shared_tools: bool = False, init_from: Path | None = None, warmup: int = 200,
           copy_weight: float = 1.0, composed: float = 0.0, spell: float = 0.0,
-          spelled: bool = False) -> dict[str, Any]:  # fmt: skip
+          spelled: bool = False, device: str = "cpu", workers: int = 0,
+          max_minutes: float | None = None) -> dict[str, Any]:  # fmt: skip
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
-    ``stop_after`` ends the run early after that step (saving first), as an interruption would.
+    ``stop_after`` ends the run early after that step (saving first), as an interruption would;
+    ``max_minutes`` does the same once that much wall time has passed (a leased GPU's time limit).
+    ``device`` runs the model there (the data stays a function of (seed, step), but GPU arithmetic is
+    not bit-identical to the CPU's); ``workers`` processes prepare batches ahead, which a GPU needs to
+    stay busy.
     """
     from tqdm.auto import tqdm
 
@@ -191,14 +199,13 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
         vocab = build_compact_vocab(tokenizer) if vocab_sample is None else build_compact_vocab(tokenizer, vocab_sample)
     to_compact = {t: i for i, t in enumerate(vocab)}
     torch.manual_seed(seed)
-    model = build_model(params, len(vocab), seed)
+    model = build_model(params, len(vocab), seed).to(device)
     decay = [p for n, p in model.named_parameters() if not n.endswith("norm.weight")]
     no_decay = [p for n, p in model.named_parameters() if n.endswith("norm.weight")]
     speller = None
     if spelled:  # word rows built from their spelling while training (workbench.demo.spelled)
-        if init is not None:
-            raise ValueError("--spelled trains from scratch; it cannot start from --init-from weights")
         speller = SpelledEmbeddings(model.tok_embeddings.weight, *spelling_table(tokenizer, vocab), seed=seed)
+        speller.to(device)
         no_decay.append(speller.space)
 
     def table() -> torch.Tensor:  # [V, D]: the embedding (and tied output) rows the model uses
@@ -213,7 +220,7 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
             free = weights["tok_embeddings.weight"].clone()
             extra = {"free_embeddings": free, "space": speller.space.detach().clone()}
             weights = {**weights, "tok_embeddings.weight": rows, "output.weight": rows}
-        return {"model": weights, "optimizer": optimizer.state_dict(), "step": step, **extra}
+        return _on_cpu({"model": weights, "optimizer": optimizer.state_dict(), "step": step, **extra})
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=lr, betas=(0.9, 0.95))  # fmt: skip
     state_path = out_dir / "state.pt"
@@ -223,8 +230,10 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
             raise ValueError(f"{init_from} has another model shape than --params")
         model.load_state_dict(init[2])
         model.output.weight = model.tok_embeddings.weight
+        if speller is not None:  # the loaded rows become spelling + free rest
+            speller.adopt(model.tok_embeddings.weight)
     if state_path.exists():
-        state = torch.load(state_path, weights_only=True)
+        state = torch.load(state_path, weights_only=True, map_location="cpu")
         model.load_state_dict(state["model"])
         model.output.weight = model.tok_embeddings.weight
         if speller is not None:
@@ -249,10 +258,13 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
     metrics: dict[str, Any] = {}
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
     window_loss, window_acc, window_copy, window_n, t0 = 0.0, 0.0, 0.0, 0, time.time()
+    started = time.time()
+    batches = _batches(batcher, start, steps, workers)
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup=min(warmup, steps // 10 + 1))
-        tokens, targets, prefix, aux, copied = batcher(step)
+        tokens, targets, prefix, aux, copied = (t.to(device) if isinstance(t, torch.Tensor) else t
+                                                for t in next(batches))  # fmt: skip
         rows = table()  # [V, D]
         h = hidden_states(model, tokens, prefix, rows)  # [B, T, D]
         where = targets != -100
@@ -286,12 +298,70 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
             tmp = state_path.with_suffix(".tmp")
             torch.save(snapshot(step + 1), tmp)
             tmp.replace(state_path)
-        if stop_after is not None and step + 1 >= stop_after:
-            if (step + 1) % save_every:
+        out_of_time = max_minutes is not None and time.time() - started > 60 * max_minutes
+        if (stop_after is not None and step + 1 >= stop_after) or out_of_time:
+            if (step + 1) % save_every and step + 1 != steps:
                 torch.save(snapshot(step + 1), state_path)
             break
     bar.close()
+    batches.close()
     return metrics
+
+
+def _on_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor moved to the CPU, so a state saved on a GPU resumes anywhere."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_cpu(v) for v in obj)
+    return obj
+
+
+def _batch_worker(batcher: Batcher, first_group: int, start: int, steps: int, every: int, queue: Any) -> None:
+    """Worker process: the batches of groups ``first_group``, ``first_group + every``, ... in step order.
+    numpy crosses the process boundary by plain pickling (torch tensors would take shared-memory handles)."""
+    for group in range(first_group, (steps + Batcher.GROUP - 1) // Batcher.GROUP, every):
+        for step in range(max(start, group * Batcher.GROUP), min(steps, (group + 1) * Batcher.GROUP)):
+            queue.put(tuple(t.numpy() if isinstance(t, torch.Tensor) else t for t in batcher(step)))
+
+
+def _batches(batcher: Batcher, start: int, steps: int, workers: int) -> Generator[tuple[Any, ...], None, None]:
+    """Batches ``start``..``steps`` in order, made here or, with ``workers``, by that many forked
+    processes ahead of the training loop.  Each batch is a function of (seed, step), so worker ``k``
+    simply draws every ``workers``-th group of ``Batcher.GROUP`` steps into its own bounded queue and
+    the loop reads the queues in turn; closing the generator kills the workers."""
+    if workers <= 0:
+        for step in range(start, steps):
+            yield batcher(step)
+        return
+    import multiprocessing
+    import queue as queue_module
+
+    ctx = multiprocessing.get_context("fork")
+    first = start // Batcher.GROUP
+    queues = [ctx.Queue(maxsize=2 * Batcher.GROUP) for _ in range(workers)]
+    procs = [ctx.Process(target=_batch_worker, args=(batcher, first + k, start, steps, workers, queues[k]), daemon=True)
+             for k in range(workers)]  # fmt: skip
+    for proc in procs:
+        proc.start()
+    try:
+        for step in range(start, steps):
+            k = (step // Batcher.GROUP - first) % workers
+            while True:
+                try:
+                    batch = queues[k].get(timeout=5)
+                    break
+                except queue_module.Empty:
+                    if not procs[k].is_alive():  # a crashed worker must not hang the run
+                        raise RuntimeError(f"batch worker {k} died (exit code {procs[k].exitcode})") from None
+            yield tuple(torch.from_numpy(t) if hasattr(t, "dtype") else t for t in batch)
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.join(timeout=10)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -333,6 +403,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stop-after", type=int, default=None,
                         help="end the run after this step (saved; a later run with other --steps resumes from it)")
     parser.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up steps")
+    parser.add_argument("--device", default="cpu", help="where the model trains: cpu, cuda, cuda:1 ...")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="processes that prepare batches ahead of training (a GPU needs several)")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="save and stop after this much wall time (resume later with the same command)")
     parser.add_argument("--export", type=Path, default=None, help="after training, write the compact artifact here")
     parser.add_argument("--export-sample", type=int, default=256,
                         help="dialogs whose hidden states fit the never-win output row")
@@ -344,7 +419,8 @@ def main(argv: list[str] | None = None) -> None:
                     synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions,
                     copy_exercise=args.copy_exercise, shared_tools=args.shared_tools, init_from=args.init_from,
                     warmup=args.warmup, copy_weight=args.copy_weight, stop_after=args.stop_after,
-                    composed=args.composed, spell=args.spell, spelled=args.spelled)  # fmt: skip
+                    composed=args.composed, spell=args.spell, spelled=args.spelled, device=args.device,
+                    workers=args.workers, max_minutes=args.max_minutes)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         from .export import export_compact
