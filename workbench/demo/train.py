@@ -19,6 +19,7 @@ Design choices, and why:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -259,52 +260,53 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
     window_loss, window_acc, window_copy, window_n, t0 = 0.0, 0.0, 0.0, 0, time.time()
     started = time.time()
-    batches = _batches(batcher, start, steps, workers)
-    for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, steps, lr, warmup=min(warmup, steps // 10 + 1))
-        tokens, targets, prefix, aux, copied = (t.to(device) if isinstance(t, torch.Tensor) else t
-                                                for t in next(batches))  # fmt: skip
-        rows = table()  # [V, D]
-        h = hidden_states(model, tokens, prefix, rows)  # [B, T, D]
-        where = targets != -100
-        logits = h[where] @ rows.T  # [N, V]
-        # copied tokens (argument values, restated results) weigh ``copy_weight``, the format 1
-        token_weights = 1.0 + (copy_weight - 1.0) * copied[where].float()  # [N]
-        loss = (F.cross_entropy(logits, targets[where], reduction="none") * token_weights).sum() / token_weights.sum()
-        if aux_weight > 0 and bool((aux != -100).any()):
-            aux_where = aux != -100
-            aux_logits = h[aux_where] @ rows.T  # [M, V]
-            loss = loss + aux_weight * F.cross_entropy(aux_logits, aux[aux_where])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        window_loss += F.cross_entropy(logits.detach(), targets[where]).item()
-        right = logits.argmax(-1) == targets[where]  # [N]
-        window_acc += right.float().mean().item()
-        window_copy += right[copied[where]].float().mean().nan_to_num(1.0).item()
-        window_n += 1
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            metrics = {"step": step + 1, "loss": window_loss / window_n, "token_acc": window_acc / window_n,
-                       "copy_acc": window_copy / window_n,
-                       "lr": optimizer.param_groups[0]["lr"], "s_per_step": (time.time() - t0) / window_n}  # fmt: skip
-            with log_path.open("a") as f:
-                f.write(json.dumps(metrics) + "\n")
-            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['token_acc']:.3f}",
-                            copy=f"{metrics['copy_acc']:.3f}")  # fmt: skip
-            window_loss, window_acc, window_copy, window_n, t0 = 0.0, 0.0, 0.0, 0, time.time()
-        if (step + 1) % save_every == 0 or step + 1 == steps:
-            tmp = state_path.with_suffix(".tmp")
-            torch.save(snapshot(step + 1), tmp)
-            tmp.replace(state_path)
-        out_of_time = max_minutes is not None and time.time() - started > 60 * max_minutes
-        if (stop_after is not None and step + 1 >= stop_after) or out_of_time:
-            if (step + 1) % save_every and step + 1 != steps:
-                torch.save(snapshot(step + 1), state_path)
-            break
+    # closing() stops batch workers on any exit, Ctrl-C in a notebook included (a traceback keeps the generator alive)
+    with contextlib.closing(_batches(batcher, start, steps, workers)) as batches:
+        for step in bar:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, steps, lr, warmup=min(warmup, steps // 10 + 1))
+            tokens, targets, prefix, aux, copied = (t.to(device) if isinstance(t, torch.Tensor) else t
+                                                    for t in next(batches))  # fmt: skip
+            rows = table()  # [V, D]
+            h = hidden_states(model, tokens, prefix, rows)  # [B, T, D]
+            where = targets != -100
+            logits = h[where] @ rows.T  # [N, V]
+            # copied tokens (argument values, restated results) weigh ``copy_weight``, the format 1
+            token_weights = 1.0 + (copy_weight - 1.0) * copied[where].float()  # [N]
+            per_token = F.cross_entropy(logits, targets[where], reduction="none")  # [N]
+            loss = (per_token * token_weights).sum() / token_weights.sum()
+            if aux_weight > 0 and bool((aux != -100).any()):
+                aux_where = aux != -100
+                aux_logits = h[aux_where] @ rows.T  # [M, V]
+                loss = loss + aux_weight * F.cross_entropy(aux_logits, aux[aux_where])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            window_loss += F.cross_entropy(logits.detach(), targets[where]).item()
+            right = logits.argmax(-1) == targets[where]  # [N]
+            window_acc += right.float().mean().item()
+            window_copy += right[copied[where]].float().mean().nan_to_num(1.0).item()
+            window_n += 1
+            if (step + 1) % log_every == 0 or step + 1 == steps:
+                metrics = {"step": step + 1, "loss": window_loss / window_n, "token_acc": window_acc / window_n,
+                           "copy_acc": window_copy / window_n, "lr": optimizer.param_groups[0]["lr"],
+                           "s_per_step": (time.time() - t0) / window_n}  # fmt: skip
+                with log_path.open("a") as f:
+                    f.write(json.dumps(metrics) + "\n")
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['token_acc']:.3f}",
+                                copy=f"{metrics['copy_acc']:.3f}")  # fmt: skip
+                window_loss, window_acc, window_copy, window_n, t0 = 0.0, 0.0, 0.0, 0, time.time()
+            if (step + 1) % save_every == 0 or step + 1 == steps:
+                tmp = state_path.with_suffix(".tmp")
+                torch.save(snapshot(step + 1), tmp)
+                tmp.replace(state_path)
+            out_of_time = max_minutes is not None and time.time() - started > 60 * max_minutes
+            if (stop_after is not None and step + 1 >= stop_after) or out_of_time:
+                if (step + 1) % save_every and step + 1 != steps:
+                    torch.save(snapshot(step + 1), state_path)
+                break
     bar.close()
-    batches.close()
     return metrics
 
 
@@ -355,7 +357,8 @@ def _batches(batcher: Batcher, start: int, steps: int, workers: int) -> Generato
                     break
                 except queue_module.Empty:
                     if not procs[k].is_alive():  # a crashed worker must not hang the run
-                        raise RuntimeError(f"batch worker {k} died (exit code {procs[k].exitcode})") from None
+                        raise RuntimeError(f"batch worker {k} died (exit code {procs[k].exitcode}); its traceback is "
+                                           "printed above, or rerun with --workers 0 to raise it here") from None
             yield tuple(torch.from_numpy(t) if hasattr(t, "dtype") else t for t in batch)
     finally:
         for proc in procs:
