@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from workbench.factory import SMALL_LLAMA3, TINY_LLAMA3, TINY_LLAMA4, cache_root, write_checkpoint
+from workbench.checkpoints.factory import SMALL_LLAMA3, TINY_LLAMA3, TINY_LLAMA4, cache_root, write_checkpoint
 
 TOPICS = ["llamas", "the French revolution", "prime numbers", "photosynthesis", "jazz", "the moon landing",
           "neural networks", "volcanoes"]  # fmt: skip

@@ -63,7 +63,7 @@ class _NoStopTokenizer:
 
 def reference_model(ckpt: Path, max_batch_size: int, max_seq_len: int) -> torch.nn.Module:
     """Meta's reference Transformer in float32 on CPU (``.cuda()`` neutralised while it is built)."""
-    from workbench.distributed import ensure_model_parallel
+    from workbench.models.distributed import ensure_model_parallel
 
     ensure_model_parallel(1)
     params = _params(ckpt)

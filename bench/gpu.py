@@ -24,13 +24,13 @@ import time
 
 import torch
 
-from workbench.distributed import ensure_model_parallel
 from workbench.generation.generator import Generator, Request
 from workbench.generation.sampling import SamplingParams
 from workbench.models.args import ModelArgs
+from workbench.models.distributed import ensure_model_parallel
 from workbench.models.transformer import Transformer
 from workbench.quantization import quantize_model
-from workbench.runner import model_memory
+from workbench.runtime.memory import model_memory
 
 SHAPES = {
     "llama3.1-8b": {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "vocab_size": 128256,

@@ -22,11 +22,11 @@ import statistics
 import torch
 from common import clock
 
-from workbench.distributed import ensure_model_parallel
-from workbench.factory import TINY_LLAMA4
-from workbench.models import transformer
+from workbench.checkpoints.factory import TINY_LLAMA4
+from workbench.models import feed_forward
 from workbench.models.args import ModelArgs
-from workbench.models.transformer import MoE
+from workbench.models.distributed import ensure_model_parallel
+from workbench.models.feed_forward import MoE
 
 # workbench: the layer as it runs (on CPU: the loop below CPU_GROUPED_MIN_ROWS routed rows, grouped above);
 # grouped: always torch._grouped_mm; loop: always one matmul chain per used expert
@@ -59,7 +59,7 @@ def main() -> None:
     layers = {e: build(e, args.dim, args.hidden) for e in experts}
     inputs = {n: torch.randn(1, n, args.dim, generator=torch.Generator().manual_seed(n)) for n in token_counts}
     times: dict[tuple[str, int, int], list[float]] = {}
-    default_min_rows = transformer.CPU_GROUPED_MIN_ROWS
+    default_min_rows = feed_forward.CPU_GROUPED_MIN_ROWS
     for _ in range(args.repeats):  # interleaved: machine noise hits every cell alike
         for e, layer in layers.items():
             for n, x in inputs.items():
@@ -67,13 +67,13 @@ def main() -> None:
                     if path == "loop":
                         layer.experts.grouped = lambda *_: None  # type: ignore[method-assign]
                     if path == "grouped":
-                        transformer.CPU_GROUPED_MIN_ROWS = 0
+                        feed_forward.CPU_GROUPED_MIN_ROWS = 0
                     start = clock()
                     layer(x)
                     times.setdefault((path, e, n), []).append(clock() - start)
                     if path == "loop":
                         del layer.experts.grouped
-                    transformer.CPU_GROUPED_MIN_ROWS = default_min_rows
+                    feed_forward.CPU_GROUPED_MIN_ROWS = default_min_rows
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     print(f"MoE layer (dim {args.dim}, expert width {args.hidden}, top-1), median ms of {args.repeats}")
     print(f"{'tokens':>7} {'path':>8} " + " ".join(f"{f'{e} experts':>11}" for e in experts) + f" {'64/4':>6}")

@@ -4,7 +4,7 @@ Runs every mode (none, bf16, fp8_mixed, int4_mixed) in one process on the same e
 one model resident at a time, toggled with ``engine.set_quantization`` — on the embedded default
 model (tiny Llama 4) and on a ~50M-parameter tiny Llama 3 (``SMALL_LLAMA3``), then prints each
 table, the ratios to the unquantized model and one JSON line.  Columns are defined in
-``workbench.bench`` (top-1 agreement and mean KL over teacher-forced positions of prompt + reference
+``workbench.notebook.bench`` (top-1 agreement and mean KL over teacher-forced positions of prompt + reference
 greedy continuation; greedy_match = share of the reference greedy tokens reproduced before the
 first divergence).
 

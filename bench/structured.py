@@ -18,7 +18,7 @@ import time
 from common import make_prompts
 
 import workbench as wb
-from workbench.structured import runtime as rt
+from workbench.generation import constraints as rt
 from workbench.structured.spec import json_schema_format
 
 ITEM = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},

@@ -65,7 +65,7 @@ def main() -> None:
     from test_vision_model import ours as our_model
     from test_vision_model import reference as reference_model
 
-    from workbench.factory import TINY_LLAMA4_VISION, write_checkpoint
+    from workbench.checkpoints.factory import TINY_LLAMA4_VISION, write_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_checkpoint(Path(tmp), TINY_LLAMA4_VISION)

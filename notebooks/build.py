@@ -144,7 +144,7 @@ Type a question and press **Enter** (Shift+Enter for a new line). Tokens stream 
 their results appear as linked cards; each reply has a *prompt* toggle with the exact prompt and its
 token count. **Stop** ends generation within one decode step, **Clear** starts over, and the controls
 choose the tools, `tool_choice` and sampling. The first question below was sent from code."""),
-    ("code", '''from workbench.widgets import ChatPlayground
+    ("code", '''from workbench.notebook.widgets import ChatPlayground
 
 playground = ChatPlayground(engine, demo_tools, max_tokens=200)
 playground.send("What's the weather in Paris?")
@@ -239,7 +239,7 @@ THROUGHPUT = [
 
 `bench.throughput` times `batch_completion` for every batch size and prompt length after a warm-up,
 several times (medians, min–max spread), with prefill and decode rates and latency percentiles;
-`workbench.plots` draws the table. Numbers depend on the machine and its load; `bench/` holds the
+`workbench.notebook.plots` draws the table. Numbers depend on the machine and its load; `bench/` holds the
 scripted versions."""),
     ("code", "%matplotlib inline\n" + LOAD + '''
 from workbench import bench, plots
@@ -285,7 +285,7 @@ print("quantized layers at most 0.55x (fp8) / 0.30x (int4) of bf16:",
 
 The dropdown re-loads the weights (it says "loading…", then the mode, weights size and time; an error
 is shown here and the previous mode stays). The cells after it run on the chosen mode."""),
-    ("code", '''from workbench.widgets import QuantizationToggle
+    ("code", '''from workbench.notebook.widgets import QuantizationToggle
 
 QuantizationToggle(engine)''', IGNORE),
     ("code", "engine.memory()", IGNORE),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.formats import make_formatter
-from workbench.tokenizer import Tokenizer
+from workbench.formats.tokenizer import Tokenizer
 from workbench.types import Completion, Message, ToolCall
 
 PINNED_DATE = dt.date(2024, 9, 21)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from workbench.checkpoints.factory import TINY_LLAMA3, TINY_LLAMA4, write_checkpoint
 from workbench.config import ENV_VARS
-from workbench.factory import TINY_LLAMA3, TINY_LLAMA4, write_checkpoint
 
 CheckpointMaker = Callable[..., Path]
 

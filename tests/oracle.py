@@ -4,7 +4,7 @@
 ``llama_models.llama4.model.Transformer`` serves Llama 4 ones (``moe_args`` in params.json).  The
 reference is used as published, with two CPU accommodations: its KV caches are allocated with
 ``.cuda()`` (made an identity while the model is constructed), and fairscale's model-parallel state
-comes from ``workbench.distributed.ensure_model_parallel(1)``.
+comes from ``workbench.models.distributed.ensure_model_parallel(1)``.
 
 Only tests import this module; ``workbench/`` never imports ``llama_models``.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workbench.distributed import ensure_model_parallel
+from workbench.models.distributed import ensure_model_parallel
 
 _MODELS: dict[tuple[str, int, int, int], nn.Module] = {}
 

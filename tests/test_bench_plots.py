@@ -1,4 +1,4 @@
-"""bench.throughput's table and workbench.plots' figures (saved as PNGs), on a real tiny engine."""
+"""bench.throughput's table and workbench.notebook.plots' figures (saved as PNGs), on a real tiny engine."""
 
 from __future__ import annotations
 

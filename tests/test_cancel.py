@@ -159,10 +159,10 @@ def test_unknown_keyword_is_a_type_error(engine):
 
 
 def test_shard_loading_and_set_quantization_show_progress(make_checkpoint, capsys):
-    from workbench.factory import TINY_LLAMA3
+    from workbench.checkpoints.factory import TINY_LLAMA3
 
     folder = make_checkpoint(TINY_LLAMA3, n_shards=2)
-    from workbench.checkpoint import load_state_dict_for_rank
+    from workbench.checkpoints.load import load_state_dict_for_rank
     from workbench.models.args import ModelArgs
 
     args = ModelArgs.from_checkpoint(folder)

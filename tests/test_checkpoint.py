@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from workbench.checkpoints.factory import TINY_LLAMA3, TINY_LLAMA4
 from workbench.errors import CheckpointError, MissingCheckpointFileError, ModelArgsError, VocabMismatchError
-from workbench.factory import TINY_LLAMA3, TINY_LLAMA4
 from workbench.models.args import ModelArgs
 from workbench.session import build_engine, resolve_settings
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from workbench.checkpoints.factory import TINY_LLAMA3
 from workbench.config import (
     ENTRY_KEYS,
     ENV_VARS,
@@ -19,8 +20,8 @@ from workbench.config import (
     check_settings,
     resolve_settings,
 )
+from workbench.demo.artifact import default_checkpoint_dir
 from workbench.errors import ConfigError, MissingCheckpointFileError
-from workbench.factory import TINY_LLAMA3, default_checkpoint_dir
 
 REPO = Path(__file__).resolve().parents[1]
 

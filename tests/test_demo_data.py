@@ -12,7 +12,7 @@ from workbench.demo.templates import SPECS
 from workbench.demo.tools import DEMO_TOOLS
 from workbench.evals.harness import calls_match
 from workbench.formats import make_formatter
-from workbench.tokenizer import Tokenizer, bundled_tokenizer_path
+from workbench.formats.tokenizer import Tokenizer, bundled_tokenizer_path
 from workbench.tools import Toolbox
 
 
@@ -154,7 +154,7 @@ def test_composed_training_questions_vary_and_never_hit_a_heldout_phrasing():
 def test_spelling_exercise_writes_vocabulary_words_in_quotes_as_other_tokens(formatter):
     """The spell kind teaches the space form -> quoted form mapping that copying a value into a call needs."""
     from workbench.demo.data import spelling_mix
-    from workbench.demo.vocab import build_compact_vocab, spelling_words
+    from workbench.training.vocab import build_compact_vocab, spelling_words
 
     tokenizer = formatter.tokenizer
     vocab = build_compact_vocab(tokenizer, sample_dialogs=50)

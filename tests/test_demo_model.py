@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.demo.export import ARTIFACT, expand
-from workbench.factory import default_checkpoint_dir
+from workbench.demo.artifact import ARTIFACT, default_checkpoint_dir, expand
 
 
 def _digest(path) -> str:

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from workbench.demo.train import DEMO_PARAMS, main, train
+from workbench.training.train import DEMO_PARAMS, main, train
 
 SMOKE_PARAMS = {**DEMO_PARAMS, "dim": 64, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "head_dim": 32}
 SMOKE = dict(batch_size=2, lr=3e-3, seed=0, save_every=2, params=SMOKE_PARAMS, log_every=1, progress=False,
@@ -49,9 +49,9 @@ def test_batch_workers_give_the_same_run_and_stop_cleanly(tmp_path):
 
 
 def test_spelled_rows_hold_the_spelling_of_word_tokens():
-    from workbench.demo.spelled import MAX_PIECES, SpelledEmbeddings, spelling_table
-    from workbench.demo.vocab import build_compact_vocab
-    from workbench.tokenizer import Tokenizer, bundled_tokenizer_path
+    from workbench.formats.tokenizer import Tokenizer, bundled_tokenizer_path
+    from workbench.training.spelled import MAX_PIECES, SpelledEmbeddings, spelling_table
+    from workbench.training.vocab import build_compact_vocab
 
     tokenizer = Tokenizer(bundled_tokenizer_path("llama4"))
     vocab = build_compact_vocab(tokenizer, sample_dialogs=5)
@@ -89,7 +89,7 @@ def test_spelled_rows_hold_the_spelling_of_word_tokens():
 
 @pytest.mark.timeout(300)
 def test_the_training_command_runs_and_exports_a_loadable_artifact(tmp_path):
-    from workbench.demo.export import expand, full_state_dict
+    from workbench.demo.artifact import expand, full_state_dict
 
     (tmp_path / "params.json").write_text(json.dumps(SMOKE_PARAMS))
     main(["--out", str(tmp_path / "run"), "--steps", "2", "--batch-size", "2", "--save-every", "1",

@@ -6,8 +6,9 @@ import pandas as pd
 import pytest
 
 import workbench as wb
-from workbench.display import human_bytes, messages_html
+from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.errors import InputError
+from workbench.notebook.display import human_bytes, messages_html
 from workbench.session import build_engine, resolve_settings
 from workbench.types import Message, ToolCall
 
@@ -42,10 +43,8 @@ def test_engine_card_and_repr(engine):
 def test_default_engine_says_what_it_is():
     engine = wb.load()
     try:
-        from workbench import factory
-
         card = engine._repr_html_()
-        assert f"embedded default: {factory.DEFAULT_MODEL_NAME}" in card
+        assert f"embedded default: {DEFAULT_MODEL_NAME}" in card
     finally:
         wb.unload()
 
@@ -64,7 +63,7 @@ def test_completion_html_shades_tokens_by_logprob(engine):
 
 
 def test_special_tokens_are_dimmed():
-    from workbench.display import text_with_specials
+    from workbench.notebook.display import text_with_specials
 
     out = text_with_specials("a <|eot|> b <script>")
     assert "color:#999" in out and "&lt;script&gt;" in out

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
+from workbench.checkpoints.factory import TINY_LLAMA3
+from workbench.checkpoints.preflight import estimate_memory
 from workbench.config import ConfigFile, resolve_settings
 from workbench.errors import (
     CheckpointError,
@@ -21,8 +23,6 @@ from workbench.errors import (
     MissingCheckpointFileError,
     SamplingError,
 )
-from workbench.factory import TINY_LLAMA3
-from workbench.preflight import estimate_memory
 from workbench.session import build_engine
 
 PROMPTS = ["The capital of France is", "Once upon a time " * 6, "1, 2, 3, 4, 5", "Hi", "🦙 ünïcödé"]

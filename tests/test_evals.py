@@ -14,7 +14,7 @@ import pytest
 from workbench import evals
 from workbench.errors import InputError
 from workbench.formats import make_formatter
-from workbench.tokenizer import Tokenizer, bundled_tokenizer_path
+from workbench.formats.tokenizer import Tokenizer, bundled_tokenizer_path
 from workbench.types import Completion
 
 

@@ -19,14 +19,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import workbench as wb
-from workbench.checkpoint import canonicalize
-from workbench.distributed import ensure_model_parallel
+from workbench.checkpoints.factory import TINY_LLAMA3, TINY_LLAMA4, fuse_keys, shard_state_dict
+from workbench.checkpoints.load import canonicalize
+from workbench.checkpoints.validate import check_shard
 from workbench.errors import CheckpointError, ModelArgsError
-from workbench.factory import TINY_LLAMA3, TINY_LLAMA4, fuse_keys, shard_state_dict
+from workbench.formats.tokenizer import Tokenizer
 from workbench.models.args import ModelArgs
+from workbench.models.distributed import ensure_model_parallel
 from workbench.models.transformer import Transformer
-from workbench.shard_check import check_shard
-from workbench.tokenizer import Tokenizer
 
 FUZZ = settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 

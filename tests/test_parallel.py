@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import workbench as wb
+from workbench.checkpoints.factory import TINY_LLAMA3, TINY_LLAMA4
 from workbench.errors import CheckpointError, WorkerError
-from workbench.factory import TINY_LLAMA3, TINY_LLAMA4
-from workbench.parallel import ParallelRunner
+from workbench.runtime import ParallelRunner
 from workbench.session import build_engine, resolve_settings
 
 SMALL = dict(max_seq_len=96, max_batch_size=4, device="cpu", dtype="float32", quantization="none")
@@ -278,7 +278,7 @@ def test_exception_on_every_rank_keeps_the_engine_usable(llama3_mp2):
 
 
 def test_diverging_ranks_are_caught_before_they_hang(llama3_mp2):
-    from workbench.parallel import RanksDivergedError
+    from workbench.runtime import RanksDivergedError
 
     expected = llama3_mp2.completion(PROMPTS[1], max_tokens=6)
     llama3_mp2._runner._inject_fault(at_forward=2, ranks=[1], action="diverge")

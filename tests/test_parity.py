@@ -19,10 +19,10 @@ import pytest
 import torch
 from oracle import reference_greedy, reference_logits
 
-from workbench.checkpoint import build_model
-from workbench.distributed import ensure_model_parallel
-from workbench.factory import TINY_LLAMA3, TINY_LLAMA4
+from workbench.checkpoints.factory import TINY_LLAMA3, TINY_LLAMA4
+from workbench.checkpoints.load import build_model
 from workbench.models.args import ModelArgs
+from workbench.models.distributed import ensure_model_parallel
 
 PARITY_ATOL = 1e-4  # ours vs the reference, max abs diff of float32 logits
 BATCH_ATOL = 1e-5  # a padded batch row vs the same sequence alone

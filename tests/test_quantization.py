@@ -34,12 +34,13 @@ import torch
 
 import workbench as wb
 from workbench import bench
-from workbench.distributed import ensure_model_parallel
+from workbench.checkpoints.factory import TINY_LLAMA3, TINY_LLAMA4, fuse_keys, random_state_dict, shard_state_dict
 from workbench.errors import QuantizationError
-from workbench.factory import TINY_LLAMA3, TINY_LLAMA4, fuse_keys, random_state_dict, shard_state_dict
-from workbench.loading import load_model_for_rank
+from workbench.formats.tokenizer import bundled_tokenizer_path
 from workbench.models.args import ModelArgs
-from workbench.models.transformer import Experts, FeedForward, Transformer
+from workbench.models.distributed import ensure_model_parallel
+from workbench.models.feed_forward import Experts, FeedForward
+from workbench.models.transformer import Transformer
 from workbench.quantization import (
     Fp8Weight,
     QuantizedExperts,
@@ -51,8 +52,8 @@ from workbench.quantization import (
     quantize_model,
     summary,
 )
+from workbench.runtime.loading import load_model_for_rank
 from workbench.session import build_engine, resolve_settings
-from workbench.tokenizer import bundled_tokenizer_path
 
 PROMPTS = [
     "Hi",
@@ -92,7 +93,7 @@ def load_model(ckpt: Path, mode: str | None = None, **kw) -> Transformer:
 
 
 def token_lists(ckpt: Path) -> list[list[int]]:
-    from workbench.tokenizer import Tokenizer
+    from workbench.formats.tokenizer import Tokenizer
 
     args = ModelArgs.from_checkpoint(ckpt)
     tok = Tokenizer.for_checkpoint(ckpt, args.family)
@@ -258,7 +259,7 @@ def test_scheme_memory_and_untouched_layers(dirs, family, mode):
         assert bf16_bytes == 2 * sum(p.numel() for p in base.get_submodule(path).parameters())
         assert stored <= MAX_BF16_FRACTION[fmt] * bf16_bytes, (path, stored / bf16_bytes)
     # memory report: quantized buffers under their real formats, totals add up
-    from workbench.runner import model_memory
+    from workbench.runtime.memory import model_memory
 
     mem, base_mem = model_memory(quant, 0), model_memory(base, 0)
     rows = summary(quant)

@@ -53,7 +53,7 @@ def test_same_effective_settings_return_the_same_engine(llama3_dir):
 def test_compile_keyword_compiles_the_loaded_engine_once(llama3_dir, monkeypatch):
     """``wb.load(..., compile=True)`` compiles the (same) engine once; compile_decode itself is tested in
     test_throughput.py."""
-    from workbench.engine import Engine
+    from workbench.engine.engine import Engine
 
     calls = []
 

@@ -16,8 +16,8 @@ import pydantic
 import pytest
 
 from workbench import tools as wb_tools
+from workbench.checkpoints.factory import TINY_LLAMA3
 from workbench.errors import FormatError, WorkbenchError
-from workbench.factory import TINY_LLAMA3
 from workbench.formats import coerce_tools
 from workbench.session import build_engine, resolve_settings
 
@@ -438,7 +438,7 @@ def test_fast_mask_paths_match_the_full_unpack(density):
     import numpy as np
     import torch
 
-    from workbench.structured import runtime as rt
+    from workbench.generation import constraints as rt
 
     n_vocab = 202_048
     rng = np.random.default_rng(int(density * 1e6))
@@ -470,7 +470,7 @@ def test_prefetched_masks_are_used_only_for_unchanged_rows(llama3_engine):
     """A mask computed ahead (while the forward runs) is the fresh mask, and is dropped for a row that moved."""
     import numpy as np
 
-    from workbench.structured.runtime import GrammarRuntime
+    from workbench.generation.constraints import GrammarRuntime
     from workbench.structured.spec import regex_format
 
     tokenizer = llama3_engine.tokenizer
@@ -498,7 +498,7 @@ def test_sampled_rows_get_exactly_the_forbidden_tokens_masked(density):
     import numpy as np
     import torch
 
-    from workbench.structured import runtime as rt
+    from workbench.generation import constraints as rt
 
     n_vocab, padded = 202_048, 202_048 + 64
     rng = np.random.default_rng(int(density * 1e5))

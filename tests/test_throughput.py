@@ -13,11 +13,11 @@ import random
 import pytest
 import torch
 
-from workbench.distributed import ensure_model_parallel
-from workbench.factory import TINY_LLAMA4
+from workbench.checkpoints.factory import TINY_LLAMA4
 from workbench.generation.generator import MIN_SHARED_PREFIX, common_prefix
 from workbench.models.args import ModelArgs
-from workbench.models.transformer import MoE
+from workbench.models.distributed import ensure_model_parallel
+from workbench.models.feed_forward import MoE
 from workbench.session import build_engine, resolve_settings
 
 MAX_TOKENS = 6

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.errors import MissingCheckpointFileError
-from workbench.tokenizer import Tokenizer, bundled_tokenizer_path
+from workbench.formats.tokenizer import Tokenizer, bundled_tokenizer_path
 
 TEXTS = [
     "The capital of France is Paris.",

@@ -15,8 +15,8 @@ from test_vision_model import reference, reference_image_logits
 from test_vision_preprocess import pattern_image
 
 import workbench as wb
+from workbench.checkpoints.factory import TINY_LLAMA4_VISION
 from workbench.errors import ImageError, PromptTooLongError
-from workbench.factory import TINY_LLAMA4_VISION
 from workbench.session import build_engine, resolve_settings
 from workbench.vision.preprocess import prepare_image
 

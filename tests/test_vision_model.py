@@ -17,12 +17,12 @@ import torchvision_standin
 from _chat_helpers import our_tokenizer
 from test_vision_preprocess import pattern_image
 
-from workbench.checkpoint import build_model, build_vision
-from workbench.distributed import ensure_model_parallel
+from workbench.checkpoints.factory import TINY_LLAMA4, TINY_LLAMA4_VISION
+from workbench.checkpoints.load import build_model, build_vision
 from workbench.errors import CheckpointError
-from workbench.factory import TINY_LLAMA4, TINY_LLAMA4_VISION
 from workbench.formats import make_formatter
 from workbench.models.args import ModelArgs
+from workbench.models.distributed import ensure_model_parallel
 from workbench.vision.preprocess import prepare_image
 
 PARITY_ATOL = 1e-4

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench import widgets
 from workbench.errors import QuantizationError
 from workbench.generation.generator import Event
+from workbench.notebook import widgets
 from workbench.session import build_engine, resolve_settings
 
 SYSTEM = "You are a terse assistant."

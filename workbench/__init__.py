@@ -1,14 +1,37 @@
-"""workbench: a Jupyter-first research workbench for Meta's Llama 3.x and Llama 4 checkpoints."""
+"""workbench: a Jupyter-first research workbench for Meta's Llama 3.x and Llama 4 checkpoints.
 
-from . import chat, tools
-from .display import Transcript, show_prompt, to_frame
-from .engine import Engine
-from .errors import WorkbenchError
-from .session import current, load, unload
-from .types import ChatCompletion, Completion, Message, StreamChunk, TokenLogprob, ToolCall
+The package face: what notebooks import (``import workbench as wb``).  Importing it also imports the
+notebook face (:mod:`workbench.notebook`), which registers the HTML cards and DataFrames that results
+display with.  Integrations with optional dependencies (``wb.serve``, ``wb.cluster``) load on first use
+(PEP 562), so ``import workbench`` stays fast and works without their extras.
+"""
+
+import importlib
+from typing import Any
+
+from workbench import tools
+from workbench.engine import Engine, chat
+from workbench.errors import WorkbenchError
+from workbench.notebook import bench, display, plots
+from workbench.notebook.display import show_prompt, to_frame
+from workbench.session import current, load, unload
+from workbench.types import ChatCompletion, Completion, Message, StreamChunk, TokenLogprob, ToolCall, Transcript
+
+# name -> (module, attribute or None for the module itself), imported on first access
+_LAZY = {"serve": ("workbench.serve", "serve"), "cluster": ("workbench.cluster", None)}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attribute = _LAZY[name]
+        loaded = importlib.import_module(module)
+        return loaded if attribute is None else getattr(loaded, attribute)
+    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+
 
 __all__ = [
     "ChatCompletion", "Completion", "Engine", "Message", "StreamChunk", "TokenLogprob", "ToolCall",
-    "Transcript", "WorkbenchError", "chat", "current", "load", "show_prompt", "to_frame", "tools", "unload",
+    "Transcript", "WorkbenchError", "bench", "chat", "current", "display", "load", "plots", "show_prompt",
+    "to_frame", "tools", "unload",
 ]  # fmt: skip
 __version__ = "0.1.0"

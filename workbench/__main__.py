@@ -16,6 +16,10 @@ import time
 import traceback
 from typing import Any
 
+from workbench import load
+from workbench.engine import model_label
+from workbench.errors import GenerationCancelled, WorkbenchError
+
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
@@ -74,13 +78,10 @@ def _print_rows(rows: list[Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .errors import GenerationCancelled, WorkbenchError
 
     if args.max_tokens < 1:
         return _fail(f"--max-tokens must be at least 1, got {args.max_tokens}", args.debug)
     try:
-        from . import load
-        from .display import model_label
 
         engine = load(args.checkpoint, model=args.model, device=args.device,
                       model_parallel_size=args.model_parallel_size, quantization=args.quantization)  # fmt: skip

@@ -20,23 +20,38 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .errors import CheckpointError, ConfigError, QuantizationError, WorkbenchError
+from workbench.checkpoints.files import shard_paths, source_shards_for_rank
+from workbench.checkpoints.preflight import check_memory
+from workbench.checkpoints.validate import check_checkpoint
+from workbench.demo.artifact import default_checkpoint_dir
+from workbench.errors import CheckpointError, ConfigError, InputError, MissingCheckpointFileError, WorkbenchError
+from workbench.formats.models import resolve_model
+from workbench.models.args import ModelArgs
+from workbench.runtime.settings import (
+    ARGUMENT,
+    DEFAULT,
+    Settings,
+    Source,
+    _problem,
+    check_positive_int,
+    check_quantization,
+    resolve_device,
+    resolve_dtype,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-QUANTIZATION_MODES = (None, "bf16", "fp8_mixed", "int4_mixed")
 DEFAULT_MAX_BATCH_SIZE = 16
 DEFAULT_MAX_SEQ_LEN = 2048
 DEFAULT_MODEL_PARALLEL_SIZE = 1
@@ -65,151 +80,13 @@ ENTRY_KEYS: dict[str, type] = {
 }
 _ENTRY_TO_ARG = {"path": "checkpoint"}
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------------- sources
-@dataclass(frozen=True)
-class Source:
-    """Where one setting came from, and how the user changes it there (used in every error message)."""
-
-    kind: str  # "argument" | "environment" | "file" | "default" | "engine"
-    detail: str = ""  # env var name, or "[entry] in /path/checkpoints.toml"
-
-    def describe(self) -> str:
-        if self.kind == "environment":
-            return f"environment variable {self.detail}"
-        if self.kind == "file":
-            return f"checkpoints.toml entry {self.detail}"
-        if self.kind == "default":
-            return "the built-in default"
-        if self.kind == "engine":
-            return self.detail
-        return "argument"
-
-    def fix(self, name: str) -> str:
-        if self.kind == "environment":
-            return f"fix or unset the environment variable {self.detail}"
-        if self.kind == "file":
-            key = "path" if name == "checkpoint" else name
-            return f"edit `{key} = ...` in {self.detail}"
-        return f"pass a valid {name}=... to workbench.load()"
-
-
-ARGUMENT = Source("argument")
-DEFAULT = Source("default")
-
-
-def _problem(name: str, value: Any, source: Source, what: str) -> ConfigError:
-    return ConfigError(f"{name}={value!r} (from {source.describe()}) {what}; {source.fix(name)}")
-
-
-# --------------------------------------------------------------------------------------------- settings
-@dataclass(frozen=True)
-class Settings:
-    """Everything that decides what gets loaded; two equal Settings mean the same engine.
-
-    ``sources`` (not part of equality) maps each ``load()`` keyword to the :class:`Source` it came
-    from, for error messages raised long after resolution (shard checks, worker start-up).
-    """
-
-    checkpoint_dir: Path
-    model_id: str | None
-    device: str
-    dtype: torch.dtype
-    max_batch_size: int
-    max_seq_len: int
-    model_parallel_size: int  # 0 until check_settings() replaces "auto" by the shard count
-    quantization: str | None
-    sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
-
-    def with_quantization(self, mode: str | None) -> Settings:
-        mode = check_quantization(mode, "quantization")
-        sources = {**self.sources, "quantization": Source("engine", "engine.set_quantization()")}
-        return replace(self, quantization=mode, sources=sources)
-
-    def identity(self) -> tuple[Any, ...]:
-        """Plain-data key of the settings: equal keys mean the same engine.
-
-        Comparing keys rather than Settings objects keeps the singleton working after
-        ``importlib.reload(workbench.config)`` (a reloaded module defines a new ``Settings`` class,
-        and dataclass equality requires the very same class).
-        """
-        return (
-            str(self.checkpoint_dir), self.model_id, self.device, str(self.dtype), self.max_batch_size,
-            self.max_seq_len, self.model_parallel_size, self.quantization,
-        )  # fmt: skip
-
-    def source(self, name: str) -> Source:
-        return self.sources.get(name, ARGUMENT)
-
-
-# --------------------------------------------------------------------------------------------- scalar checks
-def resolve_device(device: str | torch.device | None, source: Source = ARGUMENT) -> str:
-    """'cuda' when a GPU is visible, else 'cpu'; an explicit device must exist."""
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    name = str(device)
-    if name.split(":")[0] not in ("cpu", "cuda"):
-        raise _problem("device", name, source, "is not supported: use 'cpu' or 'cuda'")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise _problem("device", name, source, "but no CUDA GPU is visible to torch: use device='cpu'")
-    return name
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: str, source: Source = ARGUMENT) -> torch.dtype:
-    """float32 on CPU (no native bf16 there), bfloat16 on CUDA, unless asked otherwise."""
-    if dtype is None:
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    if isinstance(dtype, torch.dtype):
-        if dtype not in _DTYPES.values():
-            raise _problem("dtype", dtype, source, "is not supported: use float32, bfloat16 or float16")
-        return dtype
-    key = str(dtype).replace("torch.", "").lower()
-    if key not in _DTYPES:
-        raise _problem("dtype", dtype, source, f"is not one of {sorted(_DTYPES)}")
-    return _DTYPES[key]
-
-
-def check_positive_int(value: object, name: str, source: Source | str = ARGUMENT, *, allow_zero: bool = False) -> int:
-    """An integer >= 1 (>= 0 with ``allow_zero``); digit strings (environment values) are accepted."""
-    src = source if isinstance(source, Source) else Source("engine", source)
-    if isinstance(value, str) and re.fullmatch(r"\+?[0-9]+", value.strip()):  # ASCII digits: "²" is no number
-        value = int(value.strip())
-    low = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        what = "must be an integer >= 0 (0 = one rank per checkpoint shard)" if allow_zero else (
-            "must be a positive integer")  # fmt: skip
-        raise _problem(name, value, src, what)
-    return value
-
-
 def check_model_id(model_id: str, source: Source = ARGUMENT) -> str:
     """The model name must tell the prompt format (checked at load, not at the first chat call)."""
-    from .errors import InputError
-    from .formats.models import resolve_model
-
     try:
         resolve_model(model_id)
     except InputError as exc:
         raise _problem("model", model_id, source, f"is not a model name workbench knows ({exc})") from None
     return model_id
-
-
-def check_quantization(mode: object, name: str = "quantization", source: Source | str = ARGUMENT) -> str | None:
-    """None (or 'none') for no quantization, else one of QUANTIZATION_MODES."""
-    src = source if isinstance(source, Source) else Source("engine", source)
-    if mode in ("", "none", "None"):
-        mode = None
-    if mode not in QUANTIZATION_MODES:
-        problem = _problem(name, mode, src, f"is not a quantization mode: use one of "
-                           f"{', '.join(repr(m) for m in QUANTIZATION_MODES)}")  # fmt: skip
-        raise QuantizationError(str(problem))
-    return mode  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------------------------- checkpoints.toml
@@ -435,8 +312,6 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
 
     sources: dict[str, Source] = {}
     if chosen is None:
-        from .factory import default_checkpoint_dir
-
         chosen = (default_checkpoint_dir(), DEFAULT)
     folder, sources["checkpoint"] = chosen
     model_id, sources["model"] = pick("model")
@@ -470,8 +345,6 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
 # --------------------------------------------------------------------------------------------- checkpoint checks
 def check_folder(folder: Path) -> None:
     """The checkpoint path must be an existing folder; a file is named as a file, not as missing."""
-    from .errors import MissingCheckpointFileError
-
     if folder.is_dir():
         return
     if folder.exists():
@@ -494,9 +367,6 @@ def check_settings(settings: Settings, *, reclaimable_bytes: int = 0) -> Setting
     Llama Stack's meaning) by the shard count.  Errors keep their checkpoint-error type and add which
     setting, from where, and the fix.
     """
-    from .checkpoint import shard_paths, source_shards_for_rank
-    from .models.args import ModelArgs
-
     ckpt_src = settings.source("checkpoint")
     where = f"checkpoint {str(settings.checkpoint_dir)!r} (from {ckpt_src.describe()})"
     try:
@@ -539,9 +409,6 @@ def check_settings(settings: Settings, *, reclaimable_bytes: int = 0) -> Setting
                            "use device='cuda' and CUDA_VISIBLE_DEVICES to choose the GPUs")  # fmt: skip
         if torch.cuda.device_count() < mp:
             raise misfit(f"only {torch.cuda.device_count()} GPU(s) are visible and each rank needs its own")
-    from .preflight import check_memory
-    from .shard_check import check_checkpoint
-
     try:
         check_checkpoint(settings.checkpoint_dir, args)
     except WorkbenchError as exc:

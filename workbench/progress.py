@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any
 
+from workbench.errors import InputError
+
 AUTO_DELAY_S = 2.0
 
 
@@ -42,7 +44,6 @@ class _NoBar:
 
 def check_progress(progress: Any) -> bool | None:
     """Validate a ``progress=`` value (None, True or False)."""
-    from .errors import InputError
 
     if progress is not None and not isinstance(progress, bool):
         raise InputError(f"progress must be True, False or None (automatic), got {progress!r}")

@@ -24,8 +24,15 @@ from typing import Any
 
 import torch
 
-from .config import Settings, check_settings, resolve_settings, unknown_setting_error
-from .engine import Engine
+from workbench.checkpoints.load import check_vocab
+from workbench.config import Settings, check_settings, resolve_settings, unknown_setting_error
+from workbench.engine.engine import Engine
+from workbench.formats.tokenizer import Tokenizer
+from workbench.models.args import ModelArgs
+from workbench.models.distributed import ensure_model_parallel
+from workbench.runtime import ParallelRunner
+from workbench.runtime.loading import load_model_for_rank
+from workbench.runtime.local import LocalRunner
 
 __all__ = ["build_engine", "current", "load", "resolve_settings", "unload"]
 
@@ -73,9 +80,6 @@ def build_engine(settings: Settings) -> Engine:
     The folder is checked against the settings first (:func:`~workbench.config.check_settings`),
     so a bad path or a model-parallel size that does not fit fails before any worker is spawned.
     """
-    from .checkpoint import check_vocab
-    from .models.args import ModelArgs
-    from .tokenizer import Tokenizer
 
     start = time.perf_counter()
     settings = check_settings(settings)
@@ -84,15 +88,11 @@ def build_engine(settings: Settings) -> Engine:
     check_vocab(args, tokenizer.n_words, str(settings.checkpoint_dir / "params.json"))
     runner: object
     if settings.model_parallel_size == 1:
-        from .distributed import ensure_model_parallel
-        from .loading import load_model_for_rank
-        from .runner import LocalRunner
 
         ensure_model_parallel(1)
         model = load_model_for_rank(settings, args, progress=None)
         runner = LocalRunner(model, tokenizer, settings=settings, args=args)
     else:
-        from .parallel import ParallelRunner
 
         runner = ParallelRunner(settings, args, tokenizer)
     return Engine(runner=runner, tokenizer=tokenizer, args=args, settings=settings, model_id=settings.model_id,

@@ -15,7 +15,6 @@ time limit, an empty temporary working directory and a minimal environment.
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import os
 import sys
@@ -25,11 +24,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import chat
-from .errors import InputError, PromptTooLongError, ToolError
-from .formats import ToolDefinition, coerce_messages, coerce_tools
-from .proctree import KILLED_BY, run_guarded
-from .types import ChatCompletion, Message, ToolCall
+from workbench.engine import chat
+from workbench.errors import InputError, PromptTooLongError, ToolError
+from workbench.formats import ToolDefinition, coerce_messages, coerce_tools
+from workbench.formats.results import format_result, safe_str
+from workbench.runtime.proctree import KILLED_BY, run_guarded
+from workbench.types import ChatCompletion, Message, ToolCall, Transcript
 
 
 @dataclass
@@ -39,7 +39,7 @@ class CodeInterpreter:
     The result text follows llama-stack's code-interpreter tool: the status (``completed`` / ``failed`` /
     ``timed out``), then ``[stdout]``…``[/stdout]`` and ``[stderr]``…``[/stderr]`` blocks when non-empty.
     ``memory_mb`` (POSIX only) caps the child's address space.  The code runs under a guard process
-    (:mod:`workbench.proctree`): on a timeout or Ctrl-C every process it started is killed, detached ones
+    (:mod:`workbench.runtime.proctree`): on a timeout or Ctrl-C every process it started is killed, detached ones
     included, and reading its output never blocks on a process that outlived it.
     """
 
@@ -215,32 +215,6 @@ class _Failure:
     text: str
 
 
-def safe_str(value: Any, limit: int = 2000) -> str:
-    """``str(value)`` that never raises (falls back to ``repr``, then to the type name)."""
-    for render in (str, repr):
-        try:
-            text = render(value)
-            if isinstance(text, str):
-                return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} chars cut)"
-        except Exception:  # noqa: S112  (a broken __str__/__repr__ is exactly the case handled)
-            continue
-    return f"<{type(value).__name__} object that cannot be printed>"
-
-
-def format_result(result: Any) -> str:
-    """A tool's return value as message text: strings as they are, anything else as JSON (never raises)."""
-    if type(result) is str:
-        return result
-    if isinstance(result, str):
-        return safe_str(result, limit=10**9)
-    try:
-        return json.dumps(result, ensure_ascii=False, default=safe_str, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        return safe_str(result, limit=10**9)
-    except Exception:  # noqa: BLE001  (a broken __str__ inside the value, via default=)
-        return safe_str(result, limit=10**9)
-
-
 def _later_choice(tool_choice: Any) -> Any:
     """A forced tool choice applies to the first reply only; afterwards the model may answer."""
     return tool_choice if tool_choice in ("auto", "none", None) else "auto"
@@ -287,8 +261,6 @@ def run_batch(
         raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
     if not isinstance(dialogs, (list, tuple)):
         raise InputError("run_batch takes a list of dialogs (each a list of messages); for one dialog use run()")
-    from .display import Transcript
-
     toolbox = Toolbox.create(tools, code_interpreter, tool_timeout)
     transcripts = [Transcript(coerce_messages(d)) for d in dialogs]
     active = list(range(len(transcripts)))

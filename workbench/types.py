@@ -11,10 +11,11 @@ import json
 import keyword
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from .errors import InputError
+from workbench.errors import InputError, WorkbenchError
 
 # "cancelled" only appears in the partial results of a call stopped with ``engine.cancel()``.
 StopReason = Literal["end_of_turn", "end_of_message", "out_of_tokens", "cancelled"]
@@ -28,6 +29,27 @@ _TOOL_NAME_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 # recursion of renderers (and Python's parser) on the next turn.
 MAX_ARGUMENT_DEPTH = 64
 _MAX_INT_BITS = 13_000  # ~4000 decimal digits: Python refuses to print longer ints (sys.set_int_max_str_digits)
+
+
+# ---------------------------------------------------------------------------------------------- presentation
+# Results live in this ground layer; their HTML cards and DataFrames belong to the notebook face
+# (:mod:`workbench.notebook.display`), which registers its renderers here when it is imported — and
+# ``import workbench`` always imports it.  So results display richly without this module importing upwards.
+_PRESENTERS: dict[str, Callable[..., Any]] = {}
+
+
+def register_presenter(kind: str, render: Callable[..., Any]) -> None:
+    """Install the notebook face's renderer for ``kind`` ("completion_html", "messages_html", "frame", ...)."""
+    _PRESENTERS[kind] = render
+
+
+def present(kind: str, *args: Any) -> Any:
+    """Render through the registered notebook renderer of ``kind``."""
+    render = _PRESENTERS.get(kind)
+    if render is None:
+        raise WorkbenchError(f"no notebook renderer for {kind!r} is registered; import workbench (its package face "
+                             "installs them) before displaying results")  # fmt: skip
+    return render(*args)
 
 
 def check_tool_name(name: Any, what: str = "tool name") -> str:
@@ -126,14 +148,10 @@ class Completion:
 
     def to_pandas(self) -> Any:
         """One row per generated token (needs ``logprobs=k`` on the call): text, logprob, probability, top-k."""
-        from .display import to_frame
+        return present("frame", self)
 
-        return to_frame(self)
-
-    def _repr_html_(self) -> str:  # notebook display (workbench.display; imported only when shown)
-        from .display import completion_html
-
-        return completion_html(self)
+    def _repr_html_(self) -> str:  # notebook display (rendered by workbench.notebook.display)
+        return present("completion_html", self, "Completion")
 
 
 @dataclass
@@ -253,9 +271,7 @@ class Message:
         return asdict(self)
 
     def _repr_html_(self) -> str:
-        from .display import messages_html
-
-        return messages_html([self])
+        return present("messages_html", [self])
 
 
 @dataclass
@@ -276,14 +292,10 @@ class ChatCompletion:
 
     def to_pandas(self) -> Any:
         """One row per generated token (needs ``logprobs=k`` on the call)."""
-        from .display import to_frame
-
-        return to_frame(self)
+        return present("frame", self)
 
     def _repr_html_(self) -> str:
-        from .display import completion_html
-
-        return completion_html(self, "ChatCompletion")
+        return present("completion_html", self, "ChatCompletion")
 
 
 @dataclass
@@ -296,3 +308,28 @@ class StreamChunk:
     token: int | None
     text: str
     final: Any = None
+
+
+def message_text(message: Message) -> str:
+    """One transcript line in plain text (the fallback where HTML is not shown)."""
+    content = message.content if isinstance(message.content, str) else str(message.content)
+    calls = "".join(f"\n    -> {c.tool_name}({json.dumps(c.arguments, ensure_ascii=False, default=str)})"
+                    for c in message.tool_calls)  # fmt: skip
+    suffix = f" (answers {message.call_id})" if message.role == "tool" and message.call_id else ""
+    return f"[{message.role}]{suffix} {content}{calls}"
+
+
+class Transcript(list):
+    """A dialog (list of :class:`Message`) that displays as cards; otherwise an ordinary list."""
+
+    def _repr_html_(self) -> str:
+        return present("messages_html", self)
+
+    def __repr__(self) -> str:
+        return "\n".join(message_text(Message.coerce(m)) for m in self) or "Transcript([])"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+    def to_pandas(self) -> Any:
+        return present("frame", self)

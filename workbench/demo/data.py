@@ -18,11 +18,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tools import format_result
-from ..types import Message, ToolCall
-from .phrasing import train_question
-from .pools import ValuePools
-from .templates import (
+from workbench.demo.phrasing import train_question
+from workbench.demo.pools import ValuePools
+from workbench.demo.templates import (
     NO_TOOL_ANSWER,
     QUOTE_TEMPLATES,
     REPEAT_HELDOUT,
@@ -32,7 +30,9 @@ from .templates import (
     UNQUOTE_TEMPLATES,
     ToolSpec,
 )
-from .tools import DEMO_TOOLS
+from workbench.demo.tools import DEMO_TOOLS
+from workbench.formats.results import format_result
+from workbench.types import Message, ToolCall
 
 KINDS = ("single", "double", "two_round", "no_tool", "small_talk")
 TRAIN_MIX = {"single": 0.40, "double": 0.15, "two_round": 0.17, "no_tool": 0.18, "small_talk": 0.10}
@@ -91,7 +91,7 @@ class DialogGenerator:
         self.max_tools = max_tools
         self.composed = composed  # train split: share of questions composed by ``phrasing`` (the rest: templates)
         self.mix = mix or TRAIN_MIX
-        self.spelling_words = list(spelling_words)  # for ``spell`` dialogs (workbench.demo.vocab.spelling_words)
+        self.spelling_words = list(spelling_words)  # for ``spell`` dialogs (workbench.training.vocab.spelling_words)
         self._call_counter = 0
 
     # ------------------------------------------------------------------ pieces
@@ -205,7 +205,7 @@ class DialogGenerator:
         vocabulary, and the tool-call data never shows held-out values as arguments.
         """
         if not self.spelling_words:
-            raise ValueError("spell dialogs need spelling_words (workbench.demo.vocab.spelling_words)")
+            raise ValueError("spell dialogs need spelling_words (workbench.training.vocab.spelling_words)")
         words = self.rng.sample(self.spelling_words, min(len(self.spelling_words), self.rng.randint(8, 24)))
         quoted = ", ".join(f'"{w}"' for w in words)
         if self.rng.random() < 0.7:

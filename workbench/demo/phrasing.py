@@ -19,7 +19,7 @@ import random
 import re
 from typing import Any
 
-from .templates import SPECS
+from workbench.demo.templates import SPECS
 
 OPENERS = (
     "Hi. ", "Hello! ", "Hey, ", "Quick question: ", "Excuse me, ", "Good morning. ", "OK, ", "So, ",

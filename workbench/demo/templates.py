@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .pools import ValuePools
+from workbench.demo.pools import ValuePools
 
 
 @dataclass(frozen=True)

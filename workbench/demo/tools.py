@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
+from workbench.demo.pools import CAPITALS
+
 _CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "snowy", "foggy", "clear", "stormy")
 _JOKES = (
     "Why did the robot cross the road? It was programmed to.",
@@ -162,7 +164,6 @@ def get_capital(country: str) -> str:
     Args:
         country: Name of the country.
     """
-    from .pools import CAPITALS
 
     return CAPITALS.get(country, f"{country} City")
 

@@ -11,8 +11,8 @@
     evals.plot_summary(evals.summarize(table, by=["quantization"]))
 """
 
-from .cases import EvalCase, Turn, load_cases, save_cases, synthetic_cases
-from .harness import SETTING_KEYS, call_key, calls_match, compare, plot_summary, run_cases, summarize
+from workbench.evals.cases import EvalCase, Turn, load_cases, save_cases, synthetic_cases
+from workbench.evals.harness import SETTING_KEYS, call_key, calls_match, compare, plot_summary, run_cases, summarize
 
 __all__ = [
     "SETTING_KEYS", "EvalCase", "Turn", "call_key", "calls_match", "compare", "load_cases", "plot_summary",

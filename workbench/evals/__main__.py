@@ -14,6 +14,9 @@ import time
 
 import torch
 
+import workbench as wb
+from workbench import evals
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workbench.evals", description=__doc__.split("\n\n")[0])
@@ -38,8 +41,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import pandas as pd
 
-    import workbench as wb
-    from workbench import evals
 
     cases = (evals.load_cases(args.cases_file) if args.cases_file
              else evals.synthetic_cases(args.cases, split=args.split, seed=args.seed, values=args.values))  # fmt: skip

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from workbench.demo.data import KINDS, DialogGenerator
+from workbench.errors import InputError
 
 
 @dataclass
@@ -106,7 +107,6 @@ def synthetic_cases(n: int = 200, *, split: str = "heldout", seed: int = 2024,
     than the question templates: held-out templates with training values measure phrasing alone,
     training templates with held-out values measure copying unseen values alone.
     """
-    from ..demo.data import KINDS, DialogGenerator
 
     gen = DialogGenerator(split, seed=seed, values=values)
     kinds = list(kinds or KINDS)

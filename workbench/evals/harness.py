@@ -19,10 +19,12 @@ from typing import Any
 
 import pandas as pd
 
-from ..chat import to_chat_completion
-from ..tools import Toolbox
-from ..types import Message, ToolCall
-from .cases import EvalCase
+from workbench.demo.tools import DEMO_TOOLS
+from workbench.engine.chat import to_chat_completion
+from workbench.errors import InputError
+from workbench.evals.cases import EvalCase
+from workbench.tools import Toolbox
+from workbench.types import Message, ToolCall
 
 
 def _canonical(value: Any) -> Any:
@@ -90,14 +92,12 @@ def run_cases(
     progress: bool = False,
 ) -> pd.DataFrame:
     """Run ``cases`` and return one scored row per case (see :func:`score_columns`)."""
-    from ..demo.tools import DEMO_TOOLS
 
     registry = dict(DEMO_TOOLS if tools is None else tools)
     runs = []
     for case in cases:
         unknown = [n for n in case.tools if n not in registry]
         if unknown:
-            from ..errors import InputError
 
             raise InputError(f"case {case.id!r} offers unknown tool(s) {', '.join(unknown)}; "
                              "pass tools={name: function} to the harness")  # fmt: skip
@@ -237,7 +237,6 @@ def compare(engine: Any, cases: Sequence[EvalCase], settings: Sequence[Mapping[s
         for setting in settings:
             unknown = set(setting) - set(SETTING_KEYS)
             if unknown:
-                from ..errors import InputError
 
                 raise InputError(f"unknown setting(s) {', '.join(sorted(unknown))}; use {', '.join(SETTING_KEYS)}")
             run_kwargs = dict(kwargs)

@@ -6,14 +6,15 @@ notebooks that want to inspect or build prompts by hand.
 
 from __future__ import annotations
 
-from .callables import from_callable, parse_docstring, schema_of_type
-from .calls import TOOL_PROMPT_FORMATS, python_literal, render_tool_call, render_tool_calls
-from .chat_format import ChatFormat, ImageTokens, Prompt, PromptImage
-from .formatter import Formatter, coerce_messages, make_formatter, normalize_tool_choice
-from .models import ModelInfo, resolve_model
-from .parser import ParseResult, parse_assistant, parse_tool_calls
-from .tool_prompts import format_date
-from .tooldefs import BUILTIN_TOOLS, ToolDefinition, ToolParam, coerce_tool, coerce_tools
+from workbench.formats.callables import from_callable, parse_docstring, schema_of_type
+from workbench.formats.calls import TOOL_PROMPT_FORMATS, python_literal, render_tool_call, render_tool_calls
+from workbench.formats.chat_format import ChatFormat, ImageTokens, Prompt, PromptImage
+from workbench.formats.formatter import Formatter, coerce_messages, make_formatter, normalize_tool_choice
+from workbench.formats.models import ModelInfo, resolve_model
+from workbench.formats.parser import ParseResult, parse_assistant, parse_tool_calls
+from workbench.formats.tool_prompts import format_date
+from workbench.formats.tool_specs import coerce_tool, coerce_tools
+from workbench.formats.tooldefs import BUILTIN_TOOLS, ToolDefinition, ToolParam
 
 __all__ = [
     "BUILTIN_TOOLS",

@@ -16,8 +16,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ToolError
-from .tooldefs import ToolDefinition, ToolParam
+from workbench.errors import ToolError
+from workbench.formats.tooldefs import ToolDefinition, ToolParam
 
 _SECTION_RE = re.compile(
     r"^\s*(Args|Arguments|Parameters|Params|Keyword Args|Keyword Arguments|Returns?|Yields?|Raises|Examples?|Notes?)"

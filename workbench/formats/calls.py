@@ -19,9 +19,9 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import InputError
-from ..types import ToolCall
-from .tooldefs import BUILTIN_TOOLS
+from workbench.errors import InputError
+from workbench.formats.tooldefs import BUILTIN_TOOLS
+from workbench.types import ToolCall
 
 TOOL_PROMPT_FORMATS = ("json", "function_tag", "python_list")
 

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ImageError, InputError
-from ..types import Message
-from ..vision.images import is_image_item, open_image
-from ..vision.layout import ImageLayout, image_layout
-from .calls import render_tool_call
+from workbench.errors import ImageError, InputError
+from workbench.formats.calls import render_tool_call
+from workbench.types import Message
+from workbench.vision.images import is_image_item, open_image
+from workbench.vision.layout import ImageLayout, image_layout
 
 _TOKENS = {
     "llama3": {"header_start": "<|start_header_id|>", "header_end": "<|end_header_id|>",

@@ -7,14 +7,15 @@ import enum
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..errors import InputError
-from ..types import Message
-from .calls import normalize_tool_prompt_format
-from .chat_format import ChatFormat, ImageTokens, Prompt, content_items
-from .models import ModelInfo, resolve_model
-from .parser import parse_assistant
-from .tool_prompts import TodayLike, augment_llama3_1, augment_llama3_2
-from .tooldefs import ToolDefinition, coerce_tools
+from workbench.errors import InputError
+from workbench.formats.calls import normalize_tool_prompt_format
+from workbench.formats.chat_format import ChatFormat, ImageTokens, Prompt, content_items
+from workbench.formats.models import ModelInfo, resolve_model
+from workbench.formats.parser import parse_assistant
+from workbench.formats.tool_prompts import TodayLike, augment_llama3_1, augment_llama3_2
+from workbench.formats.tool_specs import coerce_tools
+from workbench.formats.tooldefs import ToolDefinition
+from workbench.types import Message
 
 DialogLike = Sequence[Message | dict[str, Any]]
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import InputError
+from workbench.errors import InputError
 
 ToolStyle = Literal["llama3_1", "llama3_2"]
 ChatFamily = Literal["llama3", "llama4"]

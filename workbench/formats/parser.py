@@ -27,9 +27,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError
-from ..types import Message, ToolCall
-from .tooldefs import BUILTIN_TOOLS
+from workbench.errors import InputError
+from workbench.formats.tooldefs import BUILTIN_TOOLS
+from workbench.types import Message, ToolCall
 
 _STOP_MARKERS = {
     "<|eot_id|>": "end_of_turn", "<|eot|>": "end_of_turn", "<|end_of_text|>": "end_of_turn",

@@ -21,10 +21,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import InputError
-from ..types import Message
-from .chat_format import content_text
-from .tooldefs import ToolDefinition, ToolParam
+from workbench.errors import InputError
+from workbench.formats.chat_format import content_text
+from workbench.formats.tooldefs import ToolDefinition, ToolParam
+from workbench.types import Message
 
 _MONTHS = (
     "January", "February", "March", "April", "May", "June",

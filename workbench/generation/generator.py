@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from ..models.transformer import Transformer
-from ..types import StopReason, TokenLogprob
-from .sampling import SamplingParams, fast_argmax, sample_token
+from workbench.generation.constraints import MaskRow
+from workbench.generation.sampling import SamplingParams, fast_argmax, sample_token
+from workbench.models.transformer import Transformer
+from workbench.types import StopReason, TokenLogprob
 
 # Keep each prefill forward below this many (padded) tokens to bound activation memory.
 MAX_PREFILL_TOKENS = 16384
@@ -441,7 +442,6 @@ class Generator:
 
         A row whose grammar allows no token at all (an unsatisfiable schema) ends as ``out_of_tokens``.
         """
-        from ..structured.runtime import MaskRow
 
         constrained = [MaskRow(k, row.grammar, row.request.params.greedy and not row.request.params.logprobs)
                        for k, (_, row) in enumerate(rows) if row.grammar is not None]  # fmt: skip

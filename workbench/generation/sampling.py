@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import SamplingError
+from workbench.errors import SamplingError
 
 MAX_LOGPROBS = 20
 # torch.Generator.manual_seed takes a 64-bit seed: unsigned, or signed (negative seeds wrap around 2**64).

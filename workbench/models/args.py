@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import MissingCheckpointFileError, ModelArgsError
+from workbench.errors import MissingCheckpointFileError, ModelArgsError
 
 Family = Literal["llama3", "llama4"]
 

@@ -16,8 +16,8 @@ from fairscale.nn.model_parallel.layers import ColumnParallelLinear, RowParallel
 from fairscale.nn.model_parallel.utils import VocabUtility
 from torch import nn
 
-from ..distributed import model_parallel_rank, model_parallel_size
-from ..errors import CheckpointError
+from workbench.errors import CheckpointError
+from workbench.models.distributed import model_parallel_rank, model_parallel_size
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:

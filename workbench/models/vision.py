@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed import model_parallel_size
-from .args import ModelArgs, VisionArgs
-from .layers import ColumnParallel, RowParallel, divide
-from .rope import apply_rope
+from workbench.models.args import ModelArgs, VisionArgs
+from workbench.models.distributed import model_parallel_size
+from workbench.models.layers import ColumnParallel, RowParallel, divide
+from workbench.models.rope import apply_rope
 
 ROPE_THETA = 10000.0
 ENCODER_TILE_BATCH = 32  # tiles per encoder forward: bounds activation memory, the result is the same

@@ -31,11 +31,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import QuantizationError
-from ..models.args import ModelArgs
-from ..models.transformer import Experts, FeedForward, Transformer
-from . import fp8, int4
-from .modules import (
+from workbench.errors import QuantizationError
+from workbench.models.args import ModelArgs
+from workbench.models.feed_forward import Experts, FeedForward
+from workbench.models.transformer import Transformer
+from workbench.quantization import fp8, int4
+from workbench.quantization.modules import (
     Fp8Weight,
     Int4Weight,
     Pair,
@@ -45,7 +46,7 @@ from .modules import (
     fp8_from_pairs,
     make_weight,
 )
-from .prequantized import RowScales, rank_scales, scale_files
+from workbench.quantization.prequantized import RowScales, rank_scales, scale_files
 
 MODES: tuple[str | None, ...] = (None, "bf16", "fp8_mixed", "int4_mixed")
 

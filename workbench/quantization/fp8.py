@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ..errors import QuantizationError
+from workbench.errors import QuantizationError
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0

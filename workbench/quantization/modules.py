@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from fairscale.nn.model_parallel.mappings import reduce_from_model_parallel_region
 from torch import nn
 
-from . import fp8, int4
+from workbench.quantization import fp8, int4
 
 Pair = tuple[torch.Tensor, torch.Tensor]  # (e4m3 q [..., N, K], float32 scale [..., N])
 

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import shard_paths, source_shards_for_rank, split_dim
-from ..errors import QuantizationError
+from workbench.checkpoints.files import shard_paths, source_shards_for_rank
+from workbench.checkpoints.load import split_dim
+from workbench.errors import QuantizationError
 
 SCALES_FILE = "fp8_scales_{rank}.pt"
 _LLAMA3_KEY = re.compile(r"^(\d+)_feed_forward\.(w[123])_(\d+)$")

@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import FormatError
-from ..types import StopReason
+from workbench.errors import FormatError
+from workbench.types import StopReason
 
 # JSON as Llama models write it (json.dumps' separators) and no free whitespace between tokens, so a
 # constrained row cannot wander into endless indentation.  A schema's own "x-guidance" overrides these.

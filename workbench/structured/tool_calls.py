@@ -21,8 +21,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import FormatError
-from .spec import JSON_OPTIONS, OutputFormat
+from workbench.errors import FormatError
+from workbench.structured.spec import JSON_OPTIONS, OutputFormat
 
 # Escapes that decode to the same character in a JSON string and a Python string literal.
 _ARGUMENT_OPTIONS = {**JSON_OPTIONS, "json_allowed_escapes": '"\\bfnrt'}

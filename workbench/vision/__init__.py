@@ -4,7 +4,7 @@
 ``preprocess`` turns an image into normalized tile tensors with PIL and torch.
 """
 
-from .images import is_image_item, open_image
-from .layout import ImageLayout, image_layout
+from workbench.vision.images import is_image_item, open_image
+from workbench.vision.layout import ImageLayout, image_layout
 
 __all__ = ["ImageLayout", "image_layout", "is_image_item", "open_image"]

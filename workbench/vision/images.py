@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import ImageError
+from workbench.errors import ImageError
 
 IMAGE_TYPES = ("image", "image_url")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .layout import ImageLayout, image_layout
+from workbench.vision.layout import ImageLayout, image_layout
 
 MEAN = 0.5
 STD = 0.5

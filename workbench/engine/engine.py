@@ -1,0 +1,544 @@
+"""The Engine: the batch APIs over one loaded model (a thin façade, nano-vllm style).
+
+The engine validates and encodes requests, hands them to a *runner* (the in-process
+:class:`~workbench.runtime.local.LocalRunner`, or the model-parallel worker pool) and turns the runner's
+token events into result dataclasses.  It holds no per-request state between calls, which is what makes
+it safe to interrupt.  The work is done beside it: prompt checks (:mod:`.prompts`), chat rendering and
+parsing (:mod:`.chat`), result building (:mod:`.outputs`), one call at a time (:mod:`.calls`), decode
+compilation (:mod:`.compile`).  It runs a little over 500 lines because every public method spells out
+its full keyword signature and docstring, which is what Shift+Tab shows in a notebook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from workbench.demo.artifact import DEFAULT_MODEL_NAME
+from workbench.engine import chat
+from workbench.engine.calls import CallGate, Calls
+from workbench.engine.compile import compile_and_warm_up
+from workbench.engine.docs import sampling_doc
+from workbench.engine.outputs import cancelled_event, close_events, parse_output, stop_prefix_overlap
+from workbench.engine.prompts import Content, check_ids, check_lengths, encode_row
+from workbench.errors import (
+    FormatError,
+    GenerationCancelled,
+    ImageError,
+    InputError,
+    PromptTooLongError,
+    WorkbenchError,
+)
+from workbench.formats import make_formatter
+from workbench.formats.tokenizer import Tokenizer
+from workbench.generation.constraints import GrammarRuntime
+from workbench.generation.generator import Event, Request
+from workbench.generation.sampling import SamplingParams
+from workbench.models.args import ModelArgs
+from workbench.progress import TokenRate, check_progress, progress_bar
+from workbench.quantization import check_supported
+from workbench.reports import InfoReport, MemoryReport
+from workbench.structured import Constraint, OutputFormat, per_row_formats
+from workbench.types import Completion, StreamChunk, TokenLogprob, present
+
+
+class Engine:
+    """A loaded model with batch completion, chat and scoring APIs.  Build it with ``workbench.load``."""
+
+    def __init__(self, *, runner: Any, tokenizer: Tokenizer, args: ModelArgs, settings: Any,
+                 model_id: str | None, load_seconds: float = 0.0) -> None:  # fmt: skip
+        self._runner = runner
+        self.tokenizer = tokenizer
+        self.args = args
+        self.settings = settings
+        self.model_id = model_id
+        self.family = args.family
+        self.load_seconds = load_seconds
+        self._formatter = None
+        self._calls = Calls()
+        self._grammars: Any = None  # structured.GrammarRuntime, built on the first response_format
+        self._gate = CallGate()  # one call at a time: the runner's KV cache rows are shared
+        self._vision_eager = False  # load_vision() was asked for: keep it loaded across re-loads
+        self.compile_seconds: float | None = None  # set by compile_decode(); kept across re-loads
+
+    # ----------------------------------------------------------------------------- properties
+    @property
+    def max_seq_len(self) -> int:
+        return self.settings.max_seq_len
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.settings.max_batch_size
+
+    @property
+    def formatter(self) -> Any:
+        """Chat-prompt renderer and reply parser for this model's prompt format."""
+        if self._formatter is None:
+            self._formatter = make_formatter(self.tokenizer, self.model_id, vision_args=self.args.vision_args)
+        return self._formatter
+
+    # ----------------------------------------------------------------------------- cancellation
+    def cancel(self) -> bool:
+        """Stop the generation call that is running now at its next decode step.
+
+        Safe from any thread (a Stop button's callback, a timer).  The running call raises
+        :class:`~workbench.errors.GenerationCancelled` carrying the partial results; a call started
+        afterwards is not affected.  Returns True when a call was running.
+        """
+        return self._calls.cancel()
+
+    # ----------------------------------------------------------------------------- completions
+    @sampling_doc
+    def completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
+                   top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
+                   stop: str | Sequence[str] | None = None, response_format: Any = None) -> Completion:  # fmt: skip
+        """Complete one prompt and return a :class:`~workbench.types.Completion` (text, tokens, stop reason).
+
+        content: a string (encoded with a BOS token), a list of token ids used exactly as given, a list
+            mixing text and images (Llama 4: BOS, then the items, no chat headers), or a ``Prompt`` from
+            ``engine.formatter.encode_prompt``.
+        """
+        if isinstance(response_format, (list, tuple)):
+            raise FormatError("completion takes one response_format (a list is for batch_completion)")
+        rows = self.batch_completion([content], max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                     top_k=top_k, seed=seed, logprobs=logprobs, stop=stop, progress=False,
+                                     response_format=response_format)  # fmt: skip
+        return rows[0]
+
+    @sampling_doc
+    def batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
+                         temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                         logprobs: int = 0, stop: str | Sequence[str] | None = None,
+                         progress: bool | None = None, response_format: Any = None) -> list[Completion]:  # fmt: skip
+        """Complete many prompts in one batch: one :class:`~workbench.types.Completion` per prompt, in order.
+
+        Each row's result equals running that prompt alone (greedy, or sampled with a seed), so
+        batching is purely a speed choice.  More prompts than ``max_batch_size`` flow through in waves.
+
+        contents: strings (encoded with BOS), token-id lists, text+image lists and/or ``Prompt`` objects (see
+            ``completion``).
+        progress: a progress bar of rows done and tokens/s; None (default) shows it once the call has
+            run for a couple of seconds, True at once, False never.
+        """
+        if isinstance(contents, str):
+            raise InputError("batch_completion takes a list of prompts; for one string use completion()")
+        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
+        check_progress(progress)
+        rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
+        prompts = [ids for ids, _ in rows]
+        formats = per_row_formats(response_format, len(prompts))
+        return self.generate_tokens(prompts, params, progress=progress, formats=formats,
+                                    image_tiles=[tiles for _, tiles in rows])  # fmt: skip
+
+    def generate_tokens(self, prompts: list[list[int]], params: SamplingParams, *,
+                        progress: bool | None = False,
+                        formats: Sequence[OutputFormat | None] | None = None,
+                        image_tiles: Sequence[torch.Tensor | None] | None = None) -> list[Completion]:  # fmt: skip
+        """Run already-encoded prompts (validated here) and collect one Completion per prompt.
+
+        ``image_tiles`` gives, per prompt, its images' preprocessed tiles (or None)."""
+        if not prompts:
+            return []
+        tiles = list(image_tiles) if image_tiles is not None else [None] * len(prompts)
+        check_lengths(self, prompts, tiles)
+        formats = list(formats) if formats is not None else [None] * len(prompts)
+        constraints = self._constraints(formats)
+        with self._gate.exclusive("batch_completion"):
+            return self._collect(prompts, params, progress, formats, constraints, tiles)
+
+    def _collect(self, prompts: list[list[int]], params: SamplingParams, progress: bool | None,
+                 formats: list[OutputFormat | None], constraints: list[Any],
+                 tiles: list[Any]) -> list[Completion]:  # fmt: skip
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[TokenLogprob]] = [[] for _ in prompts]
+        finals: list[Event | None] = [None] * len(prompts)
+        requests = [Request(i, p, params, c, image_tiles=t)
+                    for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]  # fmt: skip
+        if progress is None and len(prompts) == 1:
+            progress = False  # automatic bars count rows: none for a single prompt
+        bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress)
+        rate = TokenRate()
+        call = self._calls.begin()
+        events = self._events(call, requests)
+        try:
+            for event in events:
+                if event.token is not None:
+                    tokens[event.index].append(event.token)
+                    rate.add()
+                    if event.logprob is not None:
+                        logprobs[event.index].append(event.logprob)
+                if event.stop_reason is not None:
+                    finals[event.index] = event
+                    bar.set_postfix_str(str(rate), refresh=False)
+                    bar.update(1)
+        finally:
+            events.close()
+            self._calls.end(call)
+            bar.close()
+        if any(f is None for f in finals):  # only a cancel ends the events early
+            rows = enumerate(zip(tokens, logprobs, finals, prompts, formats))
+            partial = [self._completion(t, lp, f or cancelled_event(i), params, len(p), fmt)
+                       for i, (t, lp, f, p, fmt) in rows]  # fmt: skip
+            raise GenerationCancelled(
+                f"generation was cancelled after {rate.tokens} tokens ({sum(f is not None for f in finals)} of "
+                f"{len(prompts)} rows finished); the partial results are in .partial",
+                partial=partial,
+            )
+        return [self._completion(t, lp, f, params, len(p), fmt)
+                for t, lp, f, p, fmt in zip(tokens, logprobs, finals, prompts, formats)]  # fmt: skip
+
+    @sampling_doc
+    def stream_completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
+                          top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
+                          stop: str | Sequence[str] | None = None,
+                          response_format: Any = None) -> Iterator[StreamChunk]:  # fmt: skip
+        """Yield :class:`~workbench.types.StreamChunk` text deltas of one completion as tokens arrive.
+
+        The last chunk carries ``final``, the complete :class:`~workbench.types.Completion`.  Stop strings
+        never leak: text that could be the start of a stop string is held back until it is decided.
+        """
+        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
+        prompt, tiles = encode_row(self, content, 0)
+        check_lengths(self, [prompt], [tiles])
+        if isinstance(response_format, (list, tuple)):
+            raise FormatError("stream_completion takes one response_format (a list is for batch_completion)")
+        fmt = per_row_formats(response_format, 1)[0]
+        me: list[Iterator[StreamChunk]] = []
+        stream = self._stream(prompt, params, me, fmt, self._constraints([fmt])[0], tiles)
+        me.append(stream)
+        return stream
+
+    def _stream(self, prompt: list[int], params: SamplingParams, me: list, fmt: OutputFormat | None = None,
+                constraint: Constraint | None = None,
+                tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:  # fmt: skip
+        with self._gate.exclusive("stream_completion", stream=me[0]):  # held until the stream ends or is closed
+            yield from self._stream_locked(prompt, params, fmt, constraint, tiles)
+
+    def _stream_locked(self, prompt: list[int], params: SamplingParams, fmt: OutputFormat | None,
+                       constraint: Constraint | None,
+                       tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:  # fmt: skip
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        decoded, text, emitted = 0, "", 0  # tokens decoded into `text`; characters of `text` yielded
+        call = self._calls.begin()
+        events = self._events(call, [Request(0, prompt, params, constraint, image_tiles=tiles)])
+        try:
+            for event in events:
+                if event.token is not None:
+                    tokens.append(event.token)
+                    if event.logprob is not None:
+                        logprobs.append(event.logprob)
+                if event.stop_reason is not None:
+                    final = self._completion(tokens, logprobs, event, params, len(prompt), fmt)
+                    yield StreamChunk(token=event.token, text=final.text[emitted:], final=final)
+                    return
+                piece = self.tokenizer.decode(tokens[decoded:])  # only the new tokens: no re-decoding per step
+                if piece.endswith("\ufffd"):  # hold back a half-decoded UTF-8 character
+                    continue
+                text, decoded = text + piece, len(tokens)
+                safe = len(text) - stop_prefix_overlap(text, params.stop)  # never leak the start of a stop string
+                delta, emitted = text[emitted:safe], max(emitted, safe)
+                yield StreamChunk(token=event.token, text=delta)
+        finally:
+            events.close()  # an abandoned stream stops the runner too
+            self._calls.end(call)
+        partial = self._completion(tokens, logprobs, cancelled_event(0), params, len(prompt), fmt)
+        raise GenerationCancelled(f"generation was cancelled after {len(tokens)} tokens; the text so far is in "
+                                  ".partial[0]", partial=[partial])  # fmt: skip
+
+    def _events(self, call: int, requests: list[Request]) -> Iterator[Event]:
+        """The runner's events until it is done or ``call`` is cancelled.
+
+        The cancel flag is read before each event is pulled, so no forward pass starts after a cancel;
+        closing the runner's iterator stops it (on every rank, with model-parallel workers).  An
+        abandoned consumer (a stream dropped half-way, Ctrl-C) closes it the same way.
+        """
+        events = self._runner.generate(requests)
+        try:
+            while not self._calls.cancelled(call):
+                try:
+                    event = next(events)
+                except StopIteration:
+                    return
+                yield event
+        finally:
+            close_events(events)
+
+    def _completion(self, tokens: list[int], logprobs: list[TokenLogprob], final: Event | None,
+                    params: SamplingParams, prompt_len: int,
+                    fmt: OutputFormat | None = None) -> Completion:  # fmt: skip
+        assert final is not None and final.stop_reason is not None, "runner ended a request without a stop event"
+        text = self.tokenizer.decode(tokens)
+        if final.truncate_text_at is not None:
+            text = text[: final.truncate_text_at]
+        parsed, format_error = parse_output(fmt, text, final.stop_reason) if fmt is not None else (None, None)
+        return Completion(
+            text=text,
+            tokens=list(tokens),
+            stop_reason=final.stop_reason,
+            logprobs=logprobs[: len(tokens)] if params.logprobs else None,
+            prompt_tokens=prompt_len,
+            parsed=parsed,
+            format_error=format_error,
+        )
+
+    def _constraints(self, formats: Sequence[OutputFormat | None]) -> list[Constraint | None]:
+        """Each row's grammar, compiled (and cached) now so a bad one fails before any generation."""
+        if all(f is None for f in formats):
+            return [None] * len(formats)
+        if self._grammars is None:
+            self._grammars = GrammarRuntime(self.tokenizer)
+        out: list[Constraint | None] = []
+        for fmt in formats:
+            if fmt is None:
+                out.append(None)
+                continue
+            if fmt.kind == "tool_call":  # Llama 4 ends tool-call turns with <|eom|>
+                ends = (self.tokenizer.eot_id, self.tokenizer.eom_id)
+                constraint = fmt.constraint(ends, "end_of_message" if self.family == "llama4" else "end_of_turn")
+            else:
+                constraint = fmt.constraint((self.tokenizer.eot_id,))
+            self._grammars.check(constraint)
+            out.append(constraint)
+        return out
+
+    # ----------------------------------------------------------------------------- chat
+    @sampling_doc
+    def chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
+                        tool_choice: str = "auto", tool_prompt_format: str | None = None, stream: bool = False,
+                        max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                        seed: int | None = None, logprobs: int = 0, stop: str | Sequence[str] | None = None,
+                        response_format: Any = None, constrain_tools: bool = False) -> Any:  # fmt: skip
+        """One assistant reply in the model's official prompt format (a :class:`~workbench.types.ChatCompletion`).
+
+        messages: the dialog, :class:`~workbench.types.Message` objects or dicts like
+            ``{"role": "user", "content": "..."}`` (roles system, user, assistant, tool).
+        tools: Python callables, OpenAI-style or Llama-Stack-style definitions, or built-in names
+            (``"brave_search"``, ``"wolfram_alpha"``, ``"code_interpreter"``); parsed calls land in
+            ``result.message.tool_calls`` (run them with ``workbench.tools.run``).
+        tool_choice: ``"auto"``, ``"required"``, ``"none"`` or a tool's name.
+        tool_prompt_format: ``"json"``, ``"function_tag"`` or ``"python_list"`` (default: the model's own).
+        stream: True returns an iterator of ``TextDelta`` / ``ToolCallDelta`` items ending with the
+            ChatCompletion (see :mod:`workbench.engine.chat`).
+        constrain_tools: True with ``tool_choice="required"`` (or a tool's name) forces the reply to be a
+            well-formed call of an offered tool, in the model's own syntax, with schema-valid arguments.
+        A JSON-schema ``response_format`` also appends Llama Stack's "Please respond in JSON format with the
+        schema: ..." user message, as the reference does.
+        """
+        return chat.chat_completion(self, messages, tools=tools, tool_choice=tool_choice,
+                                    tool_prompt_format=tool_prompt_format, stream=stream, max_tokens=max_tokens,
+                                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
+                                    stop=stop, response_format=response_format,
+                                    constrain_tools=constrain_tools)  # fmt: skip
+
+    @sampling_doc
+    def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
+                              tool_choice: str = "auto", tool_prompt_format: str | None = None,
+                              max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                              top_k: int = 0, seed: int | None = None, logprobs: int = 0,
+                              stop: str | Sequence[str] | None = None, progress: bool | None = None,
+                              response_format: Any = None, constrain_tools: bool = False) -> list[Any]:  # fmt: skip
+        """One reply per dialog, generated in one batch (per-row results equal single calls).
+
+        dialogs: a list of dialogs (each a list of messages, or a bare string for one user message);
+            the same ``tools``, ``tool_choice`` and sampling apply to every dialog (see ``chat_completion``).
+        progress: a progress bar of dialogs done and tokens/s; None (default) shows it once the call
+            has run for a couple of seconds, True at once, False never.
+        """
+        return chat.batch_chat_completion(self, dialogs, tools=tools, tool_choice=tool_choice,
+                                          tool_prompt_format=tool_prompt_format, max_tokens=max_tokens,
+                                          temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                          logprobs=logprobs, stop=stop, progress=progress,
+                                          response_format=response_format,
+                                          constrain_tools=constrain_tools)  # fmt: skip
+
+    @sampling_doc
+    def stream_chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
+                               tool_choice: str = "auto", tool_prompt_format: str | None = None,
+                               max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                               top_k: int = 0, seed: int | None = None, logprobs: int = 0,
+                               stop: str | Sequence[str] | None = None, response_format: Any = None,
+                               constrain_tools: bool = False) -> Iterator[Any]:  # fmt: skip
+        """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
+        return self.chat_completion(messages, tools, tool_choice=tool_choice, tool_prompt_format=tool_prompt_format,
+                                    stream=True, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                    top_k=top_k, seed=seed, logprobs=logprobs, stop=stop,
+                                    response_format=response_format, constrain_tools=constrain_tools)  # fmt: skip
+
+    # ----------------------------------------------------------------------------- scoring
+    def logits(self, token_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Teacher-forced float32 logits ``[len, vocab]`` for each token list (likelihood evaluation)."""
+        if isinstance(token_lists, (str, torch.Tensor)) or (token_lists and isinstance(token_lists[0], int)):
+            raise InputError("logits() takes a list of token-id lists, e.g. engine.logits([[128000, 791, 6864]])")
+        prompts = [check_ids(self, list(t), i) for i, t in enumerate(token_lists)]
+        if not prompts:
+            return []
+        empty = [i for i, p in enumerate(prompts) if not p]
+        if empty:
+            raise InputError(
+                f"row {empty[0]} of logits() is empty; every row needs at least one token id (logits are "
+                "per position), e.g. engine.tokenizer.encode(text, bos=True)"
+            )
+        too_long = [(i, len(p)) for i, p in enumerate(prompts) if len(p) > self.max_seq_len]
+        if too_long:
+            i, n = too_long[0]
+            raise PromptTooLongError(
+                f"row {i} has {n} tokens but max_seq_len is {self.max_seq_len}; shorten it or load with a larger "
+                "max_seq_len"
+            )
+        with self._gate.exclusive("logits"):
+            return self._runner.logits(prompts)
+
+    # ----------------------------------------------------------------------------- images
+    def load_vision(self) -> None:
+        """Load the vision encoder now (it is otherwise loaded at the first image) and keep it loaded across
+        ``set_quantization``.  Raises ImageError for models without one."""
+        if self.args.vision_args is None:
+            raise ImageError(self.formatter.chat.no_images_reason or "this model has no vision encoder")
+        self._runner.load_vision()
+        self._vision_eager = True
+
+    def compile_decode(self) -> float:
+        """Run every decode step through ``torch.compile`` from now on, and compile it now.
+
+        Why: eager decode pays Python and one kernel launch per small op for every token; the compiled
+        step fuses the elementwise work around the matmuls.  Tokens are the eager path's (tests hold
+        it to that).  Compiles on a short warm-up (three rows: with and without a position mask) and
+        returns the seconds it took, also in ``info()["compile_seconds"]``; the batch width and the
+        attended span vary without recompiling.  Kept across ``set_quantization``.
+        """
+        with self._gate.exclusive("compile_decode"):
+            self.compile_seconds = compile_and_warm_up(self)
+        return self.compile_seconds
+
+    def _vision_state(self) -> str | None:
+        if self.args.vision_args is None:
+            return None
+        return "loaded" if getattr(self._runner, "vision_loaded", False) else "not loaded"
+
+    # ----------------------------------------------------------------------------- quantization
+    def set_quantization(self, mode: str | None, *, progress: bool | None = None) -> None:
+        """Re-load the weights from the checkpoint under another quantization mode (None | "bf16" |
+        "fp8_mixed" | "int4_mixed").  The old model is freed first, so only one copy is resident.
+
+        The mode is checked against the device *before* anything is freed: a bad mode raises
+        QuantizationError and leaves the current model loaded.  ``progress``: a bar for the re-load
+        (None: shown once it takes a couple of seconds; True/False: always/never).
+        """
+        mode = check_supported(mode, self.settings.device)
+        settings = self.settings.with_quantization(mode)
+        if settings == self.settings:
+            return
+        with self._gate.exclusive("set_quantization"):
+            with progress_bar(1, desc=f"quantization -> {mode or 'none'}", unit="reload", progress=progress) as bar:
+                self._runner.reload(settings)
+                bar.update(1)
+            self.settings = settings
+            if self._vision_eager:
+                self._runner.load_vision()
+            if self.compile_seconds is not None:
+                self.compile_seconds = compile_and_warm_up(self)
+
+    # ----------------------------------------------------------------------------- introspection
+    def info(self) -> dict[str, Any]:
+        """Model id, family, sizes, dtype, device, parallelism, quantization and memory.
+
+        A dict of raw numbers (``info()["weights_bytes"]`` is an int) that displays with human sizes;
+        ``.readable()`` gives the human strings.
+        """
+        memory = self._runner.memory()
+        return InfoReport({
+            "model_id": self.model_id,
+            "family": self.family,
+            "checkpoint": str(self.settings.checkpoint_dir),
+            "parameters": self._runner.parameter_count(),
+            "dtype": self._compute_dtype(),
+            "device": str(self.settings.device),
+            "model_parallel_size": self.settings.model_parallel_size,
+            "quantization": self.settings.quantization,
+            "vision": self._vision_state(),
+            "max_batch_size": self.max_batch_size,
+            "max_seq_len": self.max_seq_len,
+            "weights_bytes": memory["weights_bytes"],
+            "kv_cache_bytes": memory["kv_cache_bytes"],
+            "load_seconds": round(self.load_seconds, 2),
+            "compile_seconds": None if self.compile_seconds is None else round(self.compile_seconds, 2),
+        })
+
+    def _compute_dtype(self) -> str:
+        """bf16 mode runs the whole model in bfloat16, whatever dtype was asked for at load."""
+        dtype = torch.bfloat16 if self.settings.quantization == "bf16" else self.settings.dtype
+        return str(dtype).replace("torch.", "")
+
+    def memory(self) -> dict[str, Any]:
+        """Bytes of parameters (by dtype and by module kind) and of the KV cache; ``packed_bytes``: extra
+        weight copies kept for faster CPU kernels (the output projection's oneDNN-packed copy).
+
+        A dict of raw byte counts that displays in KiB/MiB/GiB (``.readable()`` for the strings).
+        """
+        return MemoryReport(self._runner.memory())
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"Engine(model={self.model_id!r}, family={self.family}, unloaded)"
+        i = self.info()
+        return (  # one field per line: notebooks wrap long lines mid-word
+            f"Engine(model={i['model_id']!r},  # {model_label(self)}\n"
+            f"       family={i['family']}, params={i['parameters'] / 1e6:.1f}M, dtype={i['dtype']},\n"
+            f"       device={i['device']}, mp={i['model_parallel_size']}, quantization={i['quantization']},\n"
+            f"       weights={_fmt_bytes(i['weights_bytes'])}, kv_cache={_fmt_bytes(i['kv_cache_bytes'])})"
+        )
+
+    def _repr_html_(self) -> str:
+        return present("engine_html", self)
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close` (or ``workbench.unload()``)."""
+        return isinstance(self._runner, _ClosedRunner)
+
+    def close(self) -> None:
+        """Free the model, cache and any worker processes (the engine is unusable afterwards).
+
+        Closing twice is harmless.  A call running in another thread is waited for; an unfinished stream of
+        this thread is abandoned (its next step raises).
+        """
+        if self.closed:
+            return
+        mine = self._gate.held_by_this_thread()
+        if not mine:
+            self._gate.lock.acquire()
+        try:
+            runner, self._runner = self._runner, _ClosedRunner()
+            if hasattr(runner, "close"):
+                runner.close()
+        finally:
+            if not mine:
+                self._gate.lock.release()
+
+class _ClosedRunner:
+    def __getattr__(self, name: str) -> Any:
+        raise WorkbenchError("this engine was unloaded; call workbench.load(...) again")
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f}{unit}" if unit != "B" else f"{n}B"
+        n /= 1024
+    return f"{n}B"
+
+
+def model_label(engine: Any) -> str:
+    """What the engine runs, in words: its model id, or what the embedded default is."""
+    settings = engine.settings
+    source = getattr(settings, "sources", {}).get("checkpoint")
+    if getattr(source, "kind", None) == "default":
+        return f"embedded default: {DEFAULT_MODEL_NAME}"
+    if engine.model_id:
+        return str(engine.model_id)
+    return f"{engine.family} checkpoint {settings.checkpoint_dir.name}"

@@ -1,0 +1,87 @@
+"""Checking and encoding prompt rows before anything reaches the runner: strings, token ids, text + image
+lists and ``Prompt`` objects become token ids (and image tiles), and every row is checked against the
+vocabulary and ``max_seq_len`` so a bad row fails with its index before any generation starts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from workbench.errors import ImageError, InputError, PromptTooLongError
+from workbench.formats import Prompt
+from workbench.vision.images import is_image_item
+from workbench.vision.preprocess import prepare_image
+
+Content = str | Sequence[int] | Any  # Any: a formats.Prompt (token ids + images) from formatter.encode_prompt
+
+
+def prepare_images(engine: Any, images: Sequence[Any], ids: list[int], row: int) -> torch.Tensor | None:
+    """The prompt's images as one tile batch [n, 3, T, T] (checked against its ``<|patch|>`` tokens)."""
+    if not images:
+        return None
+    vision = engine.args.vision_args
+    if vision is None:
+        raise ImageError(engine.formatter.chat.no_images_reason or "this model has no vision encoder")
+    if any(im.layout.tile_size != vision.tile_size for im in images):
+        raise InputError(f"prompt row {row} was tiled for another model; build it with this engine's "
+                         "formatter.encode_prompt")  # fmt: skip
+    tiles = torch.cat([prepare_image(im.image, vision.tile_size, layout=im.layout).tiles for im in images])
+    patches = ids.count(engine.tokenizer.special_tokens["<|patch|>"])
+    if patches != tiles.shape[0] * vision.tokens_per_tile:
+        raise InputError(
+            f"prompt row {row} has {patches} <|patch|> tokens but its {len(images)} image(s) need "
+            f"{tiles.shape[0] * vision.tokens_per_tile}; build image prompts with engine.formatter.encode_prompt"
+        )
+    return tiles
+
+def encode_row(engine: Any, content: Content, row: int) -> tuple[list[int], torch.Tensor | None]:
+    """Token ids of one prompt row, and its image tiles when it is a Prompt with images."""
+    if isinstance(content, (list, tuple)) and any(isinstance(c, str) or is_image_item(c) for c in content):
+        content = engine.formatter.encode_content(content)  # raw text + images
+    if isinstance(content, Prompt):
+        ids = check_ids(engine, list(content.tokens), row)
+        return ids, prepare_images(engine, content.images, ids, row)
+    return encode_content(engine, content, row), None
+
+def encode_content(engine: Any, content: Content, row: int) -> list[int]:
+    if isinstance(content, str):
+        return engine.tokenizer.encode(content, bos=True)
+    if isinstance(content, torch.Tensor):
+        content = content.tolist()
+    if isinstance(content, (list, tuple)):
+        return check_ids(engine, list(content), row)
+    raise InputError(
+        f"prompt row {row} is a {type(content).__name__}; give a string or a list of token ids"
+    )
+
+def check_ids(engine: Any, ids: list[Any], row: int) -> list[int]:
+    vocab = engine.args.vocab_size
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            raise InputError(
+                f"prompt row {row} holds {t!r}, which is not a token id in 0..{vocab - 1}; "
+                "pass token ids from engine.tokenizer.encode()"
+            )
+    return ids
+
+def check_lengths(engine: Any, prompts: list[list[int]], image_tiles: Sequence[Any] | None = None) -> None:
+    for i, p in enumerate(prompts):
+        if not p:
+            raise InputError(f"prompt row {i} is empty; give at least one token (strings get a BOS token)")
+        tiles = image_tiles[i] if image_tiles is not None else None
+        if tiles is not None and len(p) >= engine.max_seq_len:
+            vision = engine.args.vision_args
+            image_tokens = p.count(engine.tokenizer.special_tokens["<|patch|>"])
+            raise PromptTooLongError(
+                f"prompt row {i} has {len(p)} tokens, {image_tokens} of them for its images ({tiles.shape[0]} "
+                f"tiles of {vision.tokens_per_tile} tokens), but max_seq_len is {engine.max_seq_len}; load with "
+                f"max_seq_len > {len(p)}, or send fewer or smaller images (an image of at most "
+                f"{vision.tile_size}x{vision.tile_size} pixels takes one tile)"
+            )
+        if len(p) >= engine.max_seq_len:
+            raise PromptTooLongError(
+                f"prompt row {i} has {len(p)} tokens but max_seq_len is {engine.max_seq_len} (room is needed "
+                f"for at least one generated token); shorten the prompt or load with max_seq_len > {len(p)}"
+            )

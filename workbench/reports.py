@@ -1,0 +1,82 @@
+"""Reports: dicts of raw numbers (``engine.info()``, ``engine.memory()``) that display readably, and the
+small text helpers (human sizes and counts, HTML escaping) that every card shares.
+
+Ground layer (standard library only): the engine builds reports, the notebook face draws with the same
+helpers, and neither has to import the other for it.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.45;"
+
+
+def esc(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (binary units, as memory is allocated)."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_count(n: float) -> str:
+    """12_345_678 -> '12.3M'."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(int(n))
+
+
+class Report(dict):
+    """A dict of raw numbers that displays readably: ``*_bytes`` as KiB/MiB/GiB, ``parameters`` as 12.3M.
+
+    The raw values are the dict's items (``report["weights_bytes"]`` is an int).
+    """
+
+    title = "report"
+
+    def _human(self, key: str, value: Any) -> str:
+        if isinstance(value, dict):
+            return ", ".join(f"{k}: {self._human(key, v)}" for k, v in value.items()) or "-"
+        if isinstance(value, list):
+            return f"{len(value)} items"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key.endswith("bytes") or key in ("by_dtype", "by_kind", "by_kernel"):
+                return human_bytes(value)
+            if key == "parameters":
+                return human_count(value)
+        return "none" if value is None else str(value)
+
+    def readable(self) -> dict[str, str]:
+        """The same keys with human-readable values."""
+        return {k: self._human(k, v) for k, v in self.items()}
+
+    def __repr__(self) -> str:
+        width = max((len(k) for k in self), default=0)
+        lines = [f"{k:<{width}}  {v}" for k, v in self.readable().items()]
+        return f"{self.title}:\n  " + "\n  ".join(lines)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+    def _repr_html_(self) -> str:
+        cells = "".join(f'<tr><td style="color:#777;padding:0 10px 0 0;text-align:left">{esc(k)}</td>'
+                        f'<td style="text-align:left">{esc(v)}</td></tr>'
+                        for k, v in self.readable().items())  # fmt: skip
+        return f'<div style="{BOX}"><b>{esc(self.title)}</b><table>{cells}</table></div>'
+
+
+class InfoReport(Report):
+    title = "engine info"
+
+
+class MemoryReport(Report):
+    title = "memory"
