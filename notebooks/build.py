@@ -11,6 +11,7 @@ render from the stored notebook, and every widget also carries a text/HTML fallb
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -31,37 +32,98 @@ CHECKPOINT = os.environ.get("WORKBENCH_NOTEBOOK_CHECKPOINT")'''
 QUICKSTART = [
     ("md", """# workbench quick start
 
-Load a model once per kernel, then run the batch APIs. The engine card below says what you are running:
-with no checkpoint, `wb.load()` uses the **embedded default** model that ships with workbench (a tiny
-Llama 4-architecture model: every code path is the real one, but do not expect a real model's answers)."""),
+Load a model once per kernel, then run the batch APIs. With no checkpoint, `wb.load()` uses the
+**embedded default**: the project's demo model, a tiny Llama 4 (MoE, NoPE and chunked-attention layers,
+the real 202k vocabulary) trained to **call tools** in the official python-list format and to answer from
+their results (`docs/demo-model.md`). It is a tool-calling demo, not a language model: it shows every
+code path of a real Llama working — prompts, calls, batching, scoring — on a laptop CPU. Point
+`WORKBENCH_NOTEBOOK_CHECKPOINT` at a Meta checkpoint folder to run the same cells on a real model."""),
     ("code", LOAD + '''
-engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512)
+engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)
 engine''', IGNORE),
     ("md", "Re-running `wb.load` with the same arguments never loads twice: the engine is a kernel-resident singleton."),
-    ("code", "print(wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512) is engine, wb.current() is engine)", CHECK),
-    ("md", """## One completion
+    ("code", "print(wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024) is engine, wb.current() is engine)", CHECK),
+    ("md", """## A chat turn with a tool
 
-A result displays as a card: the text (special tokens dimmed), how many tokens, and why it stopped.
-Press Shift+Tab inside the parentheses to see every sampling option with its default."""),
-    ("code", 'result = engine.completion("The capital of France is", max_tokens=16)\nresult', IGNORE),
-    ("md", """## Batches
+Tools are plain Python functions: the schema comes from the signature, type hints and docstring. The
+reply is parsed into `tool_calls` (name + arguments); press Shift+Tab inside the parentheses to see
+every option with its default."""),
+    ("code", '''from workbench import tools
+from workbench.demo.tools import convert_currency, get_capital, get_local_time, get_weather
 
-`batch_completion` runs many prompts together; each row is exactly what that prompt gives alone
-(greedy), so batching is purely a speed choice. Long batches show a progress bar (`progress=True/False`
-to force it on or off). `wb.to_frame` turns results into a DataFrame."""),
-    ("code", '''prompts = ["Hello", "The three laws of thermodynamics are", "def fib(n):", "Llamas are " * 5]
-batch = engine.batch_completion(prompts, max_tokens=12)
-wb.to_frame(batch)''', IGNORE),
-    ("code", '''alone = [engine.completion(p, max_tokens=12) for p in prompts]
-print("rows identical to single runs:", all(b.tokens == a.tokens for b, a in zip(batch, alone)))''', CHECK),
-    ("md", "## Streaming\n\nText arrives as it is generated:"),
-    ("code", '''for chunk in engine.stream_completion("Once upon a time", max_tokens=32):
-    print(chunk.text, end="", flush=True)''', IGNORE),
-    ("md", """## Stopping a long call
+demo_tools = [get_weather, get_local_time, convert_currency, get_capital]
+dialog = [{"role": "user", "content": "What's the weather in Paris?"}]
+reply = engine.chat_completion(dialog, tools=demo_tools, max_tokens=64)
+reply''', IGNORE),
+    ("code", "print([(call.tool_name, call.arguments) for call in reply.message.tool_calls], reply.stop_reason)", CHECK),
+    ("md", """## The exact prompt
 
-`engine.cancel()` stops the running call at its next decode step — from a Stop button, a timer or
-another thread. The call raises `GenerationCancelled` carrying what was generated so far, and the
-engine is unchanged: the next call gives exactly what it would have."""),
+`wb.show_prompt` shows the prompt the model sees, in its official format: the tool definitions in
+Meta's wording, special tokens highlighted, tokens per message, and a token-by-token view. It works
+without a loaded model too, given a model id (`model="Llama3.2-3B-Instruct"`)."""),
+    ("code", "wb.show_prompt(dialog, tools=demo_tools, engine=engine)", IGNORE),
+    ("md", """## The tool loop
+
+`tools.run` runs every call the model makes, feeds the result back as a tool message and lets the
+model go on until it answers. The transcript shows each call and the result that answers it, and why
+the loop ended (`stop_reason`: `answered`, `max_turns`, `prompt_too_long`, `out_of_tokens`)."""),
+    ("code", '''transcript = tools.run(engine, dialog, tools=demo_tools, max_tokens=64)
+transcript''', IGNORE),
+    ("code", 'print(transcript.stop_reason, "-", transcript[-1].content)', CHECK),
+    ("md", """## A batch of dialogs
+
+`tools.run_batch` runs many dialogs at once: each turn is one batched chat completion over the dialogs
+still running, and every transcript is exactly what its dialog gives alone (greedy), so batching is
+purely a speed choice. `wb.to_frame` turns transcripts (or results) into a DataFrame. Long batches show
+a progress bar that leaves a one-line summary when the call is done."""),
+    ("code", '''questions = ["What time is it in Tokyo?", "Convert 20 EUR to USD.", "What is the capital of Norway?",
+             "What's the weather in Paris? Convert 20 EUR to USD."]
+dialogs = [[{"role": "user", "content": q}] for q in questions]
+transcripts = tools.run_batch(engine, dialogs, tools=demo_tools, max_tokens=64)
+wb.to_frame(transcripts)[["dialog", "role", "content", "tool_calls", "dialog_ended"]]''', IGNORE),
+    ("code", '''alone = [tools.run(engine, d, tools=demo_tools, max_tokens=64) for d in dialogs]
+same = all([(m.role, m.content) for m in a] == [(m.role, m.content) for m in b] for a, b in zip(transcripts, alone))
+print("batched transcripts identical to single runs:", same)''', CHECK),
+    ("md", """## Scoring with `logits`
+
+`engine.logits` returns teacher-forced float32 `[len, vocab]` logits per sequence, so any continuation
+can be scored: here, how much the model prefers each candidate call for the question (the prompt is
+the exact chat prompt `engine.formatter.encode_dialog` renders)."""),
+    ("code", '''import torch
+
+prompt = engine.formatter.encode_dialog(dialog, tools=demo_tools)
+
+
+def continuation_logprob(text: str) -> float:
+    """log P(text | prompt): the sum over the continuation's tokens."""
+    ids = engine.tokenizer.encode(text, bos=False)
+    logits = engine.logits([prompt + ids])[0]  # [len, vocab]
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)  # the positions that predict `ids`
+    return float(logprobs.gather(1, torch.tensor(ids)[:, None]).sum())
+
+
+for call in ['[get_weather(city="Paris")]', '[get_weather(city="Tokyo")]', '[get_local_time(city="Paris")]']:
+    print(f"{continuation_logprob(call):8.2f}  {call}")''', IGNORE),
+    ("md", """## Sampling and log-probabilities
+
+With `logprobs=k` each token of a result is shaded by its probability (red = unlikely; hover a token
+for its top-k alternatives), and `.to_pandas()` gives one row per token. A seed makes sampled rows
+reproducible, alone or inside any batch."""),
+    ("code", '''scored = engine.chat_completion(dialog, tools=demo_tools, max_tokens=24, logprobs=3)
+scored''', IGNORE),
+    ("code", "scored.to_pandas().head(6)", IGNORE),
+    ("code", '''a = engine.chat_completion(dialog, tools=demo_tools, max_tokens=24, temperature=0.7, top_p=0.9, seed=42)
+b = engine.chat_completion(dialog, tools=demo_tools, max_tokens=24, temperature=0.7, top_p=0.9, seed=42)
+print("same seed, same tokens:", a.tokens == b.tokens)''', CHECK),
+    ("md", """## Streaming and stopping
+
+Chat replies stream as text and tool-call deltas. `engine.cancel()` stops the running call at its next
+decode step — from a Stop button, a timer or another thread. The call raises `GenerationCancelled`
+carrying what was generated so far, and the engine is unchanged: the next call gives exactly what it
+would have."""),
+    ("code", '''for item in engine.stream_chat_completion(dialog, tools=demo_tools, max_tokens=64):
+    print(type(item).__name__, repr(getattr(item, "text", "")), getattr(item, "tool_call", None) or "")''',
+     IGNORE),
     ("code", '''import threading
 
 from workbench.errors import GenerationCancelled
@@ -76,39 +138,16 @@ except GenerationCancelled as stopped:
           {r.stop_reason for r in stopped.partial})
 finally:
     stop.cancel()  # a Stop that comes too late must not hit the next call''', IGNORE),
-    ("code", '''first = engine.completion("Tell me a story", max_tokens=20)
-print("same result after a cancel:", first.tokens == engine.completion("Tell me a story", max_tokens=20).tokens)''',
-     CHECK),
-    ("md", """## Sampling and log-probabilities
+    ("code", '''first = engine.chat_completion(dialog, tools=demo_tools, max_tokens=24)
+again = engine.chat_completion(dialog, tools=demo_tools, max_tokens=24)
+print("same result after a cancel:", first.tokens == again.tokens)''', CHECK),
+    ("md", """## Raw completion
 
-With `logprobs=k` each token is shaded by its probability (red = unlikely; hover a token for its
-top-k alternatives), and `.to_pandas()` gives one row per token."""),
-    ("code", '''scored = engine.completion("The capital of France is", max_tokens=12, logprobs=3)
-scored''', IGNORE),
-    ("code", "scored.to_pandas().head(6)", IGNORE),
-    ("code", '''a = engine.completion("Once upon a time", max_tokens=8, temperature=0.8, top_p=0.9, seed=42)
-b = engine.completion("Once upon a time", max_tokens=8, temperature=0.8, top_p=0.9, seed=42)
-print("same seed, same tokens:", a.tokens == b.tokens)''', CHECK),
-    ("md", """## Teacher-forced scoring
-
-`engine.logits` returns float32 `[len, vocab]` logits per sequence: the log-likelihood of a text."""),
-    ("code", '''import torch
-
-def log_likelihood(text: str) -> float:
-    ids = engine.tokenizer.encode(text, bos=True)
-    logits = engine.logits([ids])[0]
-    return float(torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:])[:, None]).sum())
-
-for text in ["Paris is the capital of France.", "France capital the Paris of is."]:
-    print(f"{log_likelihood(text):8.2f}  {text}")''', IGNORE),
-    ("md", """## Chat
-
-Chat prompts use the model's official format. `wb.show_prompt` shows the exact prompt: special tokens
-highlighted, tokens per message, and a token-by-token view (it works without a loaded model when given
-a model id, e.g. `model="Llama3.2-3B-Instruct"`)."""),
-    ("code", '''messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a llama fact."}]
-wb.show_prompt(messages, engine=engine)''', IGNORE),
-    ("code", "engine.chat_completion(messages, max_tokens=32)", IGNORE),
+`completion` / `batch_completion` continue raw text or token ids (a BOS token is added to strings). This
+is where a real checkpoint shines; the demo model learned tool dialogs only, so on free text it writes
+word salad — that is expected, not a bug."""),
+    ("code", '''batch = engine.batch_completion(["The capital of France is", "def fib(n):"], max_tokens=12)
+wb.to_frame(batch)''', IGNORE),
     ("md", "Errors name the problem and the fix, and leave the engine usable:"),
     ("code", '''try:
     engine.completion("hi", temperature=-1)
@@ -144,7 +183,7 @@ Type a question and press **Enter** (Shift+Enter for a new line). Tokens stream 
 their results appear as linked cards; each reply has a *prompt* toggle with the exact prompt and its
 token count. **Stop** ends generation within one decode step, **Clear** starts over, and the controls
 choose the tools, `tool_choice` and sampling. The first question below was sent from code."""),
-    ("code", '''from workbench.notebook.widgets import ChatPlayground
+    ("code", '''from workbench.widgets import ChatPlayground
 
 playground = ChatPlayground(engine, demo_tools, max_tokens=200)
 playground.send("What's the weather in Paris?")
@@ -259,6 +298,41 @@ prompts one by one (right). Error bars show the spread over the repeats; one lin
 batched = engine.batch_completion(prompts, max_tokens=12, progress=False)
 alone = [engine.completion(p, max_tokens=12) for p in prompts]
 print("rows identical to single runs:", [b.tokens for b in batched] == [a.tokens for a in alone])''', CHECK),
+    ("md", """## Why this and not the others
+
+The same prompts through workbench, Meta's reference generator (`llama-models`, the engine workbench
+reproduces) and — when installed — transformers `generate`, on the same weights: a small Llama 3 with the
+real 128k vocabulary and random weights, written in Meta's layout (and converted for transformers by
+`bench/contenders.py`). Greedy, float32, stop tokens ignored so every contender generates exactly the
+same tokens per prompt; the rows must agree. This replaces the demo engine in this kernel (one model at
+a time). `bench/peers.py` runs the full comparison (more workloads, repeats, three models)."""),
+    ("code", '''import importlib.util
+import os
+import sys
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path.cwd().parent / "bench"))  # the contenders live beside the benchmarks
+import contenders  # noqa: E402
+import peers  # noqa: E402
+from common import peer_model_dir  # noqa: E402
+
+os.environ["BENCH_CLOCK"] = "wall"  # wall-clock seconds (the kernel may use several threads)
+ckpt = peer_model_dir("llama3-d256")
+peer_engine = wb.load(ckpt, max_batch_size=8, max_seq_len=256)
+prompts = [[128000] + [1000 + 37 * i + j for j in range(6 * (i + 1))] for i in range(8)]  # 7..49 tokens
+runs = {"workbench": (peers.workbench_runner(peer_engine), prompts),
+        "reference": (peers.batched(partial(contenders.reference_generate,
+                                            contenders.reference_model(ckpt, 8, 256)), 8), prompts)}
+if importlib.util.find_spec("transformers") is not None:
+    runs["transformers"] = (peers.batched(partial(contenders.hf_generate, contenders.hf_llama(ckpt, 256)), 8), prompts)
+for run, rows in runs.values():  # warm-up: first calls allocate and pick kernels
+    run(rows[:2], 2)
+results = peers.measure(runs, max_tokens=16, repeats=1)
+{name: {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for name, r in results.items()}''',
+     IGNORE),
+    ("code", '''print("rows equal:", {name: r["rows_equal_workbench"] for name, r in results.items()})
+plots.peers(results)''', IGNORE),
 ]
 
 QUANTIZATION = [
@@ -285,7 +359,7 @@ print("quantized layers at most 0.55x (fp8) / 0.30x (int4) of bf16:",
 
 The dropdown re-loads the weights (it says "loading…", then the mode, weights size and time; an error
 is shown here and the previous mode stays). The cells after it run on the chosen mode."""),
-    ("code", '''from workbench.notebook.widgets import QuantizationToggle
+    ("code", '''from workbench.widgets import QuantizationToggle
 
 QuantizationToggle(engine)''', IGNORE),
     ("code", "engine.memory()", IGNORE),
@@ -321,12 +395,44 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+# A progress bar frozen part-way ("generating:  16%|█▌  | 1/6"), as text or as a widget's text fallback.
+HALF_BAR = re.compile(r"(?<![0-9])(?:[0-9]|[1-9][0-9])%\|")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def _output_texts(output: nbformat.NotebookNode) -> list[str]:
+    texts = [output.get("text", "")] if output.get("output_type") == "stream" else []
+    for mime, value in output.get("data", {}).items():
+        if mime.startswith("text/"):
+            texts.append(value if isinstance(value, str) else "".join(value))
+    return [t if isinstance(t, str) else "".join(t) for t in texts]
+
+
+def stale_outputs(nb: nbformat.NotebookNode) -> list[str]:
+    """What a reader of the stored notebook would see as broken: a half-finished progress bar, or a widget
+    output whose model is missing from the saved widget state (it renders as "model not found")."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    problems = []
+    for number, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            if any(HALF_BAR.search(text) for text in _output_texts(output)):
+                problems.append(f"cell {number}: a progress bar stopped part-way")
+            view = output.get("data", {}).get(WIDGET_VIEW)
+            if view is not None and view.get("model_id") not in state:
+                problems.append(f"cell {number}: a widget view whose model {view.get('model_id')} is not saved")
+    return problems
+
+
 def build(key: str, execute: bool = True) -> Path:
     name, cells = NOTEBOOKS[key]
     nb = make(cells)
     if execute:
         NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(HERE)}},
                        store_widget_state=True, record_timing=False).execute()  # fmt: skip
+        problems = stale_outputs(nb)
+        if problems:
+            raise SystemExit(f"{name} would be stored with stale outputs: " + "; ".join(problems))
     path = HERE / name
     nbformat.write(clean(nb), path)
     return path

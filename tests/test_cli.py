@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from workbench.__main__ import QUESTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +76,23 @@ def test_says_which_model_and_ctrl_c_prints_partial_output(llama3_dir):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130
-    assert "interrupted (Ctrl-C); generated so far:" in err and "Traceback" not in err
-    rows = [line for line in out.splitlines() if " -> " in line]
-    assert len(rows) == 8 and all(line.endswith("[cancelled]") for line in rows)
+    assert "interrupted (Ctrl-C); the transcripts so far:" in err and "Traceback" not in err
+    ended = [line.split() for line in out.splitlines() if line.strip().startswith("ended")]
+    assert len(ended) == len(QUESTIONS) and all(words == ["ended", "cancelled"] for words in ended)
+
+
+@pytest.mark.timeout(900)
+def test_main_job_runs_tool_dialogs_on_the_demo_model():
+    result = _run()
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    calls = [line for line in result.stdout.splitlines() if line.startswith("    call ")]
+    results = [line for line in result.stdout.splitlines() if line.startswith("    result ")]
+    answers = [line for line in result.stdout.splitlines() if line.startswith("    answer ")]
+    assert summary["prompts"] == len(QUESTIONS) and summary["batched_equals_sequential"] is True
+    # every call the model made was run and answered; the shipped demo model calls a tool for each question
+    assert summary["tool_calls"] == len(calls) == len(results) >= len(QUESTIONS)
+    # answers that restate their tool results: the demo model gets (at least) most of these easy ones
+    assert len(QUESTIONS) // 2 < summary["answers_with_result"] <= len(answers) == len(QUESTIONS)
+    assert summary["generated_tokens"] > 0 and summary["batched_tokens_per_s"] > 0
+    assert {"sequential_tokens_per_s", "speedup", "model"} <= set(summary)

@@ -1,9 +1,12 @@
 """``python -m workbench``: the main job on a checkpoint (the embedded default when none is given).
 
-Loads the engine once, runs a batch of prompts through ``batch_completion`` and the same prompts one
-at a time, checks that every row agrees, and prints the throughput of both plus a JSON summary.
-User errors (a bad folder, ``--max-tokens 0``) print one line and exit with status 2 (``--debug``
-shows the traceback); Ctrl-C stops generation at the next decode step and prints what was generated.
+Loads the engine once and runs a small batch of tool dialogs through the tool loop
+(:func:`workbench.tools.run_batch`) with the demo tools: each reply is one batched chat completion in the
+model's official prompt format, every call the model makes is run and answered, and the loop goes on until
+it answers.  It prints the calls, their results and the final answers, then runs the same dialogs one at a
+time, checks that every transcript agrees, and prints the throughput of both and a JSON summary line.
+User errors (a bad folder, ``--max-tokens 0``) print one line and exit with status 2 (``--debug`` shows the
+traceback); Ctrl-C stops generation at the next decode step.
 """
 
 from __future__ import annotations
@@ -16,25 +19,31 @@ import time
 import traceback
 from typing import Any
 
-from workbench import load
+from workbench import load, tools
+from workbench.demo.tools import convert_currency, get_capital, get_local_time, get_weather
 from workbench.engine import model_label
 from workbench.errors import GenerationCancelled, WorkbenchError
+from workbench.types import Message, Transcript
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a land far away,",
-    "The three laws of thermodynamics are",
-    "Q: What is 17 * 23?\nA:",
-    "Llamas are",
-    "In 1969, the first humans",
-    "The best way to learn a language is",
+QUESTIONS = [
+    "What's the weather in Paris?",
+    "What time is it in Tokyo?",
+    "Convert 20 EUR to USD.",
+    "What is the capital of Norway?",
+    "What's the weather in Paris? Convert 20 EUR to USD.",
+    "What's the weather in Oslo?",
 ]
+DEMO_TOOLS = [get_weather, get_local_time, convert_currency, get_capital]
 
 DESCRIPTION = (
-    "Run a batch of prompts through a Llama checkpoint with workbench's engine, then the same prompts one at "
-    "a time; check that every row agrees and print the throughput of both and a JSON summary. Without a "
-    "checkpoint folder it runs the embedded default model."
+    "Run a small batch of tool-calling dialogs through a Llama checkpoint with workbench's engine: the model "
+    "calls Python functions (weather, local time, currency, capitals) in its official tool-calling format, "
+    "the tool loop runs them and feeds the results back until the model answers. Prints the calls, results "
+    "and answers, then runs the same dialogs one at a time, checks that every transcript agrees, and prints "
+    "the throughput of both and a JSON summary (tool_calls, answers_with_result, tokens/s, "
+    "batched_equals_sequential). Without a checkpoint it runs the embedded default: a tiny Llama 4 demo "
+    "model trained to call these tools (not a general language model). For a real model: python -m workbench "
+    "/ckpts/Llama3.1-8B-Instruct --model Llama3.1-8B-Instruct --device cuda (or a checkpoints.toml entry name)."
 )
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
@@ -52,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None,
                         help="model id that selects the prompt format, e.g. Llama3.2-3B-Instruct or "
                              "Llama-4-Scout-17B-16E-Instruct (default: inferred from params.json)")  # fmt: skip
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per reply (default 64)")
+    parser.add_argument("--max-turns", type=int, default=3, help="replies per dialog at most (default 3)")
     parser.add_argument("--device", default=None, help="cpu or cuda / cuda:N (default: cpu)")
     parser.add_argument("--model-parallel-size", type=int, default=None,
                         help="ranks to shard the model over (one worker process each; 0 = one per checkpoint "
@@ -71,9 +81,43 @@ def _fail(message: str, debug: bool) -> int:
     return EXIT_USAGE
 
 
-def _print_rows(rows: list[Any]) -> None:
-    for prompt, result in zip(PROMPTS, rows):
-        print(f"{prompt!r} -> {result.text!r} [{result.stop_reason}]")
+def _print_transcripts(transcripts: list[Transcript]) -> None:
+    for number, transcript in enumerate(transcripts, 1):
+        question = next((m.content for m in transcript if Message.coerce(m).role == "user"), "")
+        print(f"\n[{number}] {question}")
+        for message in transcript:
+            message = Message.coerce(message)
+            if message.role == "assistant":
+                for call in message.tool_calls:
+                    print(f"    call    {call.tool_name}({', '.join(f'{k}={v!r}' for k, v in call.arguments.items())})")
+                if not message.tool_calls:
+                    print(f"    answer  {message.content!r}")
+            elif message.role == "tool":
+                print(f"    result  {message.content!r}")
+        print(f"    ended   {transcript.stop_reason}")
+
+
+def _same(a: list[Any], b: list[Any]) -> bool:
+    """Transcripts agree when every message does (call ids are fresh per run, so they are not compared)."""
+    def key(m: Any) -> tuple[Any, ...]:
+        m = Message.coerce(m)
+        return m.role, m.content, [(c.tool_name, c.arguments) for c in m.tool_calls]
+
+    return len(a) == len(b) and all(key(x) == key(y) for x, y in zip(a, b))
+
+
+def tool_calls_run(transcript: list[Any]) -> int:
+    """Calls the model made that the loop ran (each answered by a tool message)."""
+    return sum(1 for m in transcript if Message.coerce(m).role == "tool")
+
+
+def answers_with_result(transcript: Transcript) -> bool:
+    """The dialog ended in an answer that restates every result its tools returned."""
+    results = [str(Message.coerce(m).content) for m in transcript if Message.coerce(m).role == "tool"]
+    if transcript.stop_reason != "answered" or not results:
+        return False
+    answer = str(Message.coerce(transcript[-1]).content)
+    return all(result in answer for result in results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.max_tokens < 1:
         return _fail(f"--max-tokens must be at least 1, got {args.max_tokens}", args.debug)
+    if args.max_turns < 1:
+        return _fail(f"--max-turns must be at least 1, got {args.max_turns}", args.debug)
     try:
 
         engine = load(args.checkpoint, model=args.model, device=args.device,
@@ -92,32 +138,39 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     print(f"model: {model_label(engine)}")
     print(engine)
+    dialogs = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    settings = dict(max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=0.0)
     previous = signal.signal(signal.SIGINT, lambda signum, frame: engine.cancel())
-    batched: list[Any] = []
+    batched: list[Transcript] = []
     try:
         start = time.perf_counter()
-        batched = engine.batch_completion(PROMPTS, max_tokens=args.max_tokens, temperature=0.0)
+        batched = tools.run_batch(engine, dialogs, DEMO_TOOLS, **settings)
         batch_s = time.perf_counter() - start
-        _print_rows(batched)
+        _print_transcripts(batched)
         start = time.perf_counter()
-        single = [engine.completion(p, max_tokens=args.max_tokens, temperature=0.0) for p in PROMPTS]
+        single = [tools.run(engine, d, DEMO_TOOLS, **settings) for d in dialogs]
         single_s = time.perf_counter() - start
     except GenerationCancelled as exc:
         if batched:  # already printed: Ctrl-C came during the one-at-a-time run
-            print("interrupted (Ctrl-C) during the one-at-a-time run; the batched results are above", file=sys.stderr)
+            print("interrupted (Ctrl-C) during the one-at-a-time run; the batched transcripts are above",
+                  file=sys.stderr)  # fmt: skip
         else:
-            print("interrupted (Ctrl-C); generated so far:", file=sys.stderr)
-            _print_rows(exc.partial)
+            print("interrupted (Ctrl-C); the transcripts so far:", file=sys.stderr)
+            _print_transcripts(exc.transcripts)
         return EXIT_INTERRUPTED
     except WorkbenchError as exc:
         return _fail(str(exc), args.debug)
     finally:
         signal.signal(signal.SIGINT, previous)
-    agree = all(a.tokens == b.tokens for a, b in zip(batched, single))
-    n_tokens = sum(len(r.tokens) for r in batched)
+    agree = all(_same(a, b) for a, b in zip(batched, single))
+    n_tokens = sum(t.generated_tokens for t in batched)
+    print(f"\nbatched: {n_tokens} tokens in {batch_s:.2f} s ({n_tokens / batch_s:.1f} tok/s); one dialog at a time: "
+          f"{single_s:.2f} s ({n_tokens / single_s:.1f} tok/s); transcripts agree: {agree}")
     summary = {
         "model": engine.model_id or model_label(engine),
-        "prompts": len(PROMPTS),
+        "prompts": len(dialogs),
+        "tool_calls": sum(tool_calls_run(t) for t in batched),
+        "answers_with_result": sum(answers_with_result(t) for t in batched),
         "generated_tokens": n_tokens,
         "batched_tokens_per_s": round(n_tokens / batch_s, 1),
         "sequential_tokens_per_s": round(n_tokens / single_s, 1),

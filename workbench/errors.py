@@ -73,6 +73,7 @@ class GenerationCancelled(WorkbenchError):
     def __init__(self, message: str, partial: list | None = None) -> None:
         super().__init__(message)
         self.partial = list(partial or [])
+        self.transcripts: list = []  # set by the tool loop: every dialog so far, the cut replies included
 
 
 class FormatError(WorkbenchError, ValueError):

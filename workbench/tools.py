@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.engine import chat
-from workbench.errors import InputError, PromptTooLongError, ToolError
+from workbench.engine.llama_stack import llama_stack_spellings
+from workbench.errors import GenerationCancelled, InputError, PromptTooLongError, ToolError
 from workbench.formats import ToolDefinition, coerce_messages, coerce_tools
 from workbench.formats.results import format_result, safe_str
+from workbench.progress import TokenRate, progress_bar
 from workbench.runtime.proctree import KILLED_BY, run_guarded
 from workbench.types import ChatCompletion, Message, ToolCall, Transcript
 
@@ -230,9 +232,71 @@ def _complete(engine: Any, dialogs: list[list[Message]], toolbox: Toolbox, tool_
     return chat.batch_chat_completion(engine, dialogs, **kwargs)
 
 
-def _fits(engine: Any, dialog: list[Message], toolbox: Toolbox, tool_choice: Any, tool_prompt_format: Any) -> bool:
-    prompt = chat.encode_prompt(engine, dialog, toolbox.definitions, tool_choice, tool_prompt_format)
+def _fits(engine: Any, dialog: list[Message], toolbox: Toolbox, tool_choice: Any, tool_prompt_format: Any,
+          system_message_behavior: str = "append") -> bool:  # fmt: skip
+    prompt = chat.encode_prompt(engine, dialog, toolbox.definitions, tool_choice, tool_prompt_format,
+                                system_message_behavior)  # fmt: skip
     return len(prompt) < getattr(engine, "max_seq_len", len(prompt) + 1)
+
+
+@llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
+def _loop(engine: Any, transcripts: list[Transcript], toolbox: Toolbox, max_turns: int, tool_choice: Any,
+          tool_prompt_format: Any, constrain_tools: bool, sampling: dict[str, Any], bar: Any,
+          rate: TokenRate) -> None:  # fmt: skip
+    """The turns of :func:`run_batch`: complete the running dialogs, run their calls, until none is running."""
+    active = list(range(len(transcripts)))
+    for turn in range(max_turns):
+        if not active:
+            break
+        choice = tool_choice if turn == 0 else _later_choice(tool_choice)
+        turn_sampling = dict(sampling, constrain_tools=True) if constrain_tools and turn == 0 else sampling
+        try:
+            replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
+                                turn_sampling)  # fmt: skip
+        except GenerationCancelled as cancelled:  # nothing is lost: the transcripts so far travel with it
+            for i, partial in zip(active, cancelled.partial):
+                text = partial.text if isinstance(partial.text, str) else str(partial.text)
+                transcripts[i].append(Message(role="assistant", content=text, stop_reason="cancelled"))
+                transcripts[i].generated_tokens += len(partial.tokens)
+            for i in active:
+                transcripts[i].stop_reason = "cancelled"
+            cancelled.transcripts = transcripts
+            raise
+        except PromptTooLongError:
+            if turn == 0:  # the caller's own dialog is too long: that is the caller's error
+                raise
+            # a tool result made some dialog too long: those end here, the others go on
+            behavior = sampling.get("system_message_behavior", "append")
+            fitting = [i for i in active
+                       if _fits(engine, transcripts[i], toolbox, choice, tool_prompt_format, behavior)]  # fmt: skip
+            if len(fitting) == len(active):
+                raise
+            for i in set(active) - set(fitting):
+                transcripts[i].stop_reason = "prompt_too_long"
+            bar.update(len(active) - len(fitting))
+            active = fitting
+            replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
+                                turn_sampling) if active else []  # fmt: skip
+        still_running = []
+        for i, reply in zip(active, replies):
+            message = reply.message
+            transcripts[i].append(message)
+            transcripts[i].generated_tokens += len(reply.tokens)
+            rate.add(len(reply.tokens))
+            if not message.tool_calls:  # a call cut by max_tokens is no call (it stays text)
+                transcripts[i].stop_reason = "out_of_tokens" if reply.stop_reason == "out_of_tokens" else "answered"
+                continue
+            if tool_choice == "none":
+                transcripts[i].stop_reason = "tool_choice_none"
+                continue
+            for call in message.tool_calls:
+                transcripts[i].append(toolbox.execute(call))
+            still_running.append(i)
+        bar.update(len(active) - len(still_running))
+        active = still_running
+    bar.update(len(active))
+    for i in active:  # every reply so far called tools
+        transcripts[i].stop_reason = "max_turns"
 
 
 def run_batch(
@@ -246,6 +310,7 @@ def run_batch(
     code_interpreter: bool | CodeInterpreter = False,
     constrain_tools: bool = False,
     tool_timeout: float | None = None,
+    progress: bool | None = None,
     **sampling: Any,
 ) -> list[list[Message]]:
     """Run the tool loop on many dialogs; each turn is one batched chat completion over the dialogs that
@@ -256,45 +321,29 @@ def run_batch(
 
     Whatever the model writes and whatever a tool returns or does, the loop returns transcripts: tool
     failures become tool messages, and a dialog whose tool results no longer fit ``max_seq_len`` ends with
-    them (as at ``max_turns``).  ``tool_timeout`` (seconds) bounds each Python tool call."""
+    them.  Each transcript's ``stop_reason`` says why it ended (see :func:`run`).  A cancelled call
+    (``engine.cancel()``, Ctrl-C) raises :class:`~workbench.errors.GenerationCancelled` whose ``transcripts``
+    hold every dialog so far, the cut replies included (``stop_reason="cancelled"``).  ``tool_timeout`` (seconds)
+    bounds each Python tool call."""
     if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
         raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
     if not isinstance(dialogs, (list, tuple)):
         raise InputError("run_batch takes a list of dialogs (each a list of messages); for one dialog use run()")
     toolbox = Toolbox.create(tools, code_interpreter, tool_timeout)
     transcripts = [Transcript(coerce_messages(d)) for d in dialogs]
-    active = list(range(len(transcripts)))
-    for turn in range(max_turns):
-        if not active:
-            break
-        choice = tool_choice if turn == 0 else _later_choice(tool_choice)
-        turn_sampling = dict(sampling, constrain_tools=True) if constrain_tools and turn == 0 else sampling
-        try:
-            replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
-                                turn_sampling)  # fmt: skip
-        except PromptTooLongError:
-            if turn == 0:  # the caller's own dialog is too long: that is the caller's error
-                raise
-            # a tool result made some dialog too long: those end here, the others go on
-            fitting = [i for i in active if _fits(engine, transcripts[i], toolbox, choice, tool_prompt_format)]
-            if len(fitting) == len(active):
-                raise
-            active = fitting
-            replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
-                                turn_sampling) if active else []  # fmt: skip
-        still_running = []
-        for i, reply in zip(active, replies):
-            message = reply.message
-            transcripts[i].append(message)
-            if not message.tool_calls or tool_choice == "none":
-                continue
-            for call in message.tool_calls:
-                transcripts[i].append(toolbox.execute(call))
-            still_running.append(i)
-        active = still_running
+    # One bar for the whole loop, so the engine's per-turn bars stay off; an automatic bar counts dialogs, and a
+    # single dialog gets none (as the engine's automatic bars count rows), nor does it change the engine's.
+    single = progress is None and len(transcripts) == 1
+    inner = sampling if single else {**sampling, "progress": False}
+    rate = TokenRate()
+    with progress_bar(len(transcripts), desc="tool loop", unit="dialog", progress=False if single else progress,
+                      rate=rate) as bar:  # fmt: skip
+        _loop(engine, transcripts, toolbox, max_turns, tool_choice, tool_prompt_format, constrain_tools, inner,
+              bar, rate)  # fmt: skip
     return transcripts
 
 
+@llama_stack_spellings(chat=True)
 def run(
     engine: Any,
     messages: Any,
@@ -311,7 +360,8 @@ def run(
     """Run the tool loop on one dialog and return the whole transcript (list of :class:`Message`).
 
     The transcript ends with the model's final answer, or — when ``max_turns`` replies all called tools —
-    with the tool messages answering the last calls.
+    with the tool messages answering the last calls; its ``stop_reason`` says which (``"answered"``,
+    ``"max_turns"``, ``"prompt_too_long"``, ``"out_of_tokens"``, ``"tool_choice_none"``).
     """
     return run_batch(
         engine,

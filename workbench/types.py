@@ -146,6 +146,14 @@ class Completion:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_llama_stack(self, plain: bool = False) -> Any:
+        """This result as Llama Stack's ``CompletionResponse`` (``content``, ``stop_reason``, ``logprobs``): the
+        llama-stack pydantic object when llama-stack is installed, else (or with ``plain=True``) a dict of the
+        same fields.  A cancelled row's stop reason is ``out_of_tokens`` (Llama Stack has no other)."""
+        fields = {"content": self.text, "stop_reason": _stack_stop(self.stop_reason),
+                  "logprobs": _stack_logprobs(self.logprobs)}  # fmt: skip
+        return _stack_object("CompletionResponse", fields, plain)
+
     def to_pandas(self) -> Any:
         """One row per generated token (needs ``logprobs=k`` on the call): text, logprob, probability, top-k."""
         return present("frame", self)
@@ -290,6 +298,19 @@ class ChatCompletion:
     def text(self) -> str:
         return self.message.content if isinstance(self.message.content, str) else str(self.message.content)
 
+    def to_llama_stack(self, plain: bool = False) -> Any:
+        """This reply as Llama Stack's ``ChatCompletionResponse``: ``completion_message`` (assistant content,
+        ``stop_reason``, ``tool_calls`` with ``call_id``, ``tool_name``, ``arguments`` and ``arguments_json``) and
+        ``logprobs``; a llama-stack pydantic object when it is installed, else (or with ``plain=True``) a dict."""
+        message = {
+            "role": "assistant",
+            "content": self.text,
+            "stop_reason": _stack_stop(self.stop_reason),
+            "tool_calls": [_stack_call(c) for c in self.message.tool_calls],
+        }
+        fields = {"completion_message": message, "logprobs": _stack_logprobs(self.logprobs)}
+        return _stack_object("ChatCompletionResponse", fields, plain)
+
     def to_pandas(self) -> Any:
         """One row per generated token (needs ``logprobs=k`` on the call)."""
         return present("frame", self)
@@ -310,6 +331,54 @@ class StreamChunk:
     final: Any = None
 
 
+def llama_stack_batch(results: list[Completion] | list[ChatCompletion], plain: bool = False) -> Any:
+    """A batch's results as Llama Stack's ``BatchCompletionResponse`` / ``BatchChatCompletionResponse``
+    (``{"batch": [...]}``): pydantic objects when llama-stack is installed, else (or ``plain=True``) dicts.
+    An empty batch is the plain ``{"batch": []}`` (both shapes agree)."""
+    results = list(results)
+    if not results:
+        return {"batch": []}
+    if all(isinstance(r, Completion) for r in results):
+        name = "BatchCompletionResponse"
+    elif all(isinstance(r, ChatCompletion) for r in results):
+        name = "BatchChatCompletionResponse"
+    else:
+        kinds = sorted({type(r).__name__ for r in results})
+        raise InputError(f"llama_stack_batch takes the list of one batch call (all Completion or all ChatCompletion), "
+                         f"got {', '.join(kinds)}")  # fmt: skip
+    return _stack_object(name, {"batch": [r.to_llama_stack(plain=True) for r in results]}, plain)
+
+
+def _stack_stop(stop_reason: str) -> str:
+    return "out_of_tokens" if stop_reason == "cancelled" else stop_reason
+
+
+def _stack_call(call: ToolCall) -> dict[str, Any]:
+    arguments = json.dumps(call.arguments, ensure_ascii=False)
+    return {"call_id": call.call_id, "tool_name": call.tool_name, "arguments": call.arguments,
+            "arguments_json": arguments}  # fmt: skip
+
+
+def _stack_logprobs(logprobs: list[TokenLogprob] | None) -> list[dict[str, Any]] | None:
+    """Llama Stack's ``TokenLogProbs`` per generated token: the top-k alternatives by text, with the chosen token
+    always among them (the meta-reference sends only the chosen one)."""
+    if logprobs is None:
+        return None
+    return [{"logprobs_by_token": {**lp.top_logprobs, lp.text: lp.logprob}} for lp in logprobs]
+
+
+def _stack_object(name: str, fields: dict[str, Any], plain: bool) -> Any:
+    """llama-stack's pydantic model ``name`` of ``fields``, or the dict when it is not installed (an optional,
+    heavy dependency: imported only here)."""
+    if plain:
+        return fields
+    try:
+        from llama_stack.apis import inference
+    except ImportError:
+        return fields
+    return getattr(inference, name).model_validate(fields)
+
+
 def message_text(message: Message) -> str:
     """One transcript line in plain text (the fallback where HTML is not shown)."""
     content = message.content if isinstance(message.content, str) else str(message.content)
@@ -319,14 +388,54 @@ def message_text(message: Message) -> str:
     return f"[{message.role}]{suffix} {content}{calls}"
 
 
+# Why a tool-loop transcript ended (``Transcript.stop_reason``):
+TRANSCRIPT_STOP_REASONS = (
+    "answered",  # the last reply made no tool call: the model's final answer
+    "max_turns",  # every one of max_turns replies called tools; the transcript ends with their results
+    "prompt_too_long",  # a tool result made the next prompt longer than max_seq_len
+    "out_of_tokens",  # the last reply was cut by max_tokens (its text may be unfinished; a cut call is not run)
+    "tool_choice_none",  # the reply called a tool although tool_choice="none": the call was not run
+    "cancelled",  # engine.cancel() / Ctrl-C stopped the loop (GenerationCancelled.transcripts holds it)
+)
+
+
+@dataclass
+class ScoredRow:
+    """``engine.score`` of one sequence: for each scored token (``sequence[start:]``) its log-probability
+    given every token before it and whether it was the model's greedy (argmax) choice there."""
+
+    logprobs: list[float]
+    greedy: list[bool]
+
+    @property
+    def logprob(self) -> float:
+        """Log-probability of the whole scored span (the sum)."""
+        return float(sum(self.logprobs))
+
+    @property
+    def is_greedy(self) -> bool:
+        """Whether greedy decoding would have produced the whole span."""
+        return all(self.greedy)
+
+
 class Transcript(list):
-    """A dialog (list of :class:`Message`) that displays as cards; otherwise an ordinary list."""
+    """A dialog (list of :class:`Message`) that displays as cards; otherwise an ordinary list.
+
+    ``stop_reason`` says why the tool loop ended it (one of :data:`TRANSCRIPT_STOP_REASONS`, None while it
+    runs or for a dialog the loop did not produce); ``generated_tokens`` counts the tokens of all its replies.
+    """
+
+    def __init__(self, messages: Any = (), *, stop_reason: str | None = None, generated_tokens: int = 0) -> None:
+        super().__init__(messages)
+        self.stop_reason = stop_reason
+        self.generated_tokens = generated_tokens
 
     def _repr_html_(self) -> str:
-        return present("messages_html", self)
+        return present("transcript_html", self)
 
     def __repr__(self) -> str:
-        return "\n".join(message_text(Message.coerce(m)) for m in self) or "Transcript([])"
+        body = "\n".join(message_text(Message.coerce(m)) for m in self) or "Transcript([])"
+        return body + (f"\n(ended: {self.stop_reason})" if self.stop_reason else "")
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self))

@@ -19,8 +19,9 @@ import torch
 from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.engine import chat
 from workbench.engine.calls import CallGate, Calls
-from workbench.engine.compile import compile_and_warm_up
+from workbench.engine.compile import compile_and_warm_up, use_cuda_graphs
 from workbench.engine.docs import sampling_doc
+from workbench.engine.llama_stack import llama_stack_spellings
 from workbench.engine.outputs import cancelled_event, close_events, parse_output, stop_prefix_overlap
 from workbench.engine.prompts import Content, check_ids, check_lengths, encode_row
 from workbench.errors import (
@@ -31,17 +32,18 @@ from workbench.errors import (
     PromptTooLongError,
     WorkbenchError,
 )
-from workbench.formats import make_formatter
+from workbench.formats import Prompt, make_formatter
 from workbench.formats.tokenizer import Tokenizer
 from workbench.generation.constraints import GrammarRuntime
 from workbench.generation.generator import Event, Request
 from workbench.generation.sampling import SamplingParams
 from workbench.models.args import ModelArgs
+from workbench.models.llama32_vision import LLAMA32_VISION_DEFAULT_NAME, is_cross_attention_vision
 from workbench.progress import TokenRate, check_progress, progress_bar
 from workbench.quantization import check_supported
 from workbench.reports import InfoReport, MemoryReport
 from workbench.structured import Constraint, OutputFormat, per_row_formats
-from workbench.types import Completion, StreamChunk, TokenLogprob, present
+from workbench.types import Completion, ScoredRow, StreamChunk, TokenLogprob, present
 
 
 class Engine:
@@ -62,6 +64,7 @@ class Engine:
         self._gate = CallGate()  # one call at a time: the runner's KV cache rows are shared
         self._vision_eager = False  # load_vision() was asked for: keep it loaded across re-loads
         self.compile_seconds: float | None = None  # set by compile_decode(); kept across re-loads
+        self.cuda_graphs: dict[str, Any] | None = None  # set by use_cuda_graphs(); kept across re-loads
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -76,7 +79,12 @@ class Engine:
     def formatter(self) -> Any:
         """Chat-prompt renderer and reply parser for this model's prompt format."""
         if self._formatter is None:
-            self._formatter = make_formatter(self.tokenizer, self.model_id, vision_args=self.args.vision_args)
+            cross, model_id = None, self.model_id
+            if is_cross_attention_vision(self.args):  # a nameless 3.2 Vision checkpoint: its (3.1-style) tool format
+                cross = (self.args.vision_chunk_size, self.args.vision_max_num_chunks)
+                model_id = model_id or LLAMA32_VISION_DEFAULT_NAME
+            self._formatter = make_formatter(self.tokenizer, model_id, vision_args=self.args.vision_args,
+                                             cross_attention_tiles=cross)  # fmt: skip
         return self._formatter
 
     # ----------------------------------------------------------------------------- cancellation
@@ -90,6 +98,7 @@ class Engine:
         return self._calls.cancel()
 
     # ----------------------------------------------------------------------------- completions
+    @llama_stack_spellings(content="content")
     @sampling_doc
     def completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
                    top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
@@ -107,6 +116,7 @@ class Engine:
                                      response_format=response_format)  # fmt: skip
         return rows[0]
 
+    @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
     def batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
                          temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
@@ -159,8 +169,8 @@ class Engine:
                     for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]  # fmt: skip
         if progress is None and len(prompts) == 1:
             progress = False  # automatic bars count rows: none for a single prompt
-        bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress)
         rate = TokenRate()
+        bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress, rate=rate)
         call = self._calls.begin()
         events = self._events(call, requests)
         try:
@@ -190,6 +200,7 @@ class Engine:
         return [self._completion(t, lp, f, params, len(p), fmt)
                 for t, lp, f, p, fmt in zip(tokens, logprobs, finals, prompts, formats)]  # fmt: skip
 
+    @llama_stack_spellings(content="content")
     @sampling_doc
     def stream_completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
                           top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
@@ -307,12 +318,14 @@ class Engine:
         return out
 
     # ----------------------------------------------------------------------------- chat
+    @llama_stack_spellings(chat=True)
     @sampling_doc
     def chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
                         tool_choice: str = "auto", tool_prompt_format: str | None = None, stream: bool = False,
                         max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                         seed: int | None = None, logprobs: int = 0, stop: str | Sequence[str] | None = None,
-                        response_format: Any = None, constrain_tools: bool = False) -> Any:  # fmt: skip
+                        response_format: Any = None, constrain_tools: bool = False,
+                        system_message_behavior: str = "append") -> Any:  # fmt: skip
         """One assistant reply in the model's official prompt format (a :class:`~workbench.types.ChatCompletion`).
 
         messages: the dialog, :class:`~workbench.types.Message` objects or dicts like
@@ -322,6 +335,9 @@ class Engine:
             ``result.message.tool_calls`` (run them with ``workbench.tools.run``).
         tool_choice: ``"auto"``, ``"required"``, ``"none"`` or a tool's name.
         tool_prompt_format: ``"json"``, ``"function_tag"`` or ``"python_list"`` (default: the model's own).
+        system_message_behavior: ``"append"`` (default) adds the dialog's system message after the tool prompt;
+            ``"replace"`` uses it instead of the default tool instructions, with ``{{function_description}}``
+            where the tool list goes (Llama 3.2+ prompt formats, as Llama Stack's ``tool_config``).
         stream: True returns an iterator of ``TextDelta`` / ``ToolCallDelta`` items ending with the
             ChatCompletion (see :mod:`workbench.engine.chat`).
         constrain_tools: True with ``tool_choice="required"`` (or a tool's name) forces the reply to be a
@@ -332,16 +348,18 @@ class Engine:
         return chat.chat_completion(self, messages, tools=tools, tool_choice=tool_choice,
                                     tool_prompt_format=tool_prompt_format, stream=stream, max_tokens=max_tokens,
                                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
-                                    stop=stop, response_format=response_format,
-                                    constrain_tools=constrain_tools)  # fmt: skip
+                                    stop=stop, response_format=response_format, constrain_tools=constrain_tools,
+                                    system_message_behavior=system_message_behavior)  # fmt: skip
 
+    @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
     def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
                               tool_choice: str = "auto", tool_prompt_format: str | None = None,
                               max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
                               top_k: int = 0, seed: int | None = None, logprobs: int = 0,
                               stop: str | Sequence[str] | None = None, progress: bool | None = None,
-                              response_format: Any = None, constrain_tools: bool = False) -> list[Any]:  # fmt: skip
+                              response_format: Any = None, constrain_tools: bool = False,
+                              system_message_behavior: str = "append") -> list[Any]:  # fmt: skip
         """One reply per dialog, generated in one batch (per-row results equal single calls).
 
         dialogs: a list of dialogs (each a list of messages, or a bare string for one user message);
@@ -353,28 +371,37 @@ class Engine:
                                           tool_prompt_format=tool_prompt_format, max_tokens=max_tokens,
                                           temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                           logprobs=logprobs, stop=stop, progress=progress,
-                                          response_format=response_format,
-                                          constrain_tools=constrain_tools)  # fmt: skip
+                                          response_format=response_format, constrain_tools=constrain_tools,
+                                          system_message_behavior=system_message_behavior)  # fmt: skip
 
+    @llama_stack_spellings(chat=True)
     @sampling_doc
     def stream_chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
                                tool_choice: str = "auto", tool_prompt_format: str | None = None,
                                max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
                                top_k: int = 0, seed: int | None = None, logprobs: int = 0,
                                stop: str | Sequence[str] | None = None, response_format: Any = None,
-                               constrain_tools: bool = False) -> Iterator[Any]:  # fmt: skip
+                               constrain_tools: bool = False,
+                               system_message_behavior: str = "append") -> Iterator[Any]:  # fmt: skip
         """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
         return self.chat_completion(messages, tools, tool_choice=tool_choice, tool_prompt_format=tool_prompt_format,
                                     stream=True, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                     top_k=top_k, seed=seed, logprobs=logprobs, stop=stop,
-                                    response_format=response_format, constrain_tools=constrain_tools)  # fmt: skip
+                                    response_format=response_format, constrain_tools=constrain_tools,
+                                    system_message_behavior=system_message_behavior)  # fmt: skip
 
     # ----------------------------------------------------------------------------- scoring
-    def logits(self, token_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Teacher-forced float32 logits ``[len, vocab]`` for each token list (likelihood evaluation)."""
+    def logits(self, token_lists: Sequence[Sequence[int] | Any]) -> list[torch.Tensor]:
+        """Teacher-forced float32 logits ``[len, vocab]`` for each token list (likelihood evaluation).
+
+        A row may also be a ``Prompt`` with images (``formatter.encode_prompt(messages)``): its logits are
+        computed with its images, as generation would see them."""
         if isinstance(token_lists, (str, torch.Tensor)) or (token_lists and isinstance(token_lists[0], int)):
             raise InputError("logits() takes a list of token-id lists, e.g. engine.logits([[128000, 791, 6864]])")
-        prompts = [check_ids(self, list(t), i) for i, t in enumerate(token_lists)]
+        rows = [encode_row(self, t, i) if isinstance(t, Prompt) else (check_ids(self, list(t), i), None)
+                for i, t in enumerate(token_lists)]  # fmt: skip
+        prompts = [ids for ids, _ in rows]
+        images = [tiles for _, tiles in rows]
         if not prompts:
             return []
         empty = [i for i, p in enumerate(prompts) if not p]
@@ -391,13 +418,58 @@ class Engine:
                 "max_seq_len"
             )
         with self._gate.exclusive("logits"):
+            if any(tiles is not None for tiles in images):
+                return self._runner.logits(prompts, images)
             return self._runner.logits(prompts)
+
+    def score(self, sequences: Sequence[Sequence[int]], starts: Sequence[int] | int = 1) -> list[ScoredRow]:
+        """Log-probabilities of ``sequences[i][starts[i]:]`` (each token given all before it) and whether each
+        token is the greedy choice: one :class:`~workbench.types.ScoredRow` per sequence.
+
+        Why not :meth:`logits`: scoring needs one number per scored token, and full logits are float32
+        ``[len, vocab]`` per row (1 GiB per 2,048 tokens at a 128k vocabulary) with the output projection run
+        over every context position.  Here only the scored positions are projected, a chunk at a time;
+        rows are packed without padding and shared prefixes (a few-shot preamble, one context with several
+        answers) are computed once.  Numbers equal :meth:`logits`' log-softmax up to float rounding.
+
+        ``starts``: one int for all rows or one per row, ``1 <= start < len(sequence)`` (1 scores every token
+        after the first); ``len(sequence) - 1`` tokens (the last is only predicted) must fit ``max_seq_len``.
+        """
+        if isinstance(sequences, (str, torch.Tensor)) or (sequences and isinstance(sequences[0], int)):
+            raise InputError("score() takes a list of token-id lists, e.g. engine.score([[128000, 791, 6864]], 1)")
+        rows = [check_ids(self, list(s), i) for i, s in enumerate(sequences)]
+        if isinstance(starts, int) and not isinstance(starts, bool):
+            starts = [starts] * len(rows)
+        starts = list(starts)
+        if len(starts) != len(rows):
+            raise InputError(f"score() got {len(rows)} sequences but {len(starts)} starts; give one start per row")
+        for i, (row, start) in enumerate(zip(rows, starts)):
+            if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start < len(row):
+                raise InputError(
+                    f"start {start!r} of score() row {i} ({len(row)} tokens) must be an int in 1..{len(row) - 1}: "
+                    "the first scored token needs one before it (e.g. BOS), and at least one token is scored"
+                )
+            if len(row) - 1 > self.max_seq_len:
+                raise PromptTooLongError(
+                    f"score() row {i} needs {len(row) - 1} positions but max_seq_len is {self.max_seq_len}; "
+                    "shorten it or load with a larger max_seq_len"
+                )
+        if not rows:
+            return []
+        with self._gate.exclusive("score"):
+            logprobs, greedy, counts = self._runner.score(rows, starts)
+        lp, gr = logprobs.tolist(), greedy.tolist()
+        out, at = [], 0
+        for n in counts:
+            out.append(ScoredRow(lp[at : at + n], gr[at : at + n]))
+            at += n
+        return out
 
     # ----------------------------------------------------------------------------- images
     def load_vision(self) -> None:
         """Load the vision encoder now (it is otherwise loaded at the first image) and keep it loaded across
         ``set_quantization``.  Raises ImageError for models without one."""
-        if self.args.vision_args is None:
+        if self.args.vision_args is None and not is_cross_attention_vision(self.args):
             raise ImageError(self.formatter.chat.no_images_reason or "this model has no vision encoder")
         self._runner.load_vision()
         self._vision_eager = True
@@ -415,8 +487,21 @@ class Engine:
             self.compile_seconds = compile_and_warm_up(self)
         return self.compile_seconds
 
+    def use_cuda_graphs(self) -> dict[str, Any]:
+        """Decode through CUDA graphs from now on: one per (batch, span) bucket, captured now.
+
+        Why: an eager GPU decode step is bound by launching small kernels from Python, not by reading the
+        weights; a graph replays the whole step as one launch.  A graph needs fixed shapes, so each step is
+        padded to its bucket and keys past each row's position are masked (the same tokens as eager).  On a
+        CPU the fixed-shape steps run uncaptured.  Returns ``info()["cuda_graphs"]`` (graph count, capture
+        seconds, buckets).  Kept across ``set_quantization`` (captured again).
+        """
+        with self._gate.exclusive("use_cuda_graphs"):
+            self.cuda_graphs = use_cuda_graphs(self)
+        return self.cuda_graphs
+
     def _vision_state(self) -> str | None:
-        if self.args.vision_args is None:
+        if self.args.vision_args is None and not is_cross_attention_vision(self.args):
             return None
         return "loaded" if getattr(self._runner, "vision_loaded", False) else "not loaded"
 
@@ -442,6 +527,8 @@ class Engine:
                 self._runner.load_vision()
             if self.compile_seconds is not None:
                 self.compile_seconds = compile_and_warm_up(self)
+            if self.cuda_graphs is not None:
+                self.cuda_graphs = use_cuda_graphs(self)
 
     # ----------------------------------------------------------------------------- introspection
     def info(self) -> dict[str, Any]:
@@ -467,6 +554,7 @@ class Engine:
             "kv_cache_bytes": memory["kv_cache_bytes"],
             "load_seconds": round(self.load_seconds, 2),
             "compile_seconds": None if self.compile_seconds is None else round(self.compile_seconds, 2),
+            "cuda_graphs": self.cuda_graphs,
         })
 
     def _compute_dtype(self) -> str:
@@ -484,10 +572,10 @@ class Engine:
 
     def __repr__(self) -> str:
         if self.closed:
-            return f"Engine(model={self.model_id!r}, family={self.family}, unloaded)"
+            return f"Engine(model={model_label(self)!r}, family={self.family}, unloaded)"
         i = self.info()
         return (  # one field per line: notebooks wrap long lines mid-word
-            f"Engine(model={i['model_id']!r},  # {model_label(self)}\n"
+            f"Engine(model={model_label(self)!r},\n"
             f"       family={i['family']}, params={i['parameters'] / 1e6:.1f}M, dtype={i['dtype']},\n"
             f"       device={i['device']}, mp={i['model_parallel_size']}, quantization={i['quantization']},\n"
             f"       weights={_fmt_bytes(i['weights_bytes'])}, kv_cache={_fmt_bytes(i['kv_cache_bytes'])})"

@@ -23,8 +23,9 @@ from workbench.demo.tools import DEMO_TOOLS
 from workbench.engine.chat import to_chat_completion
 from workbench.errors import InputError
 from workbench.evals.cases import EvalCase
+from workbench.progress import progress_bar
 from workbench.tools import Toolbox
-from workbench.types import Message, ToolCall
+from workbench.types import TRANSCRIPT_STOP_REASONS, Message, ToolCall
 
 
 def _canonical(value: Any) -> Any:
@@ -67,6 +68,11 @@ class _Run:
     parse_failures: int = 0
     replies: int = 0
     tokens: int = 0
+    stop_reason: str = "answered"  # why the case's dialog ended (the first turn that did not end in an answer)
+
+    def ended(self, reason: str) -> None:
+        if self.stop_reason == "answered":
+            self.stop_reason = reason
 
 
 def _start_turn(run: _Run) -> None:
@@ -98,7 +104,6 @@ def run_cases(
     for case in cases:
         unknown = [n for n in case.tools if n not in registry]
         if unknown:
-
             raise InputError(f"case {case.id!r} offers unknown tool(s) {', '.join(unknown)}; "
                              "pass tools={name: function} to the harness")  # fmt: skip
         system = case.system if case.system is not None else system_prompt
@@ -115,7 +120,18 @@ def run_cases(
                                                   tool_choice=tool_choice if r.replies_in_turn == 0 else "auto",
                                                   tool_prompt_format=tool_prompt_format)
                    for r in active]  # fmt: skip
-        completions = engine.batch_completion(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed)
+        fits = [len(p) < engine.max_seq_len for p in prompts]
+        for run, ok in zip(active, fits):
+            if not ok:  # a tool result made the dialog longer than max_seq_len: the case ends here
+                run.ended("prompt_too_long")
+                run.done = True
+                bar.update(1)
+        active = [r for r, ok in zip(active, fits) if ok]
+        prompts = [p for p, ok in zip(prompts, fits) if ok]
+        if not active:
+            continue
+        completions = engine.batch_completion(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                                              progress=False)  # fmt: skip
         for run, completion in zip(active, completions):
             reply = to_chat_completion(engine, completion).message
             run.messages.append(reply)
@@ -135,6 +151,10 @@ def run_cases(
                     run.messages.append(result)
                     run.turn_results[-1].append(str(result.content))
                 continue
+            if reply.tool_calls:  # still calling after max_replies_per_turn replies
+                run.ended("max_turns")
+            elif completion.stop_reason == "out_of_tokens":
+                run.ended("out_of_tokens")
             run.turn_answers[-1] = reply.content if not reply.tool_calls else None
             run.turn += 1
             if run.turn < len(run.case.turns):
@@ -147,31 +167,49 @@ def run_cases(
 
 
 def _progress(enabled: bool, total: int) -> Any:
-    if enabled:
-        from tqdm.auto import tqdm
+    """One bar over the cases (the engine's own per-call bars stay off), which leaves one summary line."""
+    return progress_bar(total, desc="evaluating", unit="case", progress=enabled)
 
-        return tqdm(total=total, desc="evaluating", unit="case")
 
-    class _Null:
-        def update(self, n: int) -> None: ...
-        def close(self) -> None: ...
+def _needles(result: str) -> list[str]:
+    """What an answer must contain to restate a tool result: the text, or each field of a JSON object."""
+    try:
+        value = json.loads(result)
+    except ValueError:
+        return [result]
+    if isinstance(value, dict) and value:
+        return [v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in value.values()]
+    return [result]
 
-    return _Null()
+
+def _names_from_schema(calls: Sequence[ToolCall], schemas: Mapping[str, tuple[set[str], set[str]]]) -> bool:
+    """Every call names an offered tool and uses only its parameter names, all its required ones included."""
+    for call in calls:
+        if call.tool_name not in schemas:
+            return False
+        names, required = schemas[call.tool_name]
+        if not set(call.arguments) <= names or not required <= set(call.arguments):
+            return False
+    return bool(calls)
 
 
 def _score(run: _Run) -> dict[str, Any]:
     case = run.case
-    name_ok, exact_ok, answer_ok, direct_ok = [], [], [], []
+    name_ok, exact_ok, answer_ok, direct_ok, schema_ok = [], [], [], [], []
+    schemas = {d.tool_name: (set(d.params), {n for n, p in d.params.items() if p.required})
+               for d in run.toolbox.definitions}  # fmt: skip
     for i, turn in enumerate(case.turns):
         made = run.turn_calls[i] if i < len(run.turn_calls) else []
         answer = run.turn_answers[i] if i < len(run.turn_answers) else None
         if turn.expected_calls:
             name_ok.append(calls_match(made, turn.expected_calls, names_only=True))
             exact_ok.append(calls_match(made, turn.expected_calls))
+            schema_ok.append(_names_from_schema(made, schemas))
             if turn.answer_contains is not None:
                 needles = turn.answer_contains
             else:  # the results the tools gave; no call means there is no result to restate
-                needles = run.turn_results[i] if i < len(run.turn_results) and run.turn_results[i] else [None]
+                results = run.turn_results[i] if i < len(run.turn_results) else []
+                needles = [n for r in results for n in _needles(r)] if results else [None]
             answer_ok.append(answer is not None and all(n is not None and n in answer for n in needles))
         else:
             direct_ok.append(not made and answer is not None)
@@ -184,6 +222,7 @@ def _score(run: _Run) -> dict[str, Any]:
         "calls_made": json.dumps([[_show(c) for c in calls] for calls in run.turn_calls]),
         "name_match": all(name_ok) if tool_case else None,
         "exact_match": all(exact_ok) if tool_case else None,
+        "arg_names_from_schema": all(schema_ok) if tool_case else None,
         "answer_has_result": all(answer_ok) if tool_case else None,
         "direct_answer": all(direct_ok) if direct_ok else None,
         "parse_failures": run.parse_failures,
@@ -191,6 +230,7 @@ def _score(run: _Run) -> dict[str, Any]:
         "replies": run.replies,
         "tokens": run.tokens,
         "final_answer": run.turn_answers[-1] if run.turn_answers else None,
+        "stop_reason": run.stop_reason,
     }
 
 
@@ -204,7 +244,8 @@ SETTING_KEYS = ("tool_prompt_format", "system_prompt", "tool_choice", "quantizat
 
 
 def summarize(results: pd.DataFrame, by: Iterable[str] | None = None) -> pd.DataFrame:
-    """Accuracy per setting: exact-match calls, name match, answers restating results, direct answers."""
+    """Accuracy per setting: exact-match calls, name match, argument names from the offered schema, answers
+    restating results (every field of a JSON object result), direct answers."""
     by = [c for c in (by if by is not None else SETTING_KEYS) if c in results.columns]
 
     def rates(df: pd.DataFrame) -> pd.Series:
@@ -214,10 +255,14 @@ def summarize(results: pd.DataFrame, by: Iterable[str] | None = None) -> pd.Data
             "cases": len(df),
             "tool_call_exact": tool["exact_match"].astype(float).mean() if len(tool) else float("nan"),
             "tool_name_match": tool["name_match"].astype(float).mean() if len(tool) else float("nan"),
+            "arg_names_from_schema": (tool["arg_names_from_schema"].astype(float).mean()
+                                      if len(tool) and "arg_names_from_schema" in tool else float("nan")),
             "answer_restates_result": tool["answer_has_result"].astype(float).mean() if len(tool) else float("nan"),
             "direct_answer": direct["direct_answer"].astype(float).mean() if len(direct) else float("nan"),
             "parse_failure_rate": float((df["parse_failures"] > 0).mean()),
             "tokens_per_case": float(df["tokens"].mean()),
+            **{f"ended_{reason}": int((df["stop_reason"] == reason).sum()) for reason in TRANSCRIPT_STOP_REASONS
+               if reason != "tool_choice_none" and "stop_reason" in df},
         })  # fmt: skip
 
     if not by:

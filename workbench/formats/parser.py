@@ -13,7 +13,8 @@ Recognised, anywhere in the reply (text before, between or after calls is kept a
   parsed as a call.
 
 When something looks like a call but cannot be parsed, the reply comes back as plain content with
-``parse_error`` saying what failed, and no calls (running half of a garbled reply would be worse).
+``parse_error`` saying what failed, and no calls (running half of a garbled reply would be worse).  The
+same holds for a reply cut by ``max_tokens`` (stop reason ``out_of_tokens``) while writing a call.
 Unlike Meta's reference, which keeps only the first call, every call of the reply is returned.
 """
 
@@ -36,6 +37,10 @@ _STOP_MARKERS = {
     "<|eom_id|>": "end_of_message", "<|eom|>": "end_of_message",
 }  # fmt: skip
 _HEADERS = ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|header_start|>assistant<|header_end|>\n\n")
+
+_NOT_IN_A_CALL = " \u2063"  # an invisible separator: no identifier, number or literal can take it in
+CUT_CALL = ("the reply ran out of tokens (max_tokens or max_seq_len) while writing a tool call, so the cut call "
+            "is returned as text and not as a call; raise max_tokens to let the model finish it")
 
 _IDENT = r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*"
 _TRIGGER_RE = re.compile(
@@ -106,6 +111,10 @@ def parse_assistant(text: str, stop_reason: str | None = None) -> Message:
         else:
             break
     result = parse_tool_calls(body)
+    if stop_reason == "out_of_tokens" and (result.tool_calls or result.error) and not _calls_closed(body, result):
+        # Cut by max_tokens while writing a call: whatever parsed is a fragment (arguments missing, a list of
+        # calls short of its end), and running it would act on a call the model never finished.
+        return Message(role="assistant", content=body.strip(), stop_reason="out_of_tokens", parse_error=CUT_CALL)
     return Message(
         role="assistant",
         content=result.content,
@@ -113,6 +122,20 @@ def parse_assistant(text: str, stop_reason: str | None = None) -> Message:
         stop_reason=stop_reason,  # type: ignore[arg-type]
         parse_error=result.error,
     )
+
+
+def _calls_closed(body: str, result: ParseResult) -> bool:
+    """Whether the calls of a reply that ran out of tokens were finished before it was cut.
+
+    The parser repairs a missing closing bracket, so a cut call can still parse.  A finished call keeps its
+    meaning when more text follows; a cut one does not (the text joins an open string or argument list), so
+    the reply is parsed again with a character no call can absorb appended, and the calls must not change.
+    """
+    if result.error or not result.tool_calls:
+        return False
+    longer = parse_tool_calls(body + _NOT_IN_A_CALL)
+    return longer.error is None and [(c.tool_name, c.arguments) for c in longer.tool_calls] == \
+        [(c.tool_name, c.arguments) for c in result.tool_calls]  # fmt: skip
 
 
 def parse_tool_calls(text: str) -> ParseResult:

@@ -22,7 +22,15 @@ from workbench.formats.tokenizer import Tokenizer
 from workbench.reports import BOX as _BOX
 from workbench.reports import esc, human_bytes, human_count
 from workbench.session import current
-from workbench.types import ChatCompletion, Completion, Message, TokenLogprob, ToolCall, register_presenter
+from workbench.types import (
+    ChatCompletion,
+    Completion,
+    Message,
+    TokenLogprob,
+    ToolCall,
+    Transcript,
+    register_presenter,
+)
 
 SPECIAL_RE = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 
@@ -129,6 +137,17 @@ def message_html(message: Message, calls: dict[str, tuple[int, ToolCall]] | None
             f'padding:4px 8px;margin:4px 0;border-radius:4px">{head}{body}{cards}{error}{extra}</div>')  # fmt: skip
 
 
+def transcript_html(transcript: Any) -> str:
+    """A tool-loop transcript: its cards, then why the loop ended and the tokens its replies took."""
+    ended = getattr(transcript, "stop_reason", None)
+    footer = ""
+    if ended:
+        color = "#388e3c" if ended == "answered" else "#c62828"
+        footer = (f'<div style="{_BOX}color:#777;font-size:12px">ended: {badge(ended, "#fff", color)}'
+                  f" · {getattr(transcript, 'generated_tokens', 0)} generated tokens</div>")  # fmt: skip
+    return messages_html(transcript) + footer
+
+
 def number_calls(messages: Iterable[Message]) -> dict[str, tuple[int, ToolCall]]:
     """call_id -> (1-based number in the transcript, call): how result cards find their call."""
     numbered: dict[str, tuple[int, ToolCall]] = {}
@@ -181,12 +200,15 @@ def to_frame(items: Any) -> Any:
     * a list of :class:`TokenLogprob` (``result.logprobs``), or one result with logprobs: one row per
       generated token (text, logprob, probability, top alternatives);
     * a transcript (list of messages) or a list of transcripts: one row per message (``dialog``, ``turn``,
-      role, content, tool calls, the call a tool result answers).
+      role, content, tool calls, the call a tool result answers, and ``dialog_ended``: why the tool loop
+      ended that dialog).
     """
     import pandas as pd
 
     if isinstance(items, (Completion, ChatCompletion)):
         return to_frame(items.logprobs or [])
+    if isinstance(items, Transcript):
+        return _messages_frame([items])
     items = list(items)
     if not items:
         return pd.DataFrame()
@@ -230,6 +252,7 @@ def _messages_frame(dialogs: Sequence[Sequence[Any]]) -> Any:
                 "tool_calls": [f"{c.tool_name}({_call_json(c)})" for c in m.tool_calls],
                 "answers_call": f"{answers[1].tool_name} #{answers[0]}" if answers else None,
                 "stop_reason": m.stop_reason,
+                "dialog_ended": getattr(dialog, "stop_reason", None),
             })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -328,5 +351,6 @@ def show_prompt(messages: Any, tools: Any = None, *, engine: Any = None, model: 
 # The results of the lower layers (workbench.types, the Engine) render through these.
 register_presenter("completion_html", completion_html)
 register_presenter("messages_html", messages_html)
+register_presenter("transcript_html", transcript_html)
 register_presenter("frame", to_frame)
 register_presenter("engine_html", engine_html)

@@ -110,3 +110,26 @@ def show(fig: Figure) -> Any:
     from IPython.display import display
 
     return display(fig)
+
+
+def peers(results: dict[str, dict[str, Any]], *, baseline: str = "workbench", save: str | Path | None = None,
+          title: str | None = None) -> Figure:  # fmt: skip
+    """Tokens/s of each contender on the same prompts (the results of ``bench/peers.py``'s ``measure``:
+    name -> {"tok_s", "seconds", ...}), with the ``baseline``'s speed-up over each peer written on its bar."""
+    names = list(results)
+    rates = [float(results[n]["tok_s"]) for n in names]
+    fig = Figure(figsize=(6, 3.2))
+    ax = fig.add_subplot(1, 1, 1)
+    colors = ["#388e3c" if n == baseline else "#9e9e9e" for n in names]
+    bars = ax.bar(names, rates, color=colors)
+    base = float(results[baseline]["tok_s"]) if baseline in results else None
+    for bar, name, rate in zip(bars, names, rates):
+        label = f"{rate:.0f} tok/s"
+        if name != baseline and base is not None:
+            label += f"\n{baseline} {base / rate:.1f}×"
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize=9)  # fmt: skip
+    ax.set_ylabel("generated tokens/s")
+    ax.set_ylim(0, max(rates) * 1.3)
+    ax.set_title(title or "the same prompts and weights, greedy")
+    return _finish(fig, save)
