@@ -1,6 +1,6 @@
 """Writes the notebooks from the cell lists below, runs them, and stores their outputs (with widget state).
 
-    python notebooks/build.py            # write and execute all four
+    python notebooks/build.py            # write and execute all of them
     python notebooks/build.py 02 03      # only some
 
 Cells are tagged for nbval (``nbval-check-output``: deterministic, compared in CI;
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -158,6 +159,27 @@ print(len(engine.completion("still works", max_tokens=3).tokens))''', CHECK),
     ("code", "engine.info()", IGNORE),
     ("code", 'memory = engine.memory()\nprint(memory["weights_bytes"], "bytes of weights =", memory.readable()["weights_bytes"])',
      IGNORE),
+    ("md", """## Images (Llama 4 and Llama 3.2 Vision)
+
+User messages can hold images (PIL images, file paths, bytes) beside text. Llama 4 writes an image's tiles
+into the prompt as `<|patch|>` tokens; Llama 3.2 Vision writes one `<|image|>` token per image and reads the
+tiles through gated cross-attention layers. The demo model has no vision encoder, so these cells write a
+*tiny random* Llama 3.2 Vision checkpoint in Meta's layout: its answers are noise, but the shapes, the prompt
+format and every code path are the real ones. Loading it replaces the demo engine in this kernel."""),
+    ("code", '''import tempfile
+
+from PIL import Image
+
+from workbench.checkpoints.factory import write_checkpoint
+from workbench.checkpoints.vision32 import TINY_LLAMA32_VISION
+
+folder = write_checkpoint(tempfile.mkdtemp(prefix="tiny-llama32-vision-"), TINY_LLAMA32_VISION)
+vision = wb.load(folder, max_seq_len=512)
+picture = Image.new("RGB", (320, 180), "steelblue")
+image_dialog = [{"role": "user", "content": [picture, "What is in this picture?"]}]
+wb.show_prompt(image_dialog, engine=vision)''', IGNORE),
+    ("code", '''reply = vision.chat_completion(image_dialog, max_tokens=8)
+print(reply.stop_reason, len(reply.tokens), "tokens; vision encoder", vision.info()["vision"])''', IGNORE),
 ]
 
 TOOLS = '''from workbench import tools
@@ -312,7 +334,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path.cwd().parent / "bench"))  # the contenders live beside the benchmarks
+sys.path.insert(0, str(Path(wb.__file__).resolve().parents[1] / "bench"))  # a source checkout: bench/
 import contenders  # noqa: E402
 import peers  # noqa: E402
 from common import peer_model_dir  # noqa: E402
@@ -365,11 +387,239 @@ QuantizationToggle(engine)''', IGNORE),
     ("code", "engine.memory()", IGNORE),
 ]
 
+EVALUATIONS_INTRO = [
+    ("md", """# The evaluations researchers already run
+
+lm-evaluation-harness, BFCL and Inspect on the kernel's engine: each harness's own tasks, data and scoring,
+with workbench's batch APIs underneath (requests gathered into engine batches, the model's official prompt
+formats). Everything here runs offline on the embedded demo model; set `WORKBENCH_NOTEBOOK_CHECKPOINT` to
+run the same cells on a real checkpoint."""),
+    ("code", LOAD + '''
+engine = wb.load(CHECKPOINT, max_batch_size=16, max_seq_len=2048)
+engine''', IGNORE),
+]
+
+BFCL_INSPECT_CELLS = [
+    ("md", """## BFCL: the Berkeley Function Calling Leaderboard, batched
+
+`bfcl.run` answers BFCL's own questions (read from the installed `bfcl-eval` package) with the engine — every
+entry with its own function set, all of them in one batch — and scores each reply with **BFCL's own AST
+checker**. `prompt="official"` renders each entry in the model's own tool-calling format (what it was
+trained on); `prompt="bfcl"` reproduces BFCL's Llama handler prompt, so numbers compare with the public
+leaderboard. Side by side they show what the prompt format is worth, which no leaderboard shows."""),
+    ("code", '''import pandas as pd
+
+from workbench.evals import bfcl
+
+categories = ["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"]
+results = pd.concat([bfcl.run(engine, categories, limit=5, prompt=p, max_tokens=64) for p in ("official", "bfcl")])
+results[["prompt", "id", "calls", "valid", "error"]].head(8)''', IGNORE),
+    ("code", '''summary = bfcl.summarize(results)     # accuracy per category, as BFCL counts it
+summary''', IGNORE),
+    ("code", "bfcl.plot(summary);", IGNORE),
+    ("md", """## Inspect: the `workbench` model provider
+
+Installing workbench registers a `workbench` provider with [Inspect](https://inspect.aisi.org.uk), so
+`inspect eval task.py --model workbench/<checkpoints.toml name or folder>` works from a shell; in a notebook
+pass the loaded engine. Tools reach the model in its official format, and the samples Inspect runs
+concurrently are gathered into engine batches (the last column: rows per engine call)."""),
+    ("code", '''import tempfile
+
+from inspect_ai import Task, eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import get_model
+from inspect_ai.scorer import includes
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import tool
+
+
+@tool
+def get_weather():
+    async def execute(city: str) -> str:
+        """Get the current weather in a city.
+
+        Args:
+            city: The city name.
+        """
+        return f"It is sunny in {city}."
+
+    return execute
+
+
+cities = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito"]
+task = Task(dataset=[Sample(input=f"What is the weather in {c}?", target=c) for c in cities],
+            solver=[use_tools(get_weather()), generate()], scorer=includes())
+model = get_model("workbench/default", engine=engine, memoize=False)
+[log] = eval(task, model=model, display="none", log_dir=tempfile.mkdtemp(prefix="inspect-logs-"), max_tokens=48)
+pd.DataFrame({
+    "input": [s.input for s in log.samples],
+    "tool calls": [[(c.function, c.arguments) for c in (s.messages[1].tool_calls or [])] for s in log.samples],
+    "answer": [s.output.completion for s in log.samples],
+    "score": [next(iter(s.scores.values())).value for s in log.samples],
+})''', IGNORE),
+    ("code", '''import matplotlib.pyplot as plt
+
+sizes = model.api.batcher.stats.sizes
+fig, ax = plt.subplots(figsize=(4, 2.4))
+ax.bar(range(1, len(sizes) + 1), sizes)
+ax.set_xlabel("engine call"), ax.set_ylabel("rows in the batch")
+ax.set_title(f"{len(cities)} Inspect samples, accuracy {log.results.scores[0].metrics['accuracy'].value:.2f}")
+fig.tight_layout()''', IGNORE),
+]
+
+LM_EVAL_CELLS = [
+    ("md", """## lm-evaluation-harness: `WorkbenchLM`
+
+lm-evaluation-harness runs on the loaded engine through `WorkbenchLM` (importing it registers lm-eval's
+`"workbench"` model; `python -m workbench.evals.lm_eval --model_args checkpoint=...,model=... --tasks ...`
+is lm-eval's own command line). Log-likelihoods go through `engine.score` — requests sorted by length in
+engine batches, shared contexts computed once, only the continuation's positions projected to the
+vocabulary — and equal Meta's reference model's to 1e-4. The tasks here are tiny and offline: JSONL files
+given to lm-eval as inline configs (the same dicts a task YAML holds); with a real checkpoint, pass task
+names (`tasks=["arc_easy", "hellaswag"]`). Here: which call does the model rank first for a question, and
+does it write that call?"""),
+    ("code", '''import json
+import tempfile
+from pathlib import Path
+
+import lm_eval
+import pandas as pd
+from lm_eval.tasks import TaskManager
+
+from workbench.evals.lm_eval import WorkbenchLM
+
+folder = Path(tempfile.mkdtemp(prefix="lm-eval-tasks-"))
+cities = ["Paris", "Tokyo", "Oslo", "Lima", "Cairo", "Quito", "Rome", "Seoul"]
+docs = [{"q": f"What's the weather in {c}?", "choices": [f'[get_weather(city="{c}")]', f'[get_local_time(city="{c}")]',
+                                                          f'[convert_currency(amount=1, from_currency="{c}")]'],
+         "label": 0} for c in cities]
+(folder / "calls.jsonl").write_text("".join(json.dumps(d) + "\\n" for d in docs))
+mc = {"task": "calls_mc", "dataset_path": "json", "test_split": "test",
+      "dataset_kwargs": {"data_files": {"test": str(folder / "calls.jsonl")}},
+      "output_type": "multiple_choice", "doc_to_text": "{{q}}", "doc_to_choice": "{{choices}}",
+      "doc_to_target": "{{label}}", "metric_list": [{"metric": "acc"}]}
+gen = {**{k: v for k, v in mc.items() if k != "doc_to_choice"}, "task": "calls_gen", "output_type": "generate_until",
+       "doc_to_target": "{{choices[0]}}", "generation_kwargs": {"until": ["\\n"], "max_gen_toks": 24},
+       "metric_list": [{"metric": "exact_match"}]}
+results = lm_eval.simple_evaluate(model=WorkbenchLM(engine), tasks=[mc, gen], apply_chat_template=True,
+                                  log_samples=True, bootstrap_iters=0, task_manager=TaskManager(include_defaults=False))
+pd.DataFrame(results["results"]).T[["acc,none", "exact_match,none"]]''', IGNORE),
+    ("md", "Each answer is one `engine.score` row: the log-probability of its tokens after the question, in the model's chat format."),
+    ("code", '''samples = results["samples"]["calls_mc"]
+table = pd.DataFrame([[r[0][0] for r in s["resps"]] for s in samples], index=[s["doc"]["q"] for s in samples],
+                     columns=["get_weather", "get_local_time", "convert_currency"])
+table.plot.barh(figsize=(7, 3.5), xlabel="log-likelihood of the call").figure''', IGNORE),
+]
+
+SCALE_OUT = [
+    ("md", """# Scale out: engine replicas on Ray
+
+`workbench.cluster.load(..., replicas=N)` starts N engines, each in its own Ray actor (on its own GPUs when
+the cluster has them), behind the engine's batch APIs: `batch_completion`, `batch_chat_completion`, the tool
+loop and `workbench.evals` run on a pool unchanged, and every row is what one engine gives.
+
+These cells run a local Ray on this machine. To run the **same cells on a cluster of GPU nodes**, set
+`WORKBENCH_RAY_ADDRESS=auto` (on a node of the cluster) or `ray://head:10001` (from outside), and
+`WORKBENCH_NOTEBOOK_CHECKPOINT` to a checkpoint folder that every node can read."""),
+    ("code", '''import os
+
+import workbench as wb
+import workbench.cluster as wbc
+from workbench.demo.tools import DEMO_TOOLS
+
+CHECKPOINT = os.environ.get("WORKBENCH_NOTEBOOK_CHECKPOINT")  # None: the embedded demo model
+ADDRESS = os.environ.get("WORKBENCH_RAY_ADDRESS")  # None: a local Ray (127.0.0.1); "auto" / "ray://...": a cluster
+TOOLS = list(DEMO_TOOLS.values())
+
+wbc.connect(ADDRESS, **({} if ADDRESS else {"num_cpus": 3}))  # a local Ray: room for 3 one-CPU replicas
+pool = wbc.load(CHECKPOINT, replicas=2, max_batch_size=8, max_seq_len=2048, threads=1)
+pool''', IGNORE),
+    ("md", """Each replica is a Ray actor in its own placement group: on GPUs it holds `model_parallel_size` GPUs of
+one node. `pool.replicas` says where each one runs."""),
+    ("code", '''import pandas as pd
+
+pd.DataFrame(pool.replicas)[["index", "state", "host", "pid", "cuda_visible_devices"]]''', IGNORE),
+    ("md", """## The same rows as one engine
+
+A batch is cut into chunks that the replicas pull; rows come back in input order. Batching never changes a
+row and a seeded row is seeded the same on every replica, so greedy and seeded rows equal single runs."""),
+    ("code", '''prompts = ["The capital of France is", "def fib(n):", "Llamas are", "Tell me a story"] * 3
+batch = pool.batch_completion(prompts, max_tokens=12, temperature=0.8, top_p=0.9, seed=1)
+alone = [pool.completion(p, max_tokens=12, temperature=0.8, top_p=0.9, seed=1) for p in prompts]
+print("rows identical to single runs:", [b.tokens for b in batch] == [a.tokens for a in alone])''', CHECK),
+    ("md", """## The tool loop and evaluations on a pool
+
+`wb.tools.run_batch(pool, ...)` and `workbench.evals.run_cases(pool, ...)` take the pool where they take an
+engine."""),
+    ("code", '''dialogs = [[{"role": "user", "content": q}] for q in
+           ["What's the weather in Paris?", "Convert 3 km to miles", "What time is it in Tokyo?",
+            "How many people live in Lima?"]]
+transcripts = wb.tools.run_batch(pool, dialogs, tools=TOOLS, max_tokens=48, max_turns=3)
+transcripts[0]''', IGNORE),
+    ("md", """## A sweep
+
+`wbc.sweep(grid, dialogs, tools)` runs every grid point (load settings such as `quantization` or
+`checkpoint`, call settings such as `tool_choice`, `tool_prompt_format` or `temperature`) over the same dialogs and returns
+one DataFrame. A quantization change re-loads the replicas in place (and the pool's mode is restored after)."""),
+    ("code", '''table = wbc.sweep({"quantization": [None, "int4_mixed"], "tool_choice": ["auto", "required"]},
+                  dialogs, TOOLS, pool=pool, max_tokens=48)
+table["called_a_tool"] = table["tool_calls"].map(bool)
+table.groupby(["quantization", "tool_choice"], dropna=False)[["called_a_tool", "tokens"]].mean()''',
+     IGNORE),
+    ("md", """## Jobs: progress across replicas, cancel
+
+`pool.submit_batch_chat_completion(...)` returns at once with a job: a progress bar of rows and tokens/s
+over all replicas, `job.result()`, `job.cancel()` (stops within a decode step on every replica; finished
+rows stay in `job.partial()`), `job.done` and per-replica statistics."""),
+    ("code", '''job = pool.submit_batch_chat_completion(dialogs * 6, TOOLS, max_tokens=48, progress=True)
+replies = job.result()
+pd.DataFrame(job.stats()["per_replica"]).T''', IGNORE),
+    ("md", """## Throughput against the replica count
+
+The same batch on 1 and 2 replicas. On this 2-core machine two replicas share two cores (with Ray's own
+processes), so **no gain is expected here**; on a machine with a core group or GPU per replica the rate grows
+with the replicas."""),
+    ("code", '''%matplotlib inline
+import time
+
+from matplotlib.figure import Figure
+
+work = [f"Tell me about topic {i}. " * (1 + i % 3) for i in range(32)]
+
+
+def rate(p):
+    p.batch_completion(work[:2], max_tokens=2, progress=False)  # warm-up
+    start = time.perf_counter()
+    rows = p.batch_completion(work, max_tokens=24, temperature=0.7, seed=0, progress=False)
+    return sum(len(r.tokens) for r in rows) / (time.perf_counter() - start)
+
+
+rates = {2: rate(pool)}
+with wbc.load(CHECKPOINT, replicas=1, max_batch_size=8, max_seq_len=2048, threads=1) as one:
+    rates[1] = rate(one)
+fig = Figure(figsize=(4, 3))
+ax = fig.subplots()
+ax.plot(sorted(rates), [rates[n] for n in sorted(rates)], marker="o")
+ax.set_xlabel("replicas")
+ax.set_ylabel("tokens/s")
+ax.set_xticks(sorted(rates))
+ax.set_title("batch_completion throughput")
+fig''', IGNORE),
+    ("md", "`pool.shutdown()` ends every replica and its worker processes; `wbc.disconnect()` stops the local Ray."),
+    ("code", '''pool.shutdown()
+wbc.disconnect()
+print(pool)''', IGNORE),
+    ("code", 'print("every replica ended:", all(r["state"] == "closed" for r in pool.replicas), "| died:", pool.deaths)',
+     CHECK),
+]
+
 NOTEBOOKS = {
     "01": ("01_quickstart.ipynb", QUICKSTART),
     "02": ("02_tool_experiments.ipynb", TOOL_EXPERIMENTS),
     "03": ("03_throughput.ipynb", THROUGHPUT),
     "04": ("04_quantization.ipynb", QUANTIZATION),
+    "05": ("05_scale_out.ipynb", SCALE_OUT),
+    "06": ("06_evaluations.ipynb", EVALUATIONS_INTRO + LM_EVAL_CELLS + BFCL_INSPECT_CELLS),
 }
 
 
@@ -406,7 +656,22 @@ def _output_texts(output: nbformat.NotebookNode) -> list[str]:
     for mime, value in output.get("data", {}).items():
         if mime.startswith("text/"):
             texts.append(value if isinstance(value, str) else "".join(value))
-    return [t if isinstance(t, str) else "".join(t) for t in texts]
+    texts = [t if isinstance(t, str) else "".join(t) for t in texts]
+    # what a reader sees: a carriage return redraws its line, so only the text after the last one shows
+    return ["\n".join(line.rsplit("\r", 1)[-1] for line in t.split("\n")) for t in texts]
+
+
+def _coalesced(outputs: list) -> list:
+    """Consecutive stream outputs of one name show as one text (a bar's redraws arrive as separate writes)."""
+    merged: list = []
+    for output in outputs:
+        last = merged[-1] if merged else None
+        if output.get("output_type") == "stream" and last is not None and last.get("output_type") == "stream" \
+                and last.get("name") == output.get("name"):  # fmt: skip
+            merged[-1] = {**last, "text": last["text"] + output["text"]}
+        else:
+            merged.append(dict(output))
+    return merged
 
 
 def stale_outputs(nb: nbformat.NotebookNode) -> list[str]:
@@ -415,7 +680,7 @@ def stale_outputs(nb: nbformat.NotebookNode) -> list[str]:
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     problems = []
     for number, cell in enumerate(nb.cells):
-        for output in cell.get("outputs", []):
+        for output in _coalesced(cell.get("outputs", [])):
             if any(HALF_BAR.search(text) for text in _output_texts(output)):
                 problems.append(f"cell {number}: a progress bar stopped part-way")
             view = output.get("data", {}).get(WIDGET_VIEW)
@@ -432,7 +697,9 @@ def build(key: str, execute: bool = True) -> Path:
                        store_widget_state=True, record_timing=False).execute()  # fmt: skip
         problems = stale_outputs(nb)
         if problems:
-            raise SystemExit(f"{name} would be stored with stale outputs: " + "; ".join(problems))
+            rejected = Path(tempfile.gettempdir()) / f"rejected-{name}"
+            nbformat.write(clean(nb), rejected)
+            raise SystemExit(f"{name} would be stored with stale outputs ({rejected}): " + "; ".join(problems))
     path = HERE / name
     nbformat.write(clean(nb), path)
     return path

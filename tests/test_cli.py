@@ -96,3 +96,8 @@ def test_main_job_runs_tool_dialogs_on_the_demo_model():
     assert len(QUESTIONS) // 2 < summary["answers_with_result"] <= len(answers) == len(QUESTIONS)
     assert summary["generated_tokens"] > 0 and summary["batched_tokens_per_s"] > 0
     assert {"sequential_tokens_per_s", "speedup", "model"} <= set(summary)
+
+
+def test_serve_subcommand_is_the_endpoint_command_line():
+    result = _run("serve", "--help", timeout=120)
+    assert result.returncode == 0 and "--port" in result.stdout and "--api-key" in result.stdout

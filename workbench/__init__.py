@@ -2,8 +2,9 @@
 
 The package face: what notebooks import (``import workbench as wb``).  Importing it also imports the
 notebook face (:mod:`workbench.notebook`), which registers the HTML cards and DataFrames that results
-display with.  Integrations with optional dependencies (``wb.serve``, ``wb.cluster``) load on first use
-(PEP 562), so ``import workbench`` stays fast and works without their extras.
+display with.  What pulls heavy or optional dependencies loads on first use (PEP 562): ``wb.bench`` and
+``wb.plots`` (pandas, matplotlib), ``wb.serve`` (fastapi, uvicorn) and ``wb.cluster`` (Ray), so ``import
+workbench`` stays fast and works without the extras.
 """
 
 import importlib
@@ -12,13 +13,14 @@ from typing import Any
 from workbench import tools
 from workbench.engine import Engine, chat
 from workbench.errors import WorkbenchError
-from workbench.notebook import bench, display, plots
+from workbench.notebook import display
 from workbench.notebook.display import show_prompt, to_frame
 from workbench.session import current, load, unload
 from workbench.types import ChatCompletion, Completion, Message, StreamChunk, TokenLogprob, ToolCall, Transcript
 
 # name -> (module, attribute or None for the module itself), imported on first access
-_LAZY = {"serve": ("workbench.serve", "serve"), "cluster": ("workbench.cluster", None)}
+_LAZY = {"serve": ("workbench.serve", "serve"), "cluster": ("workbench.cluster", None),
+         "bench": ("workbench.notebook.bench", None), "plots": ("workbench.notebook.plots", None)}
 
 
 def __getattr__(name: str) -> Any:

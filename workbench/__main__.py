@@ -43,7 +43,8 @@ DESCRIPTION = (
     "the throughput of both and a JSON summary (tool_calls, answers_with_result, tokens/s, "
     "batched_equals_sequential). Without a checkpoint it runs the embedded default: a tiny Llama 4 demo "
     "model trained to call these tools (not a general language model). For a real model: python -m workbench "
-    "/ckpts/Llama3.1-8B-Instruct --model Llama3.1-8B-Instruct --device cuda (or a checkpoints.toml entry name)."
+    "/ckpts/Llama3.1-8B-Instruct --model Llama3.1-8B-Instruct --device cuda (or a checkpoints.toml entry name). "
+    "'python -m workbench serve [--checkpoint ...] [--port ...]' serves the model as an OpenAI-compatible endpoint."
 )
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
@@ -71,6 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="load the weights quantized (default: unquantized)")  # fmt: skip
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     return parser
+
+
+def _serve(argv: list[str]) -> int:
+    """``python -m workbench serve``: the same as ``python -m workbench.serve`` (needs the ``serve`` extra)."""
+    try:
+        from workbench.serve import __main__ as serve_cli  # only this subcommand needs fastapi and uvicorn
+    except ImportError as exc:
+        return _fail(f"serving needs the serve extra ({exc}); pip install -e '.[serve]'", False)
+    return serve_cli.main(argv)
 
 
 def _fail(message: str, debug: bool) -> int:
@@ -121,6 +131,9 @@ def answers_with_result(transcript: Transcript) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # python -m workbench serve [...]: the OpenAI-compatible endpoint
+        return _serve(argv[1:])
     args = build_parser().parse_args(argv)
 
     if args.max_tokens < 1:

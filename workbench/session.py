@@ -102,7 +102,7 @@ def build_engine(settings: Settings) -> Engine:
 def load(checkpoint: str | Path | None = None, *, model: str | None = None,
          device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
          max_batch_size: int | None = None, max_seq_len: int | None = None, model_parallel_size: int | None = None,
-         quantization: str | None = None, load_vision: bool = False, compile: bool = False,
+         quantization: str | None = None, load_vision: bool = False, compile: bool = False, cuda_graphs: bool = False,
          **unknown: Any) -> Engine:  # fmt: skip
     """Load the engine, or return the loaded one when the effective settings are the same.
 
@@ -114,7 +114,9 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None,
     engine is touched.  A Llama 4 checkpoint's vision encoder is loaded at the first image, or at once with
     ``load_vision=True`` (which also works on the already loaded engine).  ``compile=True`` runs
     decode steps through ``torch.compile`` (see :meth:`Engine.compile_decode`; the compile time is in
-    ``info()["compile_seconds"]``), also on the already loaded engine.
+    ``info()["compile_seconds"]``), also on the already loaded engine.  ``cuda_graphs=True`` decodes through
+    CUDA graphs per batch/span bucket (see :meth:`Engine.use_cuda_graphs`; capture time in
+    ``info()["cuda_graphs"]``); on a CPU the same fixed-shape steps run uncaptured.
     """
     if unknown:
         raise unknown_setting_error(next(iter(unknown)))
@@ -124,6 +126,8 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None,
         engine.load_vision()
     if compile and engine.compile_seconds is None:
         engine.compile_decode()
+    if cuda_graphs and engine.cuda_graphs is None:
+        engine.use_cuda_graphs()
     return engine
 
 

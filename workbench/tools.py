@@ -239,7 +239,6 @@ def _fits(engine: Any, dialog: list[Message], toolbox: Toolbox, tool_choice: Any
     return len(prompt) < getattr(engine, "max_seq_len", len(prompt) + 1)
 
 
-@llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
 def _loop(engine: Any, transcripts: list[Transcript], toolbox: Toolbox, max_turns: int, tool_choice: Any,
           tool_prompt_format: Any, constrain_tools: bool, sampling: dict[str, Any], bar: Any,
           rate: TokenRate) -> None:  # fmt: skip
@@ -299,6 +298,7 @@ def _loop(engine: Any, transcripts: list[Transcript], toolbox: Toolbox, max_turn
         transcripts[i].stop_reason = "max_turns"
 
 
+@llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
 def run_batch(
     engine: Any,
     dialogs: Sequence[Any],

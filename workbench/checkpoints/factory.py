@@ -16,11 +16,13 @@ from typing import Any, Literal
 
 import torch
 
+from workbench.checkpoints import vision32
 from workbench.checkpoints.load import split_dim
 from workbench.errors import ConfigError
 from workbench.formats.tokenizer import bundled_tokenizer_path
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import ensure_model_parallel
+from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.models.transformer import Transformer
 from workbench.models.vision import VisionModel
 
@@ -53,6 +55,8 @@ SMALL_LLAMA3: dict[str, Any] = {**TINY_LLAMA3, "dim": 192, "n_layers": 6, "n_hea
 
 def random_state_dict(args: ModelArgs, seed: int = 0) -> dict[str, torch.Tensor]:
     """Full (unsharded) float32 weights with module names; scales keep activations near unit size."""
+    if is_cross_attention_vision(args):  # Meta's text_model.* / vision_model.* layout
+        return vision32.random_state_dict(args, seed)
     ensure_model_parallel(1)
     shapes = {k: tuple(v.shape) for k, v in Transformer(args, max_seq_len=8, device="meta").state_dict().items()}
     if args.vision_args is not None:

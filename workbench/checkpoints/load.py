@@ -22,6 +22,7 @@ from workbench.checkpoints.files import read_shard, shard_paths, source_shards_f
 from workbench.checkpoints.validate import check_shard
 from workbench.errors import CheckpointError, VocabMismatchError
 from workbench.models.args import ModelArgs
+from workbench.models.llama32_vision import CrossAttentionTextModel, is_cross_attention_vision
 from workbench.models.transformer import Transformer
 from workbench.models.vision import VisionModel
 from workbench.progress import progress_bar
@@ -29,6 +30,7 @@ from workbench.progress import progress_bar
 # Tensors whose name ends like this are dropped: training-only state, or rebuilt at load.
 _DROPPED_SUFFIXES = ("._extra_state", "rope.freqs")
 _VISION_PREFIXES = ("vision_embeddings.", "vision_projection.", "vision_encoder.", "vision_model.")
+TEXT_MODEL_PREFIX = "text_model."  # Llama 3.2 Vision's text decoder keys (stripped: see models.llama32_vision)
 
 
 def canonicalize(state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
@@ -38,6 +40,7 @@ def canonicalize(state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, t
     for key, tensor in state.items():
         if key.endswith(_DROPPED_SUFFIXES) or key.startswith(_VISION_PREFIXES):
             continue
+        key = key.removeprefix(TEXT_MODEL_PREFIX)  # Llama 3.2 Vision: the text decoder is the model
         if key.endswith("attention.wqkv.weight"):
             prefix = key[: -len("attention.wqkv.weight")]
             rows = tensor.shape[0]
@@ -93,17 +96,19 @@ _SPLIT_RULES: list[tuple[re.Pattern[str], int | None]] = [
     (re.compile(r"feed_forward\.experts\.w2$"), 1),
     (re.compile(r"^tok_embeddings\.weight$"), 0),
     (re.compile(r"^output\.weight$"), 0),
+    (re.compile(r"^learnable_embedding\.weight$"), 0),  # Llama 3.2 Vision: a vocab-parallel embedding
     # Llama 4 vision encoder, adapter and projection (Meta's reshard rules for vision_embeddings.*)
     (re.compile(r"\.attn\.(wq|wk|wv)\.(weight|bias)$"), 0),
     (re.compile(r"\.attn\.wo\.weight$"), 1),
     (re.compile(r"\.mlp\.c_fc\.(weight|bias)$"), 0),
     (re.compile(r"\.mlp\.c_proj\.weight$"), 1),
     (re.compile(r"conv1\._linear\.weight$"), 0),
-    (re.compile(r"^vision_projection\.weight$"), 0),
+    (re.compile(r"^vision_projection\.(weight|bias)$"), 0),  # (3.2 Vision's bias is split with its outputs)
 ]
 
 
 def split_dim(key: str) -> int | None:
+    key = key.removeprefix(TEXT_MODEL_PREFIX).removeprefix("vision_model.")
     for pattern, dim in _SPLIT_RULES:
         if pattern.search(key):
             return dim
@@ -220,7 +225,8 @@ def build_model(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, 
                 progress: bool | None = False) -> Transformer:  # fmt: skip
     """Construct on the meta device, then assign this rank's weights cast to ``dtype`` on ``device``."""
     state = load_state_dict_for_rank(ckpt_dir, args, mp_size, rank, progress=progress)
-    model = Transformer(args, max_seq_len=max_seq_len, device="meta", dtype=dtype)
+    model_class = CrossAttentionTextModel if is_cross_attention_vision(args) else Transformer
+    model = model_class(args, max_seq_len=max_seq_len, device="meta", dtype=dtype)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

@@ -17,6 +17,7 @@ import torch
 
 from workbench.errors import InsufficientMemoryError
 from workbench.models.args import ModelArgs
+from workbench.models.llama32_vision import cross_attention_layer_count, is_cross_attention_vision
 
 _QUANTIZED_BYTES = {"fp8_mixed": 1.0, "int4_mixed": 0.5}
 
@@ -58,6 +59,9 @@ def parameter_count(args: ModelArgs, mp: int = 1) -> int:
             total += d * e + 3 * e * d * f + 3 * d * f  # router, routed experts, shared expert
         else:
             total += 3 * d * args.dense_hidden_dim()
+    if is_cross_attention_vision(args):  # learnable embedding + gated cross-attention blocks (text decoder only)
+        per_block = 2 * d * args.n_heads * hd + 2 * d * kv_heads_total * hd + 2 * d + 2 * hd + 2
+        total += max(mp, 8) * d + cross_attention_layer_count(args) * (per_block + 3 * d * args.dense_hidden_dim())
     return total
 
 

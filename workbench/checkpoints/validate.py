@@ -105,6 +105,7 @@ def expected_shapes(args: ModelArgs, n_shards: int) -> dict[str, _Want]:
 def check_shard(state: dict[str, torch.Tensor], args: ModelArgs, path: Path, n_shards: int,
                 params: str = "params.json") -> None:  # fmt: skip
     """Raise :class:`CheckpointError` at the first key of ``state`` whose shape contradicts ``args``."""
+    state = {k.removeprefix("text_model."): v for k, v in state.items()}  # Llama 3.2 Vision's text decoder
     layers = sorted({int(m.group(1)) for k in state if (m := _LAYER_RE.match(k))})
     if layers != list(range(args.n_layers)):
         held = f"layers 0..{layers[-1]} ({len(layers)} layers)" if layers == list(range(len(layers))) and layers \

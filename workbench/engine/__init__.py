@@ -3,6 +3,7 @@ runner, build results), and what it is built from — chat rendering and reply p
 prompt checks (:mod:`.prompts`), result building (:mod:`.outputs`), one-call-at-a-time and
 cancellation (:mod:`.calls`), decode compilation (:mod:`.compile`)."""
 
-from workbench.engine.engine import Engine, model_label
+from workbench.engine.engine import Engine
+from workbench.engine.introspection import model_label
 
 __all__ = ["Engine", "model_label"]

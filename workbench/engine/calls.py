@@ -50,6 +50,10 @@ class Calls:
         return call <= self._cancel_upto  # an int read: no lock needed on the hot path
 
 
+# Another thread's stream that stays suspended this long without being resumed counts as abandoned.
+PREEMPT_AFTER_S = 1.0
+
+
 class CallGate:
     """The engine's lock, with the thread and the stream holding it (a suspended stream is preempted)."""
 
@@ -57,6 +61,7 @@ class CallGate:
         self.lock = threading.Lock()
         self.owner: int | None = None  # thread id holding the lock
         self.holder: Any = None  # the stream generator holding the lock (None: a plain call)
+        self.progress = 0  # bumped each time the holding stream is resumed (see exclusive)
 
     def held_by_this_thread(self) -> bool:
         return self.owner == threading.get_ident()
@@ -66,23 +71,36 @@ class CallGate:
         """Run one call at a time on this engine; other threads wait their turn.
 
         A stream that is suspended (abandoned half-way, or kept alive by a traceback) does not block later
-        calls: the new call closes it first, and the old stream simply ends.  A call re-entering from inside
+        calls: the new call closes it first, and the old stream simply ends — at once for a stream of the
+        calling thread, after ``PREEMPT_AFTER_S`` without being read for another thread's (so a stream that is
+        being read elsewhere, e.g. by a server's client, is waited for and never cut).  A call re-entering from inside
         a running call of the same thread (a callback) is refused with :class:`EngineBusyError`.
         """
         me = threading.get_ident()
-        self._preempt_suspended_stream()
+        if self.owner == me:  # this thread's own suspended stream gives way at once
+            self._preempt_suspended_stream()
         if self.owner == me:  # still held by this thread: a call running below us (from a callback)
             raise EngineBusyError(
                 f"{what}() was called from inside another call on this engine in the same thread (a callback?); "
                 "finish that call first"
             )
-        self.lock.acquire()
+        self._acquire()
         self.owner, self.holder = me, stream
         try:
             yield
         finally:
             self.owner, self.holder = None, None
             self.lock.release()
+
+    def _acquire(self) -> None:
+        """Wait for the lock.  Another thread's stream is closed only once it has stayed suspended for
+        ``PREEMPT_AFTER_S`` without being resumed: a stream its thread is still reading (a notebook loop, a
+        server's client) is waited for, not cut between two items."""
+        seen = self.progress
+        while not self.lock.acquire(timeout=PREEMPT_AFTER_S):
+            if self.progress == seen:
+                self._preempt_suspended_stream()
+            seen = self.progress
 
     def _preempt_suspended_stream(self) -> None:
         holder = self.holder

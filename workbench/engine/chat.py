@@ -67,11 +67,13 @@ def encode_prompt(
     tools: Iterable[Any] | None = None,
     tool_choice: Any = "auto",
     tool_prompt_format: Any = None,
+    system_message_behavior: str = "append",
 ) -> Any:
     """The prompt for one dialog (printed when ``LLAMA_MODELS_DEBUG`` is set): its token ids, or a
     :class:`~workbench.formats.Prompt` (ids + images) when the dialog holds images."""
     prompt = engine.formatter.encode_prompt(messages, tools=tools, tool_choice=tool_choice,
-                                            tool_prompt_format=tool_prompt_format)  # fmt: skip
+                                            tool_prompt_format=tool_prompt_format,
+                                            system_message_behavior=system_message_behavior)  # fmt: skip
     _debug_print(engine, prompt)
     return prompt if prompt.images else prompt.tokens
 
@@ -136,6 +138,7 @@ def batch_chat_completion(
     *,
     response_format: Any = None,
     constrain_tools: bool = False,
+    system_message_behavior: str = "append",
     **sampling: Any,
 ) -> list[ChatCompletion]:
     """One reply per dialog, generated in one batch; same tools and sampling for every dialog.
@@ -145,7 +148,10 @@ def batch_chat_completion(
     ``Engine.batch_completion``; a JSON-schema format also appends Llama Stack's "Please respond in JSON
     format with the schema: ..." user message.  ``constrain_tools=True`` (with ``tool_choice="required"`` or a
     tool name) forces every reply to be a well-formed call, in the model's tool-call syntax, of an offered
-    tool with arguments valid against its parameter schema."""
+    tool with arguments valid against its parameter schema.  ``system_message_behavior="replace"`` (Llama Stack's
+    ``tool_config``) puts the dialog's system message in place of the default tool instructions, with
+    ``{{function_description}}`` where the tool list goes (Llama 3.2+ formats; 3.1-style prompts ignore it, as
+    Llama Stack does)."""
     if not isinstance(dialogs, (list, tuple)) or any(isinstance(d, (dict, Message)) for d in dialogs):
         raise InputError(
             "batch_chat_completion takes a list of dialogs (each a list of messages); "
@@ -154,13 +160,43 @@ def batch_chat_completion(
     tool_defs = None if tools is None else coerce_tools(tools)  # once, not per dialog
     dialogs, formats = reply_formats(engine, dialogs, tool_defs, tool_choice, tool_prompt_format, response_format,
                                      constrain_tools)  # fmt: skip
-    prompts = [encode_prompt(engine, d, tool_defs, tool_choice, tool_prompt_format) for d in dialogs]
+    prompts = [encode_prompt(engine, d, tool_defs, tool_choice, tool_prompt_format, system_message_behavior)
+               for d in dialogs]  # fmt: skip
     if not prompts:
         return []
     if any(f is not None for f in formats):
         sampling["response_format"] = formats
     completions = engine.batch_completion(prompts, **sampling)
     return [to_chat_completion(engine, c, f) for c, f in zip(completions, formats)]
+
+
+def stream_batch_chat_completion(
+    engine: Any,
+    dialogs: Sequence[Any],
+    tools: Iterable[Any] | None = None,
+    tool_choice: Any = "auto",
+    tool_prompt_format: Any = None,
+    *,
+    response_format: Any = None,
+    constrain_tools: bool = False,
+    preemptible: bool = True,
+    system_message_behavior: str = "append",
+    **sampling: Any,
+) -> Any:
+    """:func:`batch_chat_completion` as one :class:`~workbench.engine.batch_stream.BatchStream`: the same
+    prompts and formats, each row's final chunk carrying its ChatCompletion (what the batch call returns)."""
+    if not isinstance(dialogs, (list, tuple)) or any(isinstance(d, (dict, Message)) for d in dialogs):
+        raise InputError("stream_batch_chat_completion takes a list of dialogs (each a list of messages)")
+    tool_defs = None if tools is None else coerce_tools(tools)
+    dialogs, formats = reply_formats(engine, dialogs, tool_defs, tool_choice, tool_prompt_format, response_format,
+                                     constrain_tools)  # fmt: skip
+    prompts = [encode_prompt(engine, d, tool_defs, tool_choice, tool_prompt_format, system_message_behavior)
+               for d in dialogs]  # fmt: skip
+    if any(f is not None for f in formats):
+        sampling["response_format"] = formats
+    stream = engine.stream_batch_completion(prompts, preemptible=preemptible, **sampling)
+    stream.finish = lambda row, completion: to_chat_completion(engine, completion, formats[row])
+    return stream
 
 
 def chat_completion(
@@ -173,6 +209,7 @@ def chat_completion(
     *,
     response_format: Any = None,
     constrain_tools: bool = False,
+    system_message_behavior: str = "append",
     **sampling: Any,
 ) -> ChatCompletion | Iterator[StreamItem]:
     """One reply to ``messages``.  With ``stream=True``, an iterator of :class:`TextDelta` and
@@ -184,7 +221,7 @@ def chat_completion(
             raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
         dialogs, formats = reply_formats(engine, [messages], tool_defs, tool_choice, tool_prompt_format,
                                          response_format, constrain_tools)  # fmt: skip
-        prompt = encode_prompt(engine, dialogs[0], tool_defs, tool_choice, tool_prompt_format)
+        prompt = encode_prompt(engine, dialogs[0], tool_defs, tool_choice, tool_prompt_format, system_message_behavior)
         if formats[0] is not None:
             sampling["response_format"] = formats[0]
         return _stream(engine, prompt, formats[0], engine.stream_completion(prompt, **sampling))
@@ -192,7 +229,7 @@ def chat_completion(
         raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
     replies = batch_chat_completion(engine, [messages], tools, tool_choice, tool_prompt_format,
                                     response_format=response_format, constrain_tools=constrain_tools,
-                                    **sampling)  # fmt: skip
+                                    system_message_behavior=system_message_behavior, **sampling)  # fmt: skip
     return replies[0]
 
 

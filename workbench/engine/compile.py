@@ -26,6 +26,25 @@ def compile_and_warm_up(engine: Any) -> float:
         ) from exc
     return time.perf_counter() - start
 
+def use_cuda_graphs(engine: Any) -> dict[str, Any]:
+    """Decode through fixed-shape steps captured as CUDA graphs per (batch, span) bucket
+    (:mod:`workbench.generation.graphs`); on a CPU the same fixed-shape steps run uncaptured.  Returns what
+    ``info()["cuda_graphs"]`` shows (graph count, capture seconds, buckets).  A failed capture leaves eager
+    decoding (the same tokens) and raises :class:`CompileError`."""
+    runner = engine._runner
+    if not hasattr(runner, "use_cuda_graphs"):
+        raise CompileError("cuda_graphs=True needs the in-process runner (model_parallel_size=1); the engine "
+                           "keeps decoding eagerly: load with model_parallel_size=1 or without cuda_graphs")
+    try:
+        return runner.use_cuda_graphs(True)
+    except Exception as exc:
+        runner.use_cuda_graphs(False)
+        raise CompileError(
+            f"CUDA graphs could not be captured ({type(exc).__name__}: {str(exc)[:300]}); the engine keeps "
+            "decoding eagerly (same tokens): carry on without cuda_graphs=True"
+        ) from exc
+
+
 def warm_up_decode(engine: Any) -> None:
     bos = engine.tokenizer.bos_id
     params = SamplingParams.create(max_tokens=3)

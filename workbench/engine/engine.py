@@ -4,9 +4,11 @@ The engine validates and encodes requests, hands them to a *runner* (the in-proc
 :class:`~workbench.runtime.local.LocalRunner`, or the model-parallel worker pool) and turns the runner's
 token events into result dataclasses.  It holds no per-request state between calls, which is what makes
 it safe to interrupt.  The work is done beside it: prompt checks (:mod:`.prompts`), chat rendering and
-parsing (:mod:`.chat`), result building (:mod:`.outputs`), one call at a time (:mod:`.calls`), decode
-compilation (:mod:`.compile`).  It runs a little over 500 lines because every public method spells out
-its full keyword signature and docstring, which is what Shift+Tab shows in a notebook.
+parsing (:mod:`.chat`), batched streams (:mod:`.batch_stream`), result building (:mod:`.outputs`), one call
+at a time (:mod:`.calls`), scoring (:mod:`.scoring`), introspection (:mod:`.introspection`), decode
+compilation (:mod:`.compile`), Llama Stack's keyword spellings (:mod:`.llama_stack`).  It runs a little over
+500 lines because each of its eight completion and chat methods spells out its full keyword signature and
+docstring, which is what Shift+Tab shows in a notebook.
 """
 
 from __future__ import annotations
@@ -16,23 +18,24 @@ from typing import Any
 
 import torch
 
-from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.engine import chat
+from workbench.engine.batch_stream import BatchStream
 from workbench.engine.calls import CallGate, Calls
 from workbench.engine.compile import compile_and_warm_up, use_cuda_graphs
 from workbench.engine.docs import sampling_doc
+from workbench.engine.introspection import IntrospectionMixin
 from workbench.engine.llama_stack import llama_stack_spellings
 from workbench.engine.outputs import cancelled_event, close_events, parse_output, stop_prefix_overlap
-from workbench.engine.prompts import Content, check_ids, check_lengths, encode_row
+from workbench.engine.prompts import Content, check_lengths, encode_row
+from workbench.engine.scoring import ScoringMixin
 from workbench.errors import (
     FormatError,
     GenerationCancelled,
     ImageError,
     InputError,
-    PromptTooLongError,
     WorkbenchError,
 )
-from workbench.formats import Prompt, make_formatter
+from workbench.formats import make_formatter
 from workbench.formats.tokenizer import Tokenizer
 from workbench.generation.constraints import GrammarRuntime
 from workbench.generation.generator import Event, Request
@@ -41,12 +44,11 @@ from workbench.models.args import ModelArgs
 from workbench.models.llama32_vision import LLAMA32_VISION_DEFAULT_NAME, is_cross_attention_vision
 from workbench.progress import TokenRate, check_progress, progress_bar
 from workbench.quantization import check_supported
-from workbench.reports import InfoReport, MemoryReport
 from workbench.structured import Constraint, OutputFormat, per_row_formats
-from workbench.types import Completion, ScoredRow, StreamChunk, TokenLogprob, present
+from workbench.types import Completion, StreamChunk, TokenLogprob
 
 
-class Engine:
+class Engine(ScoringMixin, IntrospectionMixin):
     """A loaded model with batch completion, chat and scoring APIs.  Build it with ``workbench.load``."""
 
     def __init__(self, *, runner: Any, tokenizer: Tokenizer, args: ModelArgs, settings: Any,
@@ -227,7 +229,13 @@ class Engine:
                 constraint: Constraint | None = None,
                 tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:  # fmt: skip
         with self._gate.exclusive("stream_completion", stream=me[0]):  # held until the stream ends or is closed
-            yield from self._stream_locked(prompt, params, fmt, constraint, tiles)
+            chunks = self._stream_locked(prompt, params, fmt, constraint, tiles)
+            try:
+                for chunk in chunks:
+                    yield chunk
+                    self._gate.progress += 1  # resumed: its reader is alive, other threads wait for it
+            finally:
+                chunks.close()
 
     def _stream_locked(self, prompt: list[int], params: SamplingParams, fmt: OutputFormat | None,
                        constraint: Constraint | None,
@@ -390,80 +398,45 @@ class Engine:
                                     response_format=response_format, constrain_tools=constrain_tools,
                                     system_message_behavior=system_message_behavior)  # fmt: skip
 
-    # ----------------------------------------------------------------------------- scoring
-    def logits(self, token_lists: Sequence[Sequence[int] | Any]) -> list[torch.Tensor]:
-        """Teacher-forced float32 logits ``[len, vocab]`` for each token list (likelihood evaluation).
+    @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
+    @sampling_doc
+    def stream_batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
+                                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                                logprobs: int = 0, stop: str | Sequence[str] | None = None, response_format: Any = None,
+                                preemptible: bool = True) -> BatchStream:  # fmt: skip
+        """Stream many prompts in one batch: ``(row, StreamChunk)`` pairs as tokens arrive (rows interleave).
 
-        A row may also be a ``Prompt`` with images (``formatter.encode_prompt(messages)``): its logits are
-        computed with its images, as generation would see them."""
-        if isinstance(token_lists, (str, torch.Tensor)) or (token_lists and isinstance(token_lists[0], int)):
-            raise InputError("logits() takes a list of token-id lists, e.g. engine.logits([[128000, 791, 6864]])")
-        rows = [encode_row(self, t, i) if isinstance(t, Prompt) else (check_ids(self, list(t), i), None)
-                for i, t in enumerate(token_lists)]  # fmt: skip
-        prompts = [ids for ids, _ in rows]
-        images = [tiles for _, tiles in rows]
-        if not prompts:
-            return []
-        empty = [i for i, p in enumerate(prompts) if not p]
-        if empty:
-            raise InputError(
-                f"row {empty[0]} of logits() is empty; every row needs at least one token id (logits are "
-                "per position), e.g. engine.tokenizer.encode(text, bos=True)"
-            )
-        too_long = [(i, len(p)) for i, p in enumerate(prompts) if len(p) > self.max_seq_len]
-        if too_long:
-            i, n = too_long[0]
-            raise PromptTooLongError(
-                f"row {i} has {n} tokens but max_seq_len is {self.max_seq_len}; shorten it or load with a larger "
-                "max_seq_len"
-            )
-        with self._gate.exclusive("logits"):
-            if any(tiles is not None for tiles in images):
-                return self._runner.logits(prompts, images)
-            return self._runner.logits(prompts)
-
-    def score(self, sequences: Sequence[Sequence[int]], starts: Sequence[int] | int = 1) -> list[ScoredRow]:
-        """Log-probabilities of ``sequences[i][starts[i]:]`` (each token given all before it) and whether each
-        token is the greedy choice: one :class:`~workbench.types.ScoredRow` per sequence.
-
-        Why not :meth:`logits`: scoring needs one number per scored token, and full logits are float32
-        ``[len, vocab]`` per row (1 GiB per 2,048 tokens at a 128k vocabulary) with the output projection run
-        over every context position.  Here only the scored positions are projected, a chunk at a time;
-        rows are packed without padding and shared prefixes (a few-shot preamble, one context with several
-        answers) are computed once.  Numbers equal :meth:`logits`' log-softmax up to float rounding.
-
-        ``starts``: one int for all rows or one per row, ``1 <= start < len(sequence)`` (1 scores every token
-        after the first); ``len(sequence) - 1`` tokens (the last is only predicted) must fit ``max_seq_len``.
+        Each row's tokens equal ``batch_completion``'s; its last chunk carries ``final``.  ``stream.cancel(row)``
+        ends one row at the next step (final ``stop_reason="cancelled"``) and the others go on.
+        preemptible: False keeps other threads' calls waiting while the stream is suspended between items
+            (a server draining it from its own thread); True (default) lets them close an abandoned stream.
         """
-        if isinstance(sequences, (str, torch.Tensor)) or (sequences and isinstance(sequences[0], int)):
-            raise InputError("score() takes a list of token-id lists, e.g. engine.score([[128000, 791, 6864]], 1)")
-        rows = [check_ids(self, list(s), i) for i, s in enumerate(sequences)]
-        if isinstance(starts, int) and not isinstance(starts, bool):
-            starts = [starts] * len(rows)
-        starts = list(starts)
-        if len(starts) != len(rows):
-            raise InputError(f"score() got {len(rows)} sequences but {len(starts)} starts; give one start per row")
-        for i, (row, start) in enumerate(zip(rows, starts)):
-            if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start < len(row):
-                raise InputError(
-                    f"start {start!r} of score() row {i} ({len(row)} tokens) must be an int in 1..{len(row) - 1}: "
-                    "the first scored token needs one before it (e.g. BOS), and at least one token is scored"
-                )
-            if len(row) - 1 > self.max_seq_len:
-                raise PromptTooLongError(
-                    f"score() row {i} needs {len(row) - 1} positions but max_seq_len is {self.max_seq_len}; "
-                    "shorten it or load with a larger max_seq_len"
-                )
-        if not rows:
-            return []
-        with self._gate.exclusive("score"):
-            logprobs, greedy, counts = self._runner.score(rows, starts)
-        lp, gr = logprobs.tolist(), greedy.tolist()
-        out, at = [], 0
-        for n in counts:
-            out.append(ScoredRow(lp[at : at + n], gr[at : at + n]))
-            at += n
-        return out
+        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
+        rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
+        prompts, tiles = [ids for ids, _ in rows], [t for _, t in rows]
+        check_lengths(self, prompts, tiles)
+        formats = per_row_formats(response_format, len(prompts))
+        return BatchStream(self, prompts, tiles, params, formats, self._constraints(formats), preemptible=preemptible)
+
+    @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
+    @sampling_doc
+    def stream_batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
+                                     tool_choice: str = "auto", tool_prompt_format: str | None = None,
+                                     max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                                     top_k: int = 0, seed: int | None = None, logprobs: int = 0,
+                                     stop: str | Sequence[str] | None = None, response_format: Any = None,
+                                     constrain_tools: bool = False, preemptible: bool = True,
+                                     system_message_behavior: str = "append") -> BatchStream:  # fmt: skip
+        """``batch_chat_completion`` streamed: ``(row, StreamChunk)`` pairs of raw reply text; each row's last
+        chunk's ``final`` is its ChatCompletion (equal to ``batch_chat_completion``'s).  See
+        ``stream_batch_completion`` for ``cancel(row)`` and ``preemptible``."""
+        return chat.stream_batch_chat_completion(self, dialogs, tools, tool_choice, tool_prompt_format,
+                                                 response_format=response_format, constrain_tools=constrain_tools,
+                                                 preemptible=preemptible,
+                                                 system_message_behavior=system_message_behavior, max_tokens=max_tokens,
+                                                 temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                                 logprobs=logprobs, stop=stop)  # fmt: skip
 
     # ----------------------------------------------------------------------------- images
     def load_vision(self) -> None:
@@ -500,11 +473,6 @@ class Engine:
             self.cuda_graphs = use_cuda_graphs(self)
         return self.cuda_graphs
 
-    def _vision_state(self) -> str | None:
-        if self.args.vision_args is None and not is_cross_attention_vision(self.args):
-            return None
-        return "loaded" if getattr(self._runner, "vision_loaded", False) else "not loaded"
-
     # ----------------------------------------------------------------------------- quantization
     def set_quantization(self, mode: str | None, *, progress: bool | None = None) -> None:
         """Re-load the weights from the checkpoint under another quantization mode (None | "bf16" |
@@ -530,59 +498,9 @@ class Engine:
             if self.cuda_graphs is not None:
                 self.cuda_graphs = use_cuda_graphs(self)
 
-    # ----------------------------------------------------------------------------- introspection
-    def info(self) -> dict[str, Any]:
-        """Model id, family, sizes, dtype, device, parallelism, quantization and memory.
-
-        A dict of raw numbers (``info()["weights_bytes"]`` is an int) that displays with human sizes;
-        ``.readable()`` gives the human strings.
-        """
-        memory = self._runner.memory()
-        return InfoReport({
-            "model_id": self.model_id,
-            "family": self.family,
-            "checkpoint": str(self.settings.checkpoint_dir),
-            "parameters": self._runner.parameter_count(),
-            "dtype": self._compute_dtype(),
-            "device": str(self.settings.device),
-            "model_parallel_size": self.settings.model_parallel_size,
-            "quantization": self.settings.quantization,
-            "vision": self._vision_state(),
-            "max_batch_size": self.max_batch_size,
-            "max_seq_len": self.max_seq_len,
-            "weights_bytes": memory["weights_bytes"],
-            "kv_cache_bytes": memory["kv_cache_bytes"],
-            "load_seconds": round(self.load_seconds, 2),
-            "compile_seconds": None if self.compile_seconds is None else round(self.compile_seconds, 2),
-            "cuda_graphs": self.cuda_graphs,
-        })
-
-    def _compute_dtype(self) -> str:
-        """bf16 mode runs the whole model in bfloat16, whatever dtype was asked for at load."""
-        dtype = torch.bfloat16 if self.settings.quantization == "bf16" else self.settings.dtype
-        return str(dtype).replace("torch.", "")
-
-    def memory(self) -> dict[str, Any]:
-        """Bytes of parameters (by dtype and by module kind) and of the KV cache; ``packed_bytes``: extra
-        weight copies kept for faster CPU kernels (the output projection's oneDNN-packed copy).
-
-        A dict of raw byte counts that displays in KiB/MiB/GiB (``.readable()`` for the strings).
-        """
-        return MemoryReport(self._runner.memory())
-
-    def __repr__(self) -> str:
-        if self.closed:
-            return f"Engine(model={model_label(self)!r}, family={self.family}, unloaded)"
-        i = self.info()
-        return (  # one field per line: notebooks wrap long lines mid-word
-            f"Engine(model={model_label(self)!r},\n"
-            f"       family={i['family']}, params={i['parameters'] / 1e6:.1f}M, dtype={i['dtype']},\n"
-            f"       device={i['device']}, mp={i['model_parallel_size']}, quantization={i['quantization']},\n"
-            f"       weights={_fmt_bytes(i['weights_bytes'])}, kv_cache={_fmt_bytes(i['kv_cache_bytes'])})"
-        )
-
-    def _repr_html_(self) -> str:
-        return present("engine_html", self)
+    def _exclusive(self, what: str, stream: Any = None) -> Any:
+        """The engine's one-call-at-a-time gate, as a context manager (see :class:`~.calls.CallGate`)."""
+        return self._gate.exclusive(what, stream)
 
     @property
     def closed(self) -> bool:
@@ -611,22 +529,3 @@ class Engine:
 class _ClosedRunner:
     def __getattr__(self, name: str) -> Any:
         raise WorkbenchError("this engine was unloaded; call workbench.load(...) again")
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f}{unit}" if unit != "B" else f"{n}B"
-        n /= 1024
-    return f"{n}B"
-
-
-def model_label(engine: Any) -> str:
-    """What the engine runs, in words: its model id, or what the embedded default is."""
-    settings = engine.settings
-    source = getattr(settings, "sources", {}).get("checkpoint")
-    if getattr(source, "kind", None) == "default":
-        return f"embedded default: {DEFAULT_MODEL_NAME}"
-    if engine.model_id:
-        return str(engine.model_id)
-    return f"{engine.family} checkpoint {settings.checkpoint_dir.name}"

@@ -11,16 +11,22 @@ import torch
 
 from workbench.errors import ImageError, InputError, PromptTooLongError
 from workbench.formats import Prompt
+from workbench.models.cross_attention import ImageSet, image_spans
+from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.vision.images import is_image_item
 from workbench.vision.preprocess import prepare_image
+from workbench.vision.tiling_llama3 import tile_image
 
 Content = str | Sequence[int] | Any  # Any: a formats.Prompt (token ids + images) from formatter.encode_prompt
 
 
-def prepare_images(engine: Any, images: Sequence[Any], ids: list[int], row: int) -> torch.Tensor | None:
-    """The prompt's images as one tile batch [n, 3, T, T] (checked against its ``<|patch|>`` tokens)."""
+def prepare_images(engine: Any, images: Sequence[Any], ids: list[int], row: int) -> Any:
+    """The prompt's images as one tile batch [n, 3, T, T] (checked against its ``<|patch|>`` tokens), or for
+    Llama 3.2 Vision an :class:`~workbench.models.cross_attention.ImageSet` (checked against its ``<|image|>``s)."""
     if not images:
         return None
+    if is_cross_attention_vision(engine.args):
+        return prepare_cross_attention_images(engine, images, ids, row)
     vision = engine.args.vision_args
     if vision is None:
         raise ImageError(engine.formatter.chat.no_images_reason or "this model has no vision encoder")
@@ -35,6 +41,22 @@ def prepare_images(engine: Any, images: Sequence[Any], ids: list[int], row: int)
             f"{tiles.shape[0] * vision.tokens_per_tile}; build image prompts with engine.formatter.encode_prompt"
         )
     return tiles
+
+def prepare_cross_attention_images(engine: Any, images: Sequence[Any], ids: list[int], row: int) -> ImageSet:
+    """Llama 3.2 Vision: each image tiled (at most ``vision_max_num_chunks`` tiles of ``vision_chunk_size``), with
+    the positions that see it (from the prompt's ``<|image|>`` tokens)."""
+    chunk, max_chunks = engine.args.vision_chunk_size, engine.args.vision_max_num_chunks
+    if any(im.layout.tile_size != chunk for im in images):
+        raise InputError(f"prompt row {row} was tiled for another model; build it with this engine's "
+                         "formatter.encode_prompt")  # fmt: skip
+    image_id = engine.tokenizer.special_tokens["<|image|>"]
+    spans = image_spans(ids, image_id)
+    if len(spans) != len(images):
+        raise InputError(f"prompt row {row} has {len(spans)} <|image|> tokens but {len(images)} image(s); build "
+                         "image prompts with engine.formatter.encode_prompt")  # fmt: skip
+    tiled = [tile_image(im.image, chunk, max_chunks) for im in images]
+    return ImageSet([t.tiles for t in tiled], [t.aspect_ratio for t in tiled], spans)
+
 
 def encode_row(engine: Any, content: Content, row: int) -> tuple[list[int], torch.Tensor | None]:
     """Token ids of one prompt row, and its image tiles when it is a Prompt with images."""
@@ -71,6 +93,12 @@ def check_lengths(engine: Any, prompts: list[list[int]], image_tiles: Sequence[A
         if not p:
             raise InputError(f"prompt row {i} is empty; give at least one token (strings get a BOS token)")
         tiles = image_tiles[i] if image_tiles is not None else None
+        if isinstance(tiles, ImageSet) and len(p) >= engine.max_seq_len:
+            raise PromptTooLongError(
+                f"prompt row {i} has {len(p)} tokens ({len(tiles.tiles)} of them <|image|>) but max_seq_len is "
+                f"{engine.max_seq_len} (room is needed for at least one generated token); shorten the prompt or "
+                f"load with max_seq_len > {len(p)}"
+            )
         if tiles is not None and len(p) >= engine.max_seq_len:
             vision = engine.args.vision_args
             image_tokens = p.count(engine.tokenizer.special_tokens["<|patch|>"])

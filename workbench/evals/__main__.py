@@ -3,6 +3,7 @@
 Prints one summary row per setting and a final JSON line, e.g.::
 
     python -m workbench.evals --cases 150 --quantization none bf16 fp8_mixed int4_mixed
+    python -m workbench.evals --tools unseen      # generated tools the demo model never trained on
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--values", default=None, choices=["train", "heldout"],
                         help="split of the argument values (default: --split's; e.g. --split heldout --values "
                              "train measures unseen phrasings alone)")
+    parser.add_argument("--tools", default="demo", choices=["demo", "unseen"],
+                        help="synthetic cases over the 14 demo tools, or over generated held-out tools the demo "
+                             "model never saw (names, parameters, phrasings and values; workbench.evals.unseen)")
     parser.add_argument("--seed", type=int, default=2024, help="seed of the synthetic cases")
     parser.add_argument("--quantization", nargs="*", default=None,
                         help="modes to compare: none bf16 fp8_mixed int4_mixed")  # fmt: skip
@@ -42,8 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
 
-    cases = (evals.load_cases(args.cases_file) if args.cases_file
-             else evals.synthetic_cases(args.cases, split=args.split, seed=args.seed, values=args.values))  # fmt: skip
+    tools = None  # the demo tools
+    if args.cases_file:
+        cases = evals.load_cases(args.cases_file)
+    elif args.tools == "unseen":
+        cases, tools = evals.unseen_cases(args.cases, split=args.split, seed=args.seed)
+    else:
+        cases = evals.synthetic_cases(args.cases, split=args.split, seed=args.seed, values=args.values)
     engine = wb.load(args.checkpoint, model=args.model, max_batch_size=32)
     settings: list[dict] = [{}]
     for key, values in (("quantization", args.quantization), ("tool_prompt_format", args.tool_prompt_format),
@@ -53,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
             settings = [{**s, key: v} for s in settings for v in values]
     started = time.perf_counter()
     if settings == [{}]:
-        results = evals.run_cases(engine, cases, progress=True)
+        results = evals.run_cases(engine, cases, tools=tools, progress=True)
         summary = evals.summarize(results)
     else:
-        results = evals.compare(engine, cases, settings, progress=True)
+        results = evals.compare(engine, cases, settings, tools=tools, progress=True)
         summary = evals.summarize(results, by=[k for k in evals.SETTING_KEYS if k in results.columns])
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(summary.to_string(index=False))

@@ -120,7 +120,8 @@ def run_cases(
                                                   tool_choice=tool_choice if r.replies_in_turn == 0 else "auto",
                                                   tool_prompt_format=tool_prompt_format)
                    for r in active]  # fmt: skip
-        fits = [len(p) < engine.max_seq_len for p in prompts]
+        limit = getattr(engine, "max_seq_len", None)  # an engine stand-in may have no limit
+        fits = [limit is None or len(p) < limit for p in prompts]
         for run, ok in zip(active, fits):
             if not ok:  # a tool result made the dialog longer than max_seq_len: the case ends here
                 run.ended("prompt_too_long")

@@ -56,6 +56,7 @@ class ImageTokens:
     tile_size: int
     tokens_per_tile: int
     max_tiles: int = 16
+    cross_attention: bool = False  # Llama 3.2 Vision: one <|image|> per image (images enter by cross-attention)
 
 
 def content_items(content: Any) -> list[Any]:
@@ -158,6 +159,8 @@ class ChatFormat:
         thumbnail: ``<|image_start|><|image|>`` patches ``<|image_end|>``."""
         assert self.image_tokens is not None
         sp = self.tokenizer.special_tokens
+        if self.image_tokens.cross_attention:
+            return [sp["<|image|>"]]
         patches = [sp["<|patch|>"]] * self.image_tokens.tokens_per_tile
         ids = [sp["<|image_start|>"]]
         if layout.rows * layout.cols > 1:

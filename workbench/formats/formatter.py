@@ -111,19 +111,23 @@ class Formatter:
     family.  ``today`` pins the date written into Llama 3.1 tool prompts (a date, a string, or a callable);
     by default it is the current date, as in the reference.  ``vision_args`` (a Llama 4 checkpoint's
     :class:`~workbench.models.args.VisionArgs`) enables images in messages, tiled into at most
-    ``max_image_tiles`` tiles (Meta's default 16).
+    ``max_image_tiles`` tiles (Meta's default 16); ``cross_attention_tiles`` (a Llama 3.2 Vision checkpoint's
+    ``vision_chunk_size``, ``vision_max_num_chunks``) enables them as one ``<|image|>`` token each.
     """
 
     def __init__(self, tokenizer: Any, model_id: str | None = None, *, today: TodayLike = None,
-                 vision_args: Any = None, max_image_tiles: int = 16) -> None:  # fmt: skip
+                 vision_args: Any = None, max_image_tiles: int = 16,
+                 cross_attention_tiles: tuple[int, int] | None = None) -> None:  # fmt: skip
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.model: ModelInfo = resolve_model(model_id, getattr(tokenizer, "family", "llama3"))
         family = getattr(tokenizer, "family", "llama3")
         image_tokens, reason = None, None
-        if family != "llama4":
-            reason = ("images need a Llama 4 model: workbench runs Llama 3 models text-only (Llama 3.2 Vision's "
-                      "cross-attention image layers are not supported)")  # fmt: skip
+        if family != "llama4" and cross_attention_tiles is not None:  # Llama 3.2 Vision: (chunk size, max chunks)
+            image_tokens = ImageTokens(cross_attention_tiles[0], 1, cross_attention_tiles[1], cross_attention=True)
+        elif family != "llama4":
+            reason = ("this Llama 3 model is text-only: images need a Llama 3.2 Vision checkpoint (vision_chunk_size "
+                      "in params.json) or a Llama 4 one with vision_args")  # fmt: skip
         elif vision_args is None:
             reason = ("this Llama 4 checkpoint is text-only: its params.json has no vision_args (no vision encoder); "
                       "load a checkpoint with vision weights, such as Llama-4-Scout-17B-16E-Instruct")  # fmt: skip
@@ -242,7 +246,9 @@ class Formatter:
 
 
 def make_formatter(tokenizer: Any, model_id: str | None = None, *, today: TodayLike = None, vision_args: Any = None,
-                   max_image_tiles: int = 16) -> Formatter:  # fmt: skip
+                   max_image_tiles: int = 16,
+                   cross_attention_tiles: tuple[int, int] | None = None) -> Formatter:  # fmt: skip
     """The formatter for an engine: chat tokens from ``tokenizer.family``, tool prompts from ``model_id``, images
-    when ``vision_args`` is given."""
-    return Formatter(tokenizer, model_id, today=today, vision_args=vision_args, max_image_tiles=max_image_tiles)
+    when ``vision_args`` (Llama 4) or ``cross_attention_tiles`` (Llama 3.2 Vision: chunk size, max chunks) is given."""
+    return Formatter(tokenizer, model_id, today=today, vision_args=vision_args, max_image_tiles=max_image_tiles,
+                     cross_attention_tiles=cross_attention_tiles)

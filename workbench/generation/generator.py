@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from workbench.generation.constraints import MaskRow
+from workbench.generation.graphs import StaticDecode
 from workbench.generation.sampling import SamplingParams, fast_argmax, sample_token
 from workbench.models.transformer import Transformer
 from workbench.types import StopReason, TokenLogprob
@@ -61,7 +62,28 @@ class Request:
     prompt: list[int]
     params: SamplingParams
     constraint: Any = None  # a structured.Constraint: the row's output must follow its grammar
-    image_tiles: torch.Tensor | None = None  # [n, 3, T, T]: the prompt's images' tiles, in <|patch|> order
+    # Llama 4: [n, 3, T, T], the prompt's images' tiles in <|patch|> order; Llama 3.2 Vision: an ImageSet
+    image_tiles: Any = None
+    # a RowCancel: once set, the row ends at the next step with stop_reason "cancelled" and frees its slot
+    cancel: Any = None
+
+
+class RowCancel:
+    """Cancels one row of a running call (a disconnected client's stream) without stopping the others.
+
+    A plain object, so a Request holding it still pickles; model-parallel workers get a copy (the engine
+    then just drops the row's events until the call ends)."""
+
+    __slots__ = ("flag",)
+
+    def __init__(self) -> None:
+        self.flag = False
+
+    def set(self) -> None:
+        self.flag = True
+
+    def is_set(self) -> bool:
+        return self.flag
 
 
 @dataclass
@@ -119,6 +141,19 @@ class Generator:
         self.share_prefixes = share_prefixes
         self._resident: list[_Row | None] = [None] * max_batch_size  # what each slot's cache holds
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0}  # since construction (for benchmarks)
+        self.static: StaticDecode | None = None  # fixed-shape (CUDA-graphed) decode steps, see use_static_decode
+
+    def use_static_decode(self, enabled: bool = True, capture: bool = True) -> StaticDecode | None:
+        """Decode through fixed-shape steps per (batch, span) bucket (:mod:`workbench.generation.graphs`),
+        captured as CUDA graphs when ``capture`` (CUDA only; a failed capture raises and leaves eager steps);
+        without capture the same steps run eagerly.  Same tokens as the eager step."""
+        self.static = None
+        if enabled:
+            static = StaticDecode(self.model, self.cache)
+            if capture:
+                static.capture()
+            self.static = static
+        return self.static
 
     def forget_prefixes(self) -> None:
         """Drop every resident record: the next prompts are computed whole (cold-cache timings)."""
@@ -131,6 +166,7 @@ class Generator:
         slots: list[_Row | None] = [None] * min(self.max_batch_size, len(requests))
         refill_at = max(1, len(slots) // 4)  # wait for this many free slots before a new prefill wave
         while pending or any(slots):
+            yield from self._drop_cancelled(pending, slots)
             free = [i for i, row in enumerate(slots) if row is None]
             running = len(slots) - len(free)
             if free and pending and (len(free) >= min(refill_at, len(pending)) or not running):
@@ -140,13 +176,27 @@ class Generator:
             if active:
                 yield from self._decode(slots, active[-1] + 1)
 
+    def _drop_cancelled(self, pending: deque[Request], slots: list[_Row | None]) -> Iterator[Event]:
+        """End the rows whose ``cancel`` is set (waiting or running): a "cancelled" event each, slot freed."""
+        for request in [r for r in pending if r.cancel is not None and r.cancel.is_set()]:
+            pending.remove(request)
+            yield Event(request.index, None, stop_reason="cancelled")
+        for i, row in enumerate(slots):
+            if row is not None and row.request.cancel is not None and row.request.cancel.is_set():
+                slots[i] = None  # its resident record stays valid: the cache holds what it fed
+                yield Event(row.request.index, None, stop_reason="cancelled")
+
     @torch.inference_mode()
-    def logits(self, token_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Teacher-forced float32 logits ``[len, V]`` of each sequence (batched, padded)."""
+    def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
+               ) -> list[torch.Tensor]:  # fmt: skip
+        """Teacher-forced float32 logits ``[len, V]`` of each sequence (batched, padded); ``images`` gives each
+        row's images as its requests would (tiles, or a Llama 3.2 Vision ImageSet), or None."""
         out: list[torch.Tensor | None] = [None] * len(token_lists)
         for group in self._prefill_groups(list(range(len(token_lists))), [len(t) for t in token_lists]):
             tokens = self._padded([token_lists[i] for i in group])
-            logits = self.model.forward_full(tokens)  # [b, T, V]
+            rows = [images[i] for i in group] if images is not None else []
+            extra = {"images": rows, "image_token": self.image_token} if any(r is not None for r in rows) else {}
+            logits = self.model.forward_full(tokens, **extra)  # [b, T, V]
             for j, i in enumerate(group):
                 out[i] = logits[j, : len(token_lists[i])].cpu()
         return out  # type: ignore[return-value]
@@ -369,19 +419,28 @@ class Generator:
         if constrained:  # their next masks are computed on a worker while the forward runs
             self.grammars.prefetch(constrained)
         device = self.model.device
-        logits = self.model.forward_decode(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
-                                           self.cache, span=(low, high))  # [W, V]  # fmt: skip
+        greedy = None
+        if self.static is not None:  # fixed shapes (a CUDA graph replay on a GPU); argmax taken on the device
+            logits, greedy = self.static(tokens, positions)  # [W, V], [W]
+        else:
+            logits = self.model.forward_decode(torch.tensor(tokens, device=device),
+                                               torch.tensor(positions, device=device),
+                                               self.cache, span=(low, high))  # [W, V]  # fmt: skip
         for i in live:
             slots[i].fed += 1  # type: ignore[union-attr]
-        yield from self._advance_all([(i, slots[i]) for i in live], logits[live] if len(live) < width else logits,
-                                     slots)  # fmt: skip
+        if len(live) < width:
+            logits, greedy = logits[live], None if greedy is None else greedy[live]
+        yield from self._advance_all([(i, slots[i]) for i in live], logits, slots, greedy)
 
-    def _advance_all(self, rows: list[tuple[int, _Row]], logits: torch.Tensor,
-                     slots: list[_Row | None]) -> Iterator[Event]:  # fmt: skip
-        """Pick every row's next token from ``logits`` [n, V] (one argmax for all greedy rows)."""
+    def _advance_all(self, rows: list[tuple[int, _Row]], logits: torch.Tensor, slots: list[_Row | None],
+                     argmax: torch.Tensor | None = None) -> Iterator[Event]:  # fmt: skip
+        """Pick every row's next token from ``logits`` [n, V] (one argmax for all greedy rows; ``argmax`` [n]
+        when the step already took it on the device)."""
         chosen: dict[int, int] = {}  # rows whose grammar already decided their greedy token
         # before any mask: constrained greedy rows keep their argmax when the grammar allows it
-        greedy = fast_argmax(logits).tolist() if any(r.request.params.greedy for _, r in rows) else []
+        greedy: list[int] = []
+        if any(r.request.params.greedy for _, r in rows):
+            greedy = (argmax if argmax is not None else fast_argmax(logits)).tolist()
         if any(row.grammar is not None for _, row in rows):
             chosen = yield from self._mask_grammars(rows, logits, slots, greedy)
             for k, (_, row) in enumerate(rows):  # greedy rows whose logits the mask rewrote (logprobs asked)

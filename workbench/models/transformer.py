@@ -306,11 +306,32 @@ class Transformer(nn.Module):
         row by row.  Same arithmetic as :meth:`forward_full` per row.
         """
         ctx = self._packed_context(tokens, lengths, starts, cache, cache_rows)
-        h = self.tok_embeddings(tokens)  # [1, N, D]
-        for layer in self.layers:
-            h = layer(h, ctx)
+        h = self.run_layers(self.embed(tokens), ctx)  # [1, N, D]
         ends = torch.tensor(lengths, device=h.device).cumsum(0) - 1  # [B] each row's last token
         return self._logits(h[0, ends])  # [B, V]
+
+    @torch.inference_mode()
+    def hidden_packed(self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache,
+                      cache_rows: list[int]) -> torch.Tensor:  # fmt: skip
+        """:meth:`forward_packed` without the output projection: final hidden states of every packed token
+        [N, D] (keys/values written alike).  Scoring projects only the positions it needs (:meth:`project`)."""
+        ctx = self._packed_context(tokens, lengths, starts, cache, cache_rows)
+        return self.run_layers(self.embed(tokens), ctx)[0]  # [N, D]
+
+    @torch.inference_mode()
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and output projection: hidden states [..., D] -> float32 logits [..., V]."""
+        return self._logits(h)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [..., D] (a hook: Llama 3.2 Vision embeds its image token differently)."""
+        return self.tok_embeddings(tokens)
+
+    def run_layers(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """The decoder layers over hidden states ``h`` (a hook: Llama 3.2 Vision interleaves cross-attention)."""
+        for layer in self.layers:
+            h = layer(h, ctx)
+        return h
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.output(self.norm(h)).float()
@@ -393,12 +414,11 @@ class Transformer(nn.Module):
                 local_mask = local_mask[None, None]  # [1, 1, T, T]
             ctx = StepContext(positions, cos, sin, None, local_mask, self._temperature(positions), cache, cache_rows,
                               decode=False)  # fmt: skip
-        h = self.tok_embeddings(tokens)  # [B, T, D]
+        h = self.embed(tokens)  # [B, T, D]
         if images is not None and any(tiles is not None for tiles in images):
             assert image_token is not None, "images need the <|patch|> token id"
             h = self._merge_images(h, tokens, images, image_token)
-        for layer in self.layers:
-            h = layer(h, ctx)
+        h = self.run_layers(h, ctx)
         if logit_index is not None:
             h = h[torch.arange(bsz, device=h.device), logit_index][:, None]  # [B, 1, D]
             return self._logits(h)[:, 0]  # [B, V]
@@ -433,6 +453,22 @@ class Transformer(nn.Module):
         h = step(tokens, positions, cos, sin, global_mask, local_mask, cache, kv_len, local_start)  # [B, 1, D]
         return self._logits(h)[:, 0]  # [B, V]
 
+    def forward_decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                              span: int) -> torch.Tensor:  # fmt: skip
+        """A decode step with fixed shapes, as a CUDA graph needs (``workbench.generation.graphs``): ``tokens``
+        [W], ``positions`` [W, 1] -> float32 logits [W, V].  Every row attends to keys ``0..span-1``, masked
+        past its own position (and outside its chunk in chunked layers), so the shapes depend on ``W`` and
+        ``span`` alone; masked keys add nothing, so the values are :meth:`forward_decode`'s."""
+        cos, sin = self._rope(positions)
+        key_pos = torch.arange(span, device=tokens.device)[None, :]  # [1, S]
+        causal = key_pos <= positions  # [W, S]
+        local_mask = None
+        chunk = self.args.attention_chunk_size
+        if chunk is not None:
+            local_mask = (causal & (key_pos >= positions - positions % chunk))[:, None, None, :]  # [W, 1, 1, S]
+        h = self._decode_layers(tokens, positions, cos, sin, causal[:, None, None, :], local_mask, cache, span, 0)
+        return self._logits(h)[:, 0]  # [W, V]
+
     def _decode_layers(self, tokens: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        global_mask: torch.Tensor | None, local_mask: torch.Tensor | None, cache: KVCache, kv_len: int,
                        local_start: int) -> torch.Tensor:  # fmt: skip
@@ -440,10 +476,7 @@ class Transformer(nn.Module):
         [B, 1, D].  The output projection stays outside: its packed CPU kernel is not traceable."""
         ctx = StepContext(positions, cos, sin, global_mask, local_mask, self._temperature(positions), cache, None,
                           decode=True, kv_len=kv_len, local_start=local_start)  # fmt: skip
-        h = self.tok_embeddings(tokens[:, None])  # [B, 1, D]
-        for layer in self.layers:
-            h = layer(h, ctx)
-        return h
+        return self.run_layers(self.embed(tokens[:, None]), ctx)  # [B, 1, D]
 
     def compile_decode(self, enabled: bool = True) -> None:
         """Run decode steps through ``torch.compile`` (inductor; dynamic shapes, so the batch width and

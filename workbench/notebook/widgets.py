@@ -25,7 +25,7 @@ from workbench.errors import GenerationCancelled, PromptTooLongError, WorkbenchE
 from workbench.formats import coerce_tools
 from workbench.session import current
 from workbench.tools import CodeInterpreter, Toolbox
-from workbench.types import ChatCompletion, Message
+from workbench.types import ChatCompletion, Message, message_text
 
 try:  # the input box with Enter-to-send needs a few lines of browser code: anywidget ships them
     import anywidget
@@ -38,7 +38,7 @@ STREAM_REFRESH_S = 0.1  # redraw the transcript at most this often while tokens 
 
 def render_message(message: Message) -> str:
     """One transcript line in plain text: role, content, and tool calls as ``name(args)``."""
-    return display.message_text(message)
+    return message_text(message)
 
 
 if anywidget is not None:

@@ -9,8 +9,10 @@ import functools
 
 import torch
 
+from workbench.checkpoints import vision32
 from workbench.checkpoints.load import build_model, build_vision
 from workbench.models.args import ModelArgs
+from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.models.transformer import Transformer
 from workbench.quantization import load_options, quantize_model
 from workbench.runtime.settings import Settings
@@ -32,12 +34,13 @@ def load_model_for_rank(settings: Settings, args: ModelArgs, rank: int = 0, *,
     # Called for every mode: a pre-quantized checkpoint's shards hold unscaled fp8 codes that need their scales.
     model = quantize_model(model, settings.quantization, settings=settings, rank=rank)
     model.use_fast_layouts()
-    if args.vision_args is not None:
+    if args.vision_args is not None or is_cross_attention_vision(args):
         model.vision_loader = functools.partial(_load_vision, settings, args, rank, model)
     return model
 
 
 def _load_vision(settings: Settings, args: ModelArgs, rank: int, model: Transformer) -> torch.nn.Module:
     """The vision encoder of this rank, in the text model's (possibly bf16) dtype and on its device."""
-    return build_vision(settings.checkpoint_dir, args, device=model.device, dtype=model.dtype,
-                        mp_size=settings.model_parallel_size, rank=rank)  # fmt: skip
+    build = vision32.build_vision if is_cross_attention_vision(args) else build_vision
+    return build(settings.checkpoint_dir, args, device=model.device, dtype=model.dtype,
+                 mp_size=settings.model_parallel_size, rank=rank)  # fmt: skip

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from workbench.formats.tokenizer import Tokenizer
+from workbench.generation import scoring
 from workbench.generation.constraints import GrammarRuntime
 from workbench.generation.generator import Event, Generator, Request
 from workbench.models.args import ModelArgs
@@ -34,7 +35,7 @@ class LocalRunner:
             model, stop_tokens=stop_token_reasons(self.tokenizer), decode_text=self.tokenizer.decode,
             max_batch_size=self.settings.max_batch_size, max_seq_len=self.settings.max_seq_len,
             grammars=GrammarRuntime(self.tokenizer),
-            image_token=image_token(self.tokenizer),
+            image_token=image_token(self.tokenizer, self.args),
         )  # fmt: skip
 
     def reload(self, settings: Settings) -> None:
@@ -59,8 +60,24 @@ class LocalRunner:
     def compile_decode(self, enabled: bool = True) -> None:
         self.model.compile_decode(enabled)
 
-    def logits(self, token_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        return self.generator.logits(token_lists)
+    def use_cuda_graphs(self, enabled: bool = True) -> dict[str, Any] | None:
+        """Fixed-shape decode steps, captured as CUDA graphs on a GPU (uncaptured elsewhere); their info."""
+        on_gpu = self.model.device.type == "cuda"
+        static = self.generator.use_static_decode(enabled, capture=on_gpu)
+        if static is None:
+            return None
+        info = static.info()
+        if not on_gpu:
+            info["fallback"] = "no CUDA device: the fixed-shape steps run uncaptured (same tokens)"
+        return info
+
+    def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
+               ) -> list[torch.Tensor]:  # fmt: skip
+        return self.generator.logits(token_lists, images)
+
+    def score(self, sequences: Sequence[Sequence[int]],
+              starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:  # fmt: skip
+        return scoring.score(self.generator, sequences, starts)
 
     def parameter_count(self) -> int:
         return self.model.parameter_count()

@@ -76,6 +76,7 @@ from workbench.models.distributed import ensure_model_parallel
 from workbench.models.transformer import Transformer
 from workbench.runtime.limits import LOAD_TIMEOUT_S, POLL_S, START_TIMEOUT_S, STOP_TIMEOUT_S, SYNC_TIMEOUT_S
 from workbench.runtime.memory import merge_memory
+from workbench.runtime.rows import to_wire as _to_wire
 from workbench.runtime.settings import Settings
 from workbench.runtime.worker import WorkerSpec, worker_main
 
@@ -206,18 +207,22 @@ class ParallelRunner:
             return
         if any(r.image_tiles is not None for r in requests):
             self._vision_loaded = True  # the ranks load it at this request's first prefill
-            # As numpy arrays: pickled by value.  torch tensors would travel as shared-memory handles, which
-            # only one receiver can open, and the same bytes go to every rank.
-            requests = [r if r.image_tiles is None else replace(r, image_tiles=r.image_tiles.cpu().numpy())
+            # As numpy arrays (see rows.to_wire).
+            requests = [r if r.image_tiles is None else replace(r, image_tiles=_to_wire(r.image_tiles))
                         for r in requests]  # fmt: skip
         rid = self._send("generate", requests)
         yield from self._collect(rid, f"generating (request {rid})")
 
-    def logits(self, token_lists: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
+               ) -> list[torch.Tensor]:  # fmt: skip
         lists = [list(t) for t in token_lists]
         if not lists:
             return []
-        rid = self._send("logits", lists)
+        if images is not None and any(i is not None for i in images):
+            self._vision_loaded = True
+            rid = self._send("logits", (lists, [None if i is None else _to_wire(i) for i in images]))
+        else:
+            rid = self._send("logits", lists)
         results = self._collect(rid, f"scoring (request {rid})")
         while True:
             try:
@@ -225,6 +230,19 @@ class ParallelRunner:
             except StopIteration as done:
                 flat, lengths = done.value
                 return list(flat.split(lengths))
+
+    def score(self, sequences: Sequence[Sequence[int]],
+              starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:  # fmt: skip
+        """Every rank scores (same forwards); rank 0's flat log-probs, greedy flags and per-row counts."""
+        if not sequences:
+            return torch.empty(0), torch.empty(0, dtype=torch.bool), []
+        rid = self._send("score", ([list(s) for s in sequences], [int(s) for s in starts]))
+        results = self._collect(rid, f"scoring (request {rid})")
+        while True:
+            try:
+                next(results)
+            except StopIteration as done:
+                return done.value
 
     def parameter_count(self) -> int:
         return self._parameters

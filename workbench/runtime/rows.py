@@ -3,7 +3,14 @@ embeddings go.  Shared by the in-process runner and the model-parallel workers, 
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from workbench.formats.tokenizer import Tokenizer
+from workbench.models.args import ModelArgs
+from workbench.models.cross_attention import ImageSet
+from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.types import StopReason
 
 
@@ -12,6 +19,21 @@ def stop_token_reasons(tokenizer: Tokenizer) -> dict[int, StopReason]:
     return {tokenizer.eos_id: "end_of_turn", tokenizer.eot_id: "end_of_turn", tokenizer.eom_id: "end_of_message"}
 
 
-def image_token(tokenizer: Tokenizer) -> int | None:
-    """The ``<|patch|>`` id (Llama 4 tokenizers), where image embeddings go; None for Llama 3."""
-    return getattr(tokenizer, "special_tokens", {}).get("<|patch|>")
+def image_token(tokenizer: Tokenizer, args: ModelArgs | None = None) -> int | None:
+    """Where a prompt's image positions start: ``<|patch|>`` (Llama 4 tokenizers), ``<|image|>`` for a Llama 3.2
+    Vision model (cross-attention: the image token itself); None for text-only Llama 3."""
+    special = getattr(tokenizer, "special_tokens", {})
+    if args is not None and is_cross_attention_vision(args):
+        return special.get("<|image|>")
+    return special.get("<|patch|>")
+
+
+def to_wire(images: Any) -> Any:
+    """A row's images for the model-parallel workers, as numpy arrays: pickled by value.  torch tensors would
+    travel as shared-memory handles, which only one receiver can open, and the same bytes go to every rank."""
+    return images.to_numpy() if isinstance(images, ImageSet) else images.cpu().numpy()
+
+
+def from_wire(images: Any) -> Any:
+    """The inverse of :func:`to_wire`, on a worker."""
+    return images.to_torch() if isinstance(images, ImageSet) else torch.from_numpy(images)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from workbench.checkpoints.load import check_vocab
 from workbench.errors import WorkbenchError, WorkerError
 from workbench.formats.tokenizer import Tokenizer
+from workbench.generation import scoring
 from workbench.generation.constraints import GrammarRuntime
 from workbench.generation.generator import Generator
 from workbench.models.args import ModelArgs
@@ -25,6 +26,7 @@ from workbench.models.distributed import init_worker_group, shutdown_worker_grou
 from workbench.runtime.limits import COLLECTIVE_TIMEOUT_S, POLL_S
 from workbench.runtime.loading import load_model_for_rank
 from workbench.runtime.memory import model_memory
+from workbench.runtime.rows import from_wire as _from_wire
 from workbench.runtime.rows import image_token, stop_token_reasons
 from workbench.runtime.settings import Settings
 
@@ -67,6 +69,10 @@ class _CheckedModel:
     def forward_packed(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         self._worker.checkpoint("prefill", tokens)
         return self._model.forward_packed(tokens, *args, **kwargs)
+
+    def hidden_packed(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self._worker.checkpoint("prefill", tokens)
+        return self._model.hidden_packed(tokens, *args, **kwargs)
 
     def forward_decode(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         self._worker.checkpoint("decode", tokens)
@@ -123,7 +129,7 @@ class _Worker:
             _CheckedModel(model, self), stop_tokens=stop_token_reasons(tokenizer), decode_text=tokenizer.decode,
             max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len,
             grammars=GrammarRuntime(tokenizer),  # every rank computes the same masks from the same tokens
-            image_token=image_token(tokenizer),
+            image_token=image_token(tokenizer, args),
         )  # fmt: skip
         info = model_memory(model, self.generator.cache.nbytes())
         info["local_parameters"] = sum(p.numel() for p in model.parameters())
@@ -165,15 +171,20 @@ class _Worker:
         assert self.generator is not None
         rank0 = self.spec.rank == 0
         if kind == "generate":
-            payload = [r if r.image_tiles is None else replace(r, image_tiles=torch.from_numpy(r.image_tiles))
+            payload = [r if r.image_tiles is None else replace(r, image_tiles=_from_wire(r.image_tiles))
                        for r in payload]  # fmt: skip
             for event in self.generator.generate(payload):
                 if rank0:
                     self.send("event", self.rid, event)
             return None
         if kind == "logits":
-            out = self.generator.logits(payload)
+            lists, images = payload if isinstance(payload, tuple) else (payload, None)
+            out = self.generator.logits(lists, None if images is None else [
+                None if i is None else _from_wire(i) for i in images])  # fmt: skip
             return (torch.cat(out), [t.shape[0] for t in out]) if rank0 else None
+        if kind == "score":
+            out = scoring.score(self.generator, *payload)
+            return out if rank0 else None
         if kind == "load_vision":
             self.generator.model.ensure_vision()
             return None

@@ -33,12 +33,13 @@ import torch.nn.functional as F
 
 from workbench.checkpoints.factory import TINY_LLAMA4
 from workbench.demo.data import COPY_MIX, DialogGenerator, encode, spelling_mix
+from workbench.demo.generated import GeneratedDialogs, generated_token_ids
 from workbench.formats import make_formatter
 from workbench.formats.tokenizer import Tokenizer, bundled_tokenizer_path
 from workbench.training.export import export_compact
 from workbench.training.forward import build_model, common_prefix_length, hidden_states
 from workbench.training.spelled import SpelledEmbeddings, spelling_table
-from workbench.training.vocab import build_compact_vocab, spelling_words
+from workbench.training.vocab import build_compact_vocab, extend_vocab, spelling_words
 
 # The shipped demo model's shape: the tiny Llama 4 code paths (MoE, NoPE, QK-norm, temperature tuning),
 # widened to dim 192 and 6 layers (the largest whose compact artifact stays under 20 MB), with chunked
@@ -58,8 +59,9 @@ class Batcher:
     def __init__(self, formatter: Any, to_compact: dict[int, int], unk: int, batch_size: int, seed: int,
                  curriculum_steps: int, synthetic: float = 0.35, aux_positions: int = 0,
                  copy_exercise: bool = False, shared_tools: bool = False, composed: float = 0.0,
-                 spell: float = 0.0, spelling: list[str] | None = None) -> None:  # fmt: skip
+                 spell: float = 0.0, spelling: list[str] | None = None, generated: float = 0.0) -> None:  # fmt: skip
         self.composed, self.spell, self.spelling = composed, spell, spelling or []
+        self.generated = generated  # share of dialogs (or shared-tool batches) over generated tools
         self.formatter, self.to_compact, self.unk = formatter, to_compact, unk
         self.batch_size, self.seed, self.curriculum_steps = batch_size, seed, curriculum_steps
         self.synthetic, self.aux_positions, self.copy_exercise = synthetic, aux_positions, copy_exercise
@@ -75,15 +77,22 @@ class Batcher:
             gen = DialogGenerator("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools,
                                   synthetic=self.synthetic, mix=mix, composed=self.composed,
                                   spelling_words=self.spelling)  # fmt: skip
+            tools_gen = GeneratedDialogs("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools)
+            coin = random.Random(self.seed * 104_729 + group)
+
+            def source() -> DialogGenerator | GeneratedDialogs:  # generated tools for ``generated`` of the draws
+                return tools_gen if self.generated and coin.random() < self.generated else gen
+
             if self.shared_tools:  # one tool set per batch: the whole system prompt is computed once
                 encoded = []
                 for _ in range(self.GROUP):
-                    offered = gen.offer()
-                    encoded += [encode(self.formatter, gen.dialog(offered=offered)) for _ in range(self.batch_size)]
+                    src = source()
+                    offered = src.offer()
+                    encoded += [encode(self.formatter, src.dialog(offered=offered)) for _ in range(self.batch_size)]
                 rows = [([self.to_compact.get(t, self.unk) for t in e.tokens], e.targets) for e in encoded]
                 self._group = (group, rows)
                 return rows
-            encoded = [encode(self.formatter, gen.dialog()) for _ in range(self.batch_size * self.GROUP)]
+            encoded = [encode(self.formatter, source().dialog()) for _ in range(self.batch_size * self.GROUP)]
             rows = [([self.to_compact.get(t, self.unk) for t in e.tokens], e.targets) for e in encoded]
             rows.sort(key=lambda r: len(r[0]))
             self._group = (group, rows)
@@ -152,14 +161,15 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
           shared_tools: bool = False, init_from: Path | None = None, warmup: int = 200,
           copy_weight: float = 1.0, composed: float = 0.0, spell: float = 0.0,
           spelled: bool = False, device: str = "cpu", workers: int = 0,
-          max_minutes: float | None = None) -> dict[str, Any]:  # fmt: skip
+          max_minutes: float | None = None, generated_tools: float = 0.0) -> dict[str, Any]:  # fmt: skip
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
     ``stop_after`` ends the run early after that step (saving first), as an interruption would;
     ``max_minutes`` does the same once that much wall time has passed (a leased GPU's time limit).
     ``device`` runs the model there (the data stays a function of (seed, step), but GPU arithmetic is
     not bit-identical to the CPU's); ``workers`` processes prepare batches ahead, which a GPU needs to
-    stay busy.
+    stay busy.  ``generated_tools`` is the share of dialogs over generated tools (workbench.demo.generated);
+    their tokens join the compact vocabulary (a warm start's rows for them begin as the mean trained row).
     """
     from tqdm.auto import tqdm
 
@@ -168,12 +178,15 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
     tokenizer = Tokenizer(bundled_tokenizer_path("llama4"))
     formatter = make_formatter(tokenizer, None)
     init = _initial_weights(Path(init_from)) if init_from is not None else None
-    if init is not None:  # a warm start keeps the vocabulary it was trained with
-        vocab = init[0]
+    extra = generated_token_ids(formatter, vocab_sample or 1000) if generated_tools else set()
+    if init is not None:  # a warm start keeps the vocabulary it was trained with (plus generated tools' tokens)
+        vocab, state0 = extend_vocab(init[0], extra, init[2])
+        init = (vocab, init[1], state0)
     elif (out_dir / "config.json").exists():  # a resumed run keeps its own
         vocab = json.loads((out_dir / "config.json").read_text())["vocab"]
     else:
         vocab = build_compact_vocab(tokenizer) if vocab_sample is None else build_compact_vocab(tokenizer, vocab_sample)
+        vocab = sorted(set(vocab) | extra)
     to_compact = {t: i for i, t in enumerate(vocab)}
     torch.manual_seed(seed)
     model = build_model(params, len(vocab), seed).to(device)
@@ -225,12 +238,14 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
                                                      "copy_exercise": copy_exercise, "shared_tools": shared_tools,
                                                      "copy_weight": copy_weight, "composed": composed,
                                                      "spell": spell, "spelled": spelled,
+                                                     "generated_tools": generated_tools,
                                                      "init_from": str(init_from) if init_from else None}))  # fmt: skip
     batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
                       batch_size, seed, curriculum_steps=steps // 5, synthetic=synthetic,
                       aux_positions=aux_positions if aux_weight > 0 else 0, copy_exercise=copy_exercise,
                       shared_tools=shared_tools, composed=composed, spell=spell,
-                      spelling=spelling_words(tokenizer, vocab) if spell else None)  # fmt: skip
+                      spelling=spelling_words(tokenizer, vocab) if spell else None,
+                      generated=generated_tools)  # fmt: skip
     log_path = out_dir / "log.jsonl"
     metrics: dict[str, Any] = {}
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
@@ -379,6 +394,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spelled", action="store_true",
                         help="build the rows of word tokens after a space from their spelling's pieces while "
                              "training (workbench.training.spelled), so writing an unseen word in a call generalises")
+    parser.add_argument("--generated-tools", type=float, default=0.0, metavar="SHARE",
+                        help="share of dialogs over thousands of generated tools (workbench.demo.generated), so "
+                             "the model learns to read a tool's schema; their tokens join the vocabulary")
     parser.add_argument("--stop-after", type=int, default=None,
                         help="end the run after this step (saved; a later run with other --steps resumes from it)")
     parser.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up steps")
@@ -399,7 +417,8 @@ def main(argv: list[str] | None = None) -> None:
                     copy_exercise=args.copy_exercise, shared_tools=args.shared_tools, init_from=args.init_from,
                     warmup=args.warmup, copy_weight=args.copy_weight, stop_after=args.stop_after,
                     composed=args.composed, spell=args.spell, spelled=args.spelled, device=args.device,
-                    workers=args.workers, max_minutes=args.max_minutes)  # fmt: skip
+                    workers=args.workers, max_minutes=args.max_minutes,
+                    generated_tools=args.generated_tools)  # fmt: skip
     print(json.dumps(metrics))
     if args.export is not None:
         check = export_compact(args.out, args.export, sample_dialogs=args.export_sample)

@@ -66,3 +66,18 @@ def spelling_words(tokenizer: Any, vocab: list[int]) -> list[str]:
         if quoted[:1] == quote and all(t in allowed for t in quoted):
             words.append(word)
     return words
+
+
+def extend_vocab(vocab: list[int], extra: set[int], state: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    """``vocab`` with the ids of ``extra`` added (sorted), and a compact state dict whose embedding rows
+    follow it: trained rows keep their values, new rows start as the mean trained row (a neutral start
+    that a spelled run rebuilds from the word's pieces).  Unchanged when nothing is new."""
+    new_vocab = sorted(set(vocab) | set(extra))
+    if len(new_vocab) == len(vocab):
+        return vocab, state
+    old = state["tok_embeddings.weight"]  # [V_old, D]
+    index = {t: i for i, t in enumerate(vocab)}
+    rows = old.mean(0, keepdim=True).repeat(len(new_vocab), 1)  # [V_new, D]
+    kept = [i for i, t in enumerate(new_vocab) if t in index]
+    rows[kept] = old[[index[new_vocab[i]] for i in kept]]
+    return new_vocab, {**state, "tok_embeddings.weight": rows, "output.weight": rows}

@@ -1,0 +1,166 @@
+"""Run BFCL's single-turn categories on an engine, batched, and score every reply with BFCL's own checker.
+
+Each entry gets its own function set: its prompt is rendered row by row (``engine.formatter`` for the model's
+official format, or BFCL's Llama handler prompt), and all rows of all categories go through one
+``engine.batch_completion`` (the engine runs them in waves of ``max_batch_size``; shared prefixes such as
+BFCL's system prompt are computed once).  Replies are parsed by workbench's own tool-call parser; BFCL's
+checker only ever sees the parsed calls, never model text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import pandas as pd
+
+from ...errors import WorkbenchError
+from .package import (
+    BFCLError,
+    bfcl_messages,
+    check_calls,
+    check_categories,
+    load_entries,
+    to_openai_tool,
+)
+
+#: The categories run by default: BFCL's non-live Python AST categories and irrelevance.
+DEFAULT_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+PROMPTS = ("official", "bfcl")
+COLUMNS = ["id", "category", "calls", "valid", "error", "prompt", "reply", "prompt_tokens", "tokens"]
+
+# BFCL's Llama handler writes each message as header, role, header end, "\n\n", stripped content, end of turn.
+_CHAT_TOKENS = {
+    "llama4": ("<|header_start|>", "<|header_end|>", "<|eot|>"),
+    "llama3": ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+}
+
+
+def run(engine: Any, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit: int | None = None,
+        prompt: Literal["official", "bfcl"] = "official", max_tokens: int = 512, temperature: float = 0.0,
+        seed: int | None = None, progress: bool | None = None) -> pd.DataFrame:  # fmt: skip
+    """Answer BFCL entries with ``engine`` and score them; one row per entry, in BFCL's order per category.
+
+    categories: BFCL single-turn category names (see ``SUPPORTED_CATEGORIES``).
+    limit: the first ``limit`` entries of each category (None: all of them).
+    prompt: ``"official"`` renders each entry in the model's own tool-calling format (what it was trained on);
+        ``"bfcl"`` reproduces BFCL's Llama handler prompt (its system prompt, raw function docs, every message
+        closed by the end-of-turn token), so accuracies compare with the public leaderboard.
+    max_tokens, temperature, seed: sampling of every reply (greedy by default; BFCL runs at temperature 0.001).
+
+    Columns: ``id``, ``category``, ``calls`` (BFCL's ``[{name: {arg: value}}]``), ``valid`` (BFCL's checker's
+    verdict), ``error`` (why not, or None), ``prompt``, ``reply`` (the raw text), ``prompt_tokens``, ``tokens``.
+    An entry that cannot be rendered (a function BFCL describes that workbench cannot offer) or does not fit
+    ``engine.max_seq_len`` is not generated: it counts as wrong, with the reason in ``error``.
+    """
+    cats = check_categories(categories)
+    if prompt not in PROMPTS:
+        raise BFCLError(f"prompt must be 'official' (the model's own format) or 'bfcl' (BFCL's Llama handler "
+                        f"prompt), got {prompt!r}")  # fmt: skip
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise BFCLError(f"limit must be a positive number of entries per category (or None for all), got {limit!r}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BFCLError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    rows: list[dict[str, Any]] = []
+    work: list[tuple[dict[str, Any], dict[str, Any], list[int]]] = []
+    for category in cats:
+        for entry in load_entries(category, limit):
+            row = {"id": entry["id"], "category": category, "calls": [], "valid": False, "error": None,
+                   "prompt": prompt, "reply": None, "prompt_tokens": 0, "tokens": 0}  # fmt: skip
+            rows.append(row)
+            try:
+                ids = encode_entry(engine, entry, prompt)
+            except WorkbenchError as exc:
+                row["error"] = f"not generated: the entry's prompt cannot be rendered: {exc}"
+                continue
+            row["prompt_tokens"] = len(ids)
+            if len(ids) >= engine.max_seq_len:
+                row["error"] = (f"not generated: the prompt has {len(ids)} tokens but max_seq_len is "
+                                f"{engine.max_seq_len}; load with a larger max_seq_len")  # fmt: skip
+                continue
+            work.append((row, entry, ids))
+    if work:
+        completions = engine.batch_completion([ids for _, _, ids in work], max_tokens=max_tokens,
+                                              temperature=temperature, seed=seed, progress=progress)  # fmt: skip
+        for (row, entry, _), completion in zip(work, completions):
+            message = engine.formatter.decode_assistant(completion.text, completion.stop_reason)
+            calls = [{call.tool_name: dict(call.arguments)} for call in message.tool_calls]
+            row.update(reply=completion.text, tokens=len(completion.tokens), calls=calls)
+            valid, error = check_calls(entry, row["category"], calls)
+            if not valid and message.parse_error and not calls:
+                error = f"the reply's tool call could not be parsed: {message.parse_error}"
+            row.update(valid=valid, error=error)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def encode_entry(engine: Any, entry: dict[str, Any], prompt: str) -> list[int]:
+    """The prompt token ids of one BFCL entry under ``prompt`` (``"official"`` or ``"bfcl"``)."""
+    messages = entry["question"][0]
+    if prompt == "official":
+        tools = [to_openai_tool(f) for f in entry["function"]]
+        return list(engine.formatter.encode_dialog(messages, tools=tools))
+    return encode_bfcl_prompt(engine.tokenizer, bfcl_messages(messages, entry["function"]))
+
+
+def encode_bfcl_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """BFCL's ``LlamaHandler._format_prompt`` as token ids: BOS, then per message the header tokens around the
+    role, ``"\\n\\n"`` and the stripped content, and the end-of-turn token; then an open assistant header.
+
+    Special tokens are placed by id and the text between them is encoded on its own, as a tokenizer reading
+    BFCL's prompt string with special tokens enabled does (text in messages never becomes a special token)."""
+    family = getattr(tokenizer, "family", "llama3")
+    start, end, eot = (tokenizer.special_tokens[t] for t in _CHAT_TOKENS.get(family, _CHAT_TOKENS["llama3"]))
+    ids = [tokenizer.bos_id]
+    for message in messages:
+        ids += [start, *tokenizer.encode(message["role"]), end]
+        ids += tokenizer.encode("\n\n" + str(message["content"]).strip()) + [eot]
+    return ids + [start, *tokenizer.encode("assistant"), end, *tokenizer.encode("\n\n")]
+
+
+def summarize(results: pd.DataFrame, by: Sequence[str] | None = None) -> pd.DataFrame:
+    """Accuracy per category as BFCL counts it (entries the checker accepts / entries run, every entry
+    counted), with ``correct`` and ``entries``; grouped by ``prompt`` too when the frame holds several."""
+    if not isinstance(results, pd.DataFrame) or not {"category", "valid"} <= set(results.columns):
+        raise BFCLError("summarize takes the DataFrame returned by bfcl.run (columns category and valid)")
+    if by is None:
+        by = ["prompt"] if "prompt" in results.columns and results["prompt"].nunique() > 1 else []
+    keys = [*by, "category"]
+    table = (results.assign(valid=results["valid"].astype(bool))
+             .groupby(keys, sort=False)["valid"].agg(entries="size", correct="sum").reset_index())  # fmt: skip
+    table["accuracy"] = table["correct"] / table["entries"]
+    # rows in the order the results first show each key (the order of the runs and of BFCL's categories)
+    orders = {k: {v: i for i, v in enumerate(dict.fromkeys(results[k]))} for k in keys}
+    table = table.sort_values(by=keys, key=lambda col: col.map(orders[col.name]), kind="stable")
+    return table[[*keys, "accuracy", "correct", "entries"]].reset_index(drop=True)
+
+
+def plot(summary: pd.DataFrame, *, ax: Any = None, path: str | None = None) -> Any:
+    """Bars of accuracy per category (one colour per prompt when the summary has a ``prompt`` column);
+    returns the matplotlib Figure (saved to ``path`` if given)."""
+    import matplotlib.pyplot as plt
+
+    if "valid" in summary.columns:  # the results themselves
+        summary = summarize(summary)
+    cats = list(dict.fromkeys(summary["category"]))
+    groups = list(dict.fromkeys(summary["prompt"])) if "prompt" in summary.columns else [None]
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(1.8 + 1.1 * len(cats) * max(1, len(groups)) / 1.5, 3.2))
+    else:
+        fig = ax.figure
+    width = 0.8 / len(groups)
+    for j, group in enumerate(groups):
+        part = summary if group is None else summary[summary["prompt"] == group]
+        acc = dict(zip(part["category"], part["accuracy"].astype(float)))
+        values = [acc.get(c, float("nan")) for c in cats]
+        label = "accuracy" if group is None else f"prompt={group}"
+        bars = ax.bar([i + j * width for i in range(len(cats))], values, width, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks([i + width * (len(groups) - 1) / 2 for i in range(len(cats))], cats, rotation=20, ha="right")
+    ax.set_ylim(0, 1.25)  # headroom for the legend above the bars
+    ax.set_ylabel("BFCL accuracy")
+    ax.set_title("BFCL (AST checker)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", ncols=len(groups))
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110)
+    return fig

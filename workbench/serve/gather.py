@@ -1,0 +1,386 @@
+"""Many clients, one engine: requests that arrive together become one engine batch.
+
+The engine runs one call at a time (its lock), so the server drives it from a single worker thread.  Each
+request becomes *rows* (one per choice); rows that can share an engine call (same tools, tool choice and
+sampling — :meth:`ChatRequest.row_key`) are gathered during a short window after the first arrival (it closes
+once the engine's ``max_batch_size`` rows are waiting, or after a quiet gap) and run as one
+``batch_chat_completion`` / ``batch_completion`` call.  A row's answer equals the in-process call because
+the engine guarantees per-row results independent of the batch.  A bad row in a gathered batch does not fail
+its neighbours: the batch is re-run row by row, so only the bad row's client gets the 4xx.
+
+Streams are jobs too: the worker runs them and hands each item to the client's queue; a client that
+disconnects sets ``cancelled`` and the worker closes the stream, which stops the engine's rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.errors import GenerationCancelled, WorkbenchError
+
+from .errors import APIError, from_engine_error
+
+log = logging.getLogger("workbench.serve")
+_STOP = object()
+
+
+@dataclass
+class Row:
+    """One engine row: ``kind`` is ``chat`` (``payload``: dialog, response_format), ``completion`` (a prompt)
+    or ``score`` (token ids to score with ``engine.logits``); ``kwargs`` are the engine call's keywords."""
+
+    kind: str
+    key: tuple
+    payload: Any
+    kwargs: dict[str, Any]
+    where: str = "messages"
+    future: Future = field(default_factory=Future)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class StreamJob:
+    """A stream the worker runs alone: ``start(engine)`` gives the engine's iterator, ``sink`` receives
+    ``("item", x)``, then ``("end", None)`` or ``("error", APIError)``."""
+
+    start: Callable[[Any], Iterator[Any]]
+    sink: Callable[[tuple[str, Any]], None]
+    where: str = "messages"
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    rows: int = 1
+
+
+@dataclass
+class BatchedStreamJob:
+    """A stream whose rows may share one engine batch stream with other clients' (equal ``key``).
+
+    ``kind`` is ``chat`` (``payloads``: (dialog, response_format) per choice) or ``completion`` (a prompt per
+    row); ``kwargs`` are the engine call's keywords (``tools`` included for chat).  ``sink`` receives
+    ``("item", (choice, StreamChunk))`` (the last chunk of a choice carries ``final``), then ``("end", None)``,
+    or ``("error", APIError)``."""
+
+    kind: str
+    key: tuple
+    payloads: list[Any]
+    kwargs: dict[str, Any]
+    sink: Callable[[tuple[str, Any]], None]
+    where: str = "messages"
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    choices: list[int] | None = None  # the request's choice index of each row (default: 0, 1, ...)
+
+    @property
+    def rows(self) -> int:
+        return len(self.payloads)
+
+
+@dataclass
+class Stats:
+    """What the server's card shows: requests answered, tokens generated, and the engine seconds they took."""
+
+    requests: int = 0
+    rows: int = 0
+    batches: int = 0
+    tokens: int = 0
+    busy_seconds: float = 0.0
+    largest_batch: int = 0
+    cancelled_streams: int = 0  # streams stopped because their client went away (or the server stopped)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.busy_seconds if self.busy_seconds else 0.0
+
+
+class Gatherer:
+    """The worker thread that owns the server's side of the engine (see the module docstring).
+
+    window_s: the quiet gap that closes a gathering window; max_wait_s: the longest a first arrival waits for
+    company.  Both are short next to a generation, so a lone request pays almost nothing for them.
+    """
+
+    def __init__(self, engine: Any, *, window_s: float = 0.02, max_wait_s: float = 0.1) -> None:
+        self.engine = engine
+        self.window_s = window_s
+        self.max_wait_s = max_wait_s
+        self.stats = Stats()
+        self._queue: queue.Queue = queue.Queue()
+        self._stopping = threading.Event()
+        self._current: list[Any] = []
+        self._thread = threading.Thread(target=self._loop, name="workbench-serve-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def max_rows(self) -> int:
+        return max(1, int(getattr(self.engine, "max_batch_size", 1) or 1))
+
+    def submit(self, job: Row | StreamJob) -> None:
+        if self._stopping.is_set():
+            raise APIError("the server is stopping", status=503, type="server_error")
+        self._queue.put(job)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Refuse new work, fail what is queued, stop streams at their next item and wait for the worker."""
+        self._stopping.set()
+        for job in list(self._current):
+            job.cancelled.set()
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not _STOP:
+                _fail(job, APIError("the server stopped before this request ran", status=503, type="server_error"))
+
+    # ------------------------------------------------------------------------------------------- worker
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            jobs = [first]
+            deadline = time.monotonic() + self.max_wait_s
+            while sum(_rows(j) for j in jobs) < self.max_rows:
+                wait = min(self.window_s, deadline - time.monotonic())
+                if wait <= 0:
+                    break
+                try:
+                    job = self._queue.get(timeout=wait)
+                except queue.Empty:
+                    break
+                if job is _STOP:
+                    self._queue.put(_STOP)
+                    break
+                jobs.append(job)
+            self._current = jobs
+            try:
+                self._run(jobs)
+            except BaseException as exc:  # noqa: BLE001 - the worker must survive anything a request causes
+                log.exception("serve worker: unexpected error")
+                for job in jobs:
+                    _fail(job, from_engine_error(exc, getattr(job, "where", "messages")))
+            finally:
+                self._current = []
+
+    def _run(self, jobs: list[Any]) -> None:
+        groups: dict[tuple, list[Row]] = {}
+        order: list[Any] = []
+        for job in jobs:
+            if job.cancelled.is_set():
+                _fail(job, APIError("the client went away", status=499, type="cancelled"))
+            elif isinstance(job, StreamJob):
+                order.append(job)
+            else:  # a Row or a BatchedStreamJob: grouped by key
+                if job.key not in groups:
+                    groups[job.key] = []
+                    order.append(job.key)
+                groups[job.key].append(job)
+        for item in order:
+            if isinstance(item, StreamJob):
+                self._run_stream(item)
+                continue
+            members = groups[item]
+            if isinstance(members[0], BatchedStreamJob):
+                for chunk in _by_rows(members, self.max_rows):
+                    self._run_stream_batch(chunk)
+                continue
+            for start in range(0, len(members), self.max_rows):
+                self._run_rows(members[start : start + self.max_rows])
+
+    def _run_rows(self, rows: list[Row]) -> None:
+        started = time.perf_counter()
+        try:
+            results = run_rows(self.engine, rows)
+        except GenerationCancelled as exc:  # engine.cancel() from the notebook: every row of the call ends
+            for row in rows:
+                _fail(row, from_engine_error(exc, row.where))
+            return
+        except Exception as exc:
+            if len(rows) == 1 or not isinstance(exc, WorkbenchError):
+                for row in rows:
+                    _fail(row, from_engine_error(exc, row.where))
+                return
+            for row in rows:  # isolate the bad row: its neighbours still get their answers
+                self._run_rows([row])
+            return
+        self._account(len(rows), sum(len(getattr(r, "tokens", ())) for r in results), started)
+        for row, result in zip(rows, results):
+            if not row.future.done():
+                row.future.set_result(result)
+
+    def _run_stream(self, job: StreamJob) -> None:
+        started = time.perf_counter()
+        tokens = 0
+        try:
+            items = job.start(self.engine)
+            try:
+                for item in items:
+                    if job.cancelled.is_set():
+                        self.stats.cancelled_streams += 1
+                        break
+                    tokens += _final_tokens(item)
+                    job.sink(("item", item))
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()  # a disconnected client: closing the stream stops its engine rows
+            job.sink(("end", None))
+        except Exception as exc:
+            job.sink(("error", from_engine_error(exc, job.where)))
+        self._account(job.rows, tokens, started)
+
+    def _run_stream_batch(self, jobs: list[BatchedStreamJob]) -> None:
+        """One engine batch stream for the jobs' rows; events go to each job's sink, and a job whose client
+        went away has its rows cancelled (the others go on)."""
+        started = time.perf_counter()
+        owners = [(job, choice) for job in jobs for choice in range(job.rows)]
+        try:
+            stream = open_stream(self.engine, jobs)
+        except Exception as exc:
+            if len(jobs) > 1 and isinstance(exc, WorkbenchError):
+                for job in jobs:  # isolate the bad request: the others still stream
+                    self._run_stream_batch([job])
+            else:
+                for job in jobs:
+                    job.sink(("error", from_engine_error(exc, job.where)))
+            return
+        left = {id(job): job.rows for job in jobs}
+        dropped: set[int] = set()
+        tokens = 0
+        try:
+            for row, chunk in stream:
+                for job in jobs:  # a disconnected client cancels its rows at the next step
+                    if id(job) not in dropped and job.cancelled.is_set():
+                        dropped.add(id(job))
+                        self.stats.cancelled_streams += 1
+                        for r, (owner, _) in enumerate(owners):
+                            if owner is job:
+                                stream.cancel(r)
+                job, choice = owners[row]
+                if chunk.final is not None:
+                    tokens += len(chunk.final.tokens)
+                    left[id(job)] -= 1
+                if id(job) in dropped:
+                    continue
+                job.sink(("item", (job.choices[choice] if job.choices else choice, chunk)))
+                if left[id(job)] == 0:
+                    job.sink(("end", None))
+        except Exception as exc:  # engine.cancel() from the notebook, or an engine failure
+            for job in jobs:
+                if left[id(job)] and id(job) not in dropped:
+                    job.sink(("error", from_engine_error(exc, job.where)))
+        finally:
+            stream.close()
+        self._account(len(owners), tokens, started)
+
+    def _account(self, rows: int, tokens: int, started: float) -> None:
+        s = self.stats
+        s.rows += rows
+        s.batches += 1
+        s.tokens += tokens
+        s.busy_seconds += time.perf_counter() - started
+        s.largest_batch = max(s.largest_batch, rows)
+
+
+def _final_tokens(item: Any) -> int:
+    """Tokens of a stream's final item (a ChatCompletion, or a StreamChunk carrying the Completion); else 0."""
+    final = getattr(item, "final", None) or (item if hasattr(item, "message") else None)
+    return len(final.tokens) if final is not None else 0
+
+
+def _rows(job: Any) -> int:
+    return getattr(job, "rows", 1)
+
+
+def _fail(job: Any, error: APIError) -> None:
+    if isinstance(job, (StreamJob, BatchedStreamJob)):
+        job.sink(("error", error))
+    elif not job.future.done():
+        job.future.set_exception(error)
+
+
+def _by_rows(jobs: list[BatchedStreamJob], max_rows: int) -> list[list[BatchedStreamJob]]:
+    """Consecutive chunks of jobs holding at most ``max_rows`` rows (a job bigger than that goes alone)."""
+    chunks: list[list[BatchedStreamJob]] = []
+    for job in jobs:
+        if chunks and sum(j.rows for j in chunks[-1]) + job.rows <= max_rows:
+            chunks[-1].append(job)
+        else:
+            chunks.append([job])
+    return chunks
+
+
+def open_stream(engine: Any, jobs: list[BatchedStreamJob]) -> Any:
+    """One non-preemptible engine batch stream over every row of ``jobs`` (all of one key), in order."""
+    kwargs = dict(jobs[0].kwargs)
+    payloads = [p for job in jobs for p in job.payloads]
+    if jobs[0].kind == "chat":
+        formats = [fmt for _, fmt in payloads]
+        tools = kwargs.pop("tools")
+        return engine.stream_batch_chat_completion(
+            [d for d, _ in payloads],
+            tools,
+            preemptible=False,
+            response_format=formats if any(formats) else None,
+            **kwargs,
+        )
+    return engine.stream_batch_completion(payloads, preemptible=False, **kwargs)
+
+
+def run_rows(engine: Any, rows: list[Row]) -> list[Any]:
+    """One engine call for rows of one key: chat replies, completions, or prompt scores (in row order)."""
+    kind = rows[0].kind
+    kwargs = dict(rows[0].kwargs)
+    if kind == "chat":
+        formats = [r.payload[1] for r in rows]
+        fmt = formats if any(f is not None for f in formats) else None
+        tools = kwargs.pop("tools")
+        return engine.batch_chat_completion(
+            [r.payload[0] for r in rows], tools, response_format=fmt, progress=False, **kwargs
+        )
+    if kind == "completion":
+        return engine.batch_completion([r.payload for r in rows], progress=False, **kwargs)
+    if kind == "score":
+        return [score_prompt(engine, r.payload, r.kwargs["k"]) for r in rows]
+    raise ValueError(f"unknown row kind {kind!r}")
+
+
+@dataclass
+class PromptScore:
+    """Teacher-forced log-probabilities of a prompt's tokens (the first has none) and their top-k."""
+
+    ids: list[int]
+    logprobs: list[float | None]
+    top: list[dict[str, float] | None]
+    # the stop token most likely after the prompt, with its log-probability and the top-k there: what echo
+    # reports as the generated token when generation stopped at once (the engine drops stop tokens)
+    next_stop: tuple[int, float, dict[str, float]] | None = None
+
+
+def score_prompt(engine: Any, ids: list[int], k: int) -> PromptScore:
+    """``engine.logits`` of one prompt reduced at once to what a response needs (a row of logits is
+    ``[len, vocab]`` float32: hundreds of MB for a long prompt, so rows are scored one at a time)."""
+    logits = engine.logits([ids])[0]  # [len, vocab]
+    logp = logits.log_softmax(dim=-1)  # [len, vocab]
+    values: list[float | None] = [None]
+    tops: list[dict[str, float] | None] = [None]
+    for pos in range(1, len(ids)):
+        row = logp[pos - 1]  # [vocab]: the distribution that predicted ids[pos]
+        values.append(float(row[ids[pos]]))
+        if k:
+            best = row.topk(k)
+            tops.append({engine.tokenizer.decode([int(t)]): float(v) for v, t in zip(best.values, best.indices)})
+        else:
+            tops.append({})
+    last = logp[-1]  # [vocab]: the distribution of the first generated token
+    stop = max(engine.tokenizer.stop_tokens, key=lambda t: float(last[t]))
+    best = last.topk(k) if k else None
+    top = {engine.tokenizer.decode([int(t)]): float(v) for v, t in zip(best.values, best.indices)} if k else {}
+    return PromptScore(list(ids), values, tops, (stop, float(last[stop]), top))
