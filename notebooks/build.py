@@ -638,9 +638,16 @@ def make(cells: list[tuple]) -> nbformat.NotebookNode:
 
 
 def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Strip what differs between runs and says nothing to a reader: timings, cell ids' noise."""
+    """Strip what differs between runs and says nothing to a reader: timings, cell ids' noise, and the redraws
+    of third-party text bars (stored as what a reader sees: each line after its last carriage return)."""
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        outputs = cell.get("outputs", [])
+        if any(o.get("output_type") == "stream" and "\r" in o.get("text", "") for o in outputs):
+            cell.outputs = [nbformat.from_dict(o) for o in _coalesced(outputs)]
+            for o in cell.outputs:
+                if o.get("output_type") == "stream":
+                    o.text = _output_texts(o)[0]
     nb.metadata["language_info"] = {"name": "python"}
     return nb
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import InputError
 from .connect import connect, disconnect
+from .pool import load
 
 __all__ = ["LOAD_KEYS", "CALL_KEYS", "sweep"]
 
@@ -80,8 +81,6 @@ def sweep(grid: Any, dialogs: Sequence[Any], tools: Sequence[Any] | None = None,
     if pool is not None and any(groups):
         raise InputError("with pool=..., the grid may only change quantization and call settings; drop pool= to let "
                          "sweep load a pool per checkpoint")  # fmt: skip
-    from .pool import load
-
     started = connect(address) if pool is None else False
     rows: list[dict[str, Any]] = []
     try:

@@ -129,6 +129,24 @@ def reply_formats(engine: Any, dialogs: Sequence[Any], tool_defs: Any, tool_choi
     return out, formats
 
 
+def _batch_prompts(engine: Any, method: str, dialogs: Sequence[Any], tools: Iterable[Any] | None, tool_choice: Any,
+                   tool_prompt_format: Any, response_format: Any, constrain_tools: bool, system_message_behavior: str,
+                   sampling: dict[str, Any]) -> tuple[list[Any], list[OutputFormat | None]]:  # fmt: skip
+    """The prompts and reply formats of a batch of dialogs (the formats also go into ``sampling``)."""
+    if not isinstance(dialogs, (list, tuple)) or any(isinstance(d, (dict, Message)) for d in dialogs):
+        raise InputError(
+            f"{method} takes a list of dialogs (each a list of messages); for a single dialog use chat_completion"
+        )
+    tool_defs = None if tools is None else coerce_tools(tools)  # once, not per dialog
+    dialogs, formats = reply_formats(engine, dialogs, tool_defs, tool_choice, tool_prompt_format, response_format,
+                                     constrain_tools)  # fmt: skip
+    prompts = [encode_prompt(engine, d, tool_defs, tool_choice, tool_prompt_format, system_message_behavior)
+               for d in dialogs]  # fmt: skip
+    if any(f is not None for f in formats):
+        sampling["response_format"] = formats
+    return prompts, formats
+
+
 def batch_chat_completion(
     engine: Any,
     dialogs: Sequence[Any],
@@ -152,20 +170,11 @@ def batch_chat_completion(
     ``tool_config``) puts the dialog's system message in place of the default tool instructions, with
     ``{{function_description}}`` where the tool list goes (Llama 3.2+ formats; 3.1-style prompts ignore it, as
     Llama Stack does)."""
-    if not isinstance(dialogs, (list, tuple)) or any(isinstance(d, (dict, Message)) for d in dialogs):
-        raise InputError(
-            "batch_chat_completion takes a list of dialogs (each a list of messages); "
-            "for a single dialog use chat_completion"
-        )
-    tool_defs = None if tools is None else coerce_tools(tools)  # once, not per dialog
-    dialogs, formats = reply_formats(engine, dialogs, tool_defs, tool_choice, tool_prompt_format, response_format,
-                                     constrain_tools)  # fmt: skip
-    prompts = [encode_prompt(engine, d, tool_defs, tool_choice, tool_prompt_format, system_message_behavior)
-               for d in dialogs]  # fmt: skip
+    prompts, formats = _batch_prompts(engine, "batch_chat_completion", dialogs, tools, tool_choice,
+                                      tool_prompt_format, response_format, constrain_tools,
+                                      system_message_behavior, sampling)  # fmt: skip
     if not prompts:
         return []
-    if any(f is not None for f in formats):
-        sampling["response_format"] = formats
     completions = engine.batch_completion(prompts, **sampling)
     return [to_chat_completion(engine, c, f) for c, f in zip(completions, formats)]
 
@@ -185,15 +194,9 @@ def stream_batch_chat_completion(
 ) -> Any:
     """:func:`batch_chat_completion` as one :class:`~workbench.engine.batch_stream.BatchStream`: the same
     prompts and formats, each row's final chunk carrying its ChatCompletion (what the batch call returns)."""
-    if not isinstance(dialogs, (list, tuple)) or any(isinstance(d, (dict, Message)) for d in dialogs):
-        raise InputError("stream_batch_chat_completion takes a list of dialogs (each a list of messages)")
-    tool_defs = None if tools is None else coerce_tools(tools)
-    dialogs, formats = reply_formats(engine, dialogs, tool_defs, tool_choice, tool_prompt_format, response_format,
-                                     constrain_tools)  # fmt: skip
-    prompts = [encode_prompt(engine, d, tool_defs, tool_choice, tool_prompt_format, system_message_behavior)
-               for d in dialogs]  # fmt: skip
-    if any(f is not None for f in formats):
-        sampling["response_format"] = formats
+    prompts, formats = _batch_prompts(engine, "stream_batch_chat_completion", dialogs, tools, tool_choice,
+                                      tool_prompt_format, response_format, constrain_tools,
+                                      system_message_behavior, sampling)  # fmt: skip
     stream = engine.stream_batch_completion(prompts, preemptible=preemptible, **sampling)
     stream.finish = lambda row, completion: to_chat_completion(engine, completion, formats[row])
     return stream

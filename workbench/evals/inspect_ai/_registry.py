@@ -12,6 +12,6 @@ from inspect_ai.model import modelapi
 
 @modelapi(name="workbench")
 def workbench() -> type[Any]:
-    from .provider import WorkbenchAPI
+    from .provider import WorkbenchAPI  # Inspect imports every entry point at start: load the engine code on use
 
     return WorkbenchAPI
