@@ -25,7 +25,7 @@ from workbench.errors import InputError
 from workbench.evals.cases import EvalCase
 from workbench.progress import progress_bar
 from workbench.tools import Toolbox
-from workbench.types import TRANSCRIPT_STOP_REASONS, Message, ToolCall
+from workbench.types import Message, ToolCall
 
 
 def _canonical(value: Any) -> Any:
@@ -53,6 +53,10 @@ def calls_match(made: Sequence[Any], expected: Sequence[Any], *, names_only: boo
     key = (lambda c: call_key(c)[0]) if names_only else call_key
     return Counter(key(c) for c in made) == Counter(key(c) for c in expected)
 
+
+# How a case's dialog can end here (a subset of workbench.types.TRANSCRIPT_STOP_REASONS: the harness runs its
+# own turns, never with tool_choice="none" calls run, and a cancel raises instead of ending a case).
+CASE_STOP_REASONS = ("answered", "max_turns", "prompt_too_long", "out_of_tokens")
 
 @dataclass
 class _Run:
@@ -262,8 +266,8 @@ def summarize(results: pd.DataFrame, by: Iterable[str] | None = None) -> pd.Data
             "direct_answer": direct["direct_answer"].astype(float).mean() if len(direct) else float("nan"),
             "parse_failure_rate": float((df["parse_failures"] > 0).mean()),
             "tokens_per_case": float(df["tokens"].mean()),
-            **{f"ended_{reason}": int((df["stop_reason"] == reason).sum()) for reason in TRANSCRIPT_STOP_REASONS
-               if reason != "tool_choice_none" and "stop_reason" in df},
+            **{f"ended_{reason}": int((df["stop_reason"] == reason).sum()) for reason in CASE_STOP_REASONS
+               if "stop_reason" in df},
         })  # fmt: skip
 
     if not by:

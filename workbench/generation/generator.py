@@ -17,6 +17,10 @@ Nothing here outlives a call except the cache and the resident records.  A slot'
 before anything writes into its prefix and set only after the write completed, and positions past a
 row's own position are never attended to, so an exception or ``KeyboardInterrupt`` mid-batch leaves
 the generator ready for the next call.
+
+It runs over 500 lines because one class owns the cache slots: admission, prefix reuse, waves, per-row
+cancel and the static (graphed) decode branch all change the same slot records, and splitting them would
+split the invariants that keep stale cache contents unread.
 """
 
 from __future__ import annotations
