@@ -62,7 +62,7 @@ def main() -> None:
     ratios = {name: round(s["batched"][max(batch_sizes)]["speedup"], 2) for name, s in summary.items()}
     print(f"\nspeed-up of batch {max(batch_sizes)} over sequential: {ratios}")
     print(json.dumps(rounded({"bench": "batch_speedup", "max_tokens": args.max_tokens, "prompts": args.prompts,
-                              "results": summary})))  # fmt: skip
+                              "results": summary})))
 
 
 def rounded(value: object) -> object:

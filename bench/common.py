@@ -9,7 +9,7 @@ from pathlib import Path
 from workbench.checkpoints.factory import SMALL_LLAMA3, TINY_LLAMA3, TINY_LLAMA4, cache_root, write_checkpoint
 
 TOPICS = ["llamas", "the French revolution", "prime numbers", "photosynthesis", "jazz", "the moon landing",
-          "neural networks", "volcanoes"]  # fmt: skip
+          "neural networks", "volcanoes"]
 
 
 def make_prompts(n: int, max_repeats: int = 12) -> list[str]:
@@ -34,7 +34,7 @@ PEER_MODELS: dict[str, dict] = {
     # Llama 4 with MoE (16 experts, top-1, every other layer), NoPE, chunked attention
     "llama4-moe16": {**TINY_LLAMA4, "dim": 256, "n_heads": 4, "head_dim": 64,
                      "moe_args": {**TINY_LLAMA4["moe_args"], "num_experts": 16}},
-}  # fmt: skip
+}
 
 
 def peer_model_dir(name: str) -> Path:

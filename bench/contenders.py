@@ -149,7 +149,7 @@ def hf_llama(ckpt: Path, max_seq_len: int) -> torch.nn.Module:
         tie_word_embeddings=False, bos_token_id=128000, eos_token_id=None, pad_token_id=0,
         rope_parameters={"rope_type": "llama3", "rope_theta": args.rope_theta, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    )  # fmt: skip
+    )
     state = _state(ckpt)
     hf: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": state["tok_embeddings.weight"],
@@ -184,5 +184,5 @@ def hf_generate(model: torch.nn.Module, prompts: list[list[int]], max_tokens: in
         mask[k, width - len(p) :] = 1
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                             do_sample=False, pad_token_id=0, eos_token_id=None)  # fmt: skip
+                             do_sample=False, pad_token_id=0, eos_token_id=None)
     return out[:, width:].tolist()

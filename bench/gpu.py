@@ -44,11 +44,11 @@ SHAPES = {
                     "use_scaled_rope": True},
     "tiny": {"dim": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128256, "multiple_of": 256,
              "ffn_dim_multiplier": 1.3, "norm_eps": 1e-5, "rope_theta": 500000.0, "use_scaled_rope": True},
-}  # fmt: skip
+}
 
 # Peak HBM bandwidth (GB/s) by device-name fragment, from the vendors' data sheets.
 PEAK_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 NVL": 3900, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
-             "A100 80GB PCIe": 1935, "A100": 1555, "L40S": 864, "L4": 300, "A10G": 600, "RTX 4090": 1008}  # fmt: skip
+             "A100 80GB PCIe": 1935, "A100": 1555, "L40S": 864, "L4": 300, "A10G": 600, "RTX 4090": 1008}
 
 PROMPT_LEN = 128
 
@@ -122,7 +122,7 @@ def enable_path(model: Transformer, generator: Generator, path: str, device: tor
 
 
 def measure(model: Transformer, generator: Generator, device: torch.device, batch: int, steps: int,
-            path: str) -> dict:  # fmt: skip
+            path: str) -> dict:
     prompts = [[128000] + [(7919 * (r + 1) * (i + 1)) % 120000 for i in range(PROMPT_LEN - 1)] for r in range(batch)]
 
     def go(n: int) -> float:
@@ -149,7 +149,7 @@ def measure(model: Transformer, generator: Generator, device: torch.device, batc
     need = step_bytes(model, generator, kv, batch)
     return {"batch": batch, "tok_s": batch / step_s, "step_ms": step_s * 1e3,
             "prefill_tok_s": batch * PROMPT_LEN / prefill, "bytes_per_step": need,
-            "achieved_GBps": need / step_s / 1e9, "warmup_s": warm_s}  # fmt: skip
+            "achieved_GBps": need / step_s / 1e9, "warmup_s": warm_s}
 
 
 def ratios(results: list[dict]) -> list[dict]:
@@ -161,7 +161,7 @@ def ratios(results: list[dict]) -> list[dict]:
         bf16 = key.get(("bf16", path, batch))
         out.append({"mode": mode, "path": path, "batch": batch,
                     "vs_eager": tok_s / eager if eager and path != "eager" else None,
-                    "vs_bf16": tok_s / bf16 if bf16 and mode != "bf16" else None})  # fmt: skip
+                    "vs_bf16": tok_s / bf16 if bf16 and mode != "bf16" else None})
     return out
 
 
@@ -196,12 +196,12 @@ def main(argv: list[str] | None = None) -> dict:
     copy = copy_gbps(device, 2048 if device.type == "cuda" else 256)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{name}: peak {peak} GB/s (data sheet), copy {copy:.0f} GB/s (measured), torch {torch.__version__}, "
-          f"{torch.get_num_threads()} CPU threads", flush=True)  # fmt: skip
+          f"{torch.get_num_threads()} CPU threads", flush=True)
     results: list[dict] = []
     doc = {"bench": "gpu", "device": name, "shape": args.shape, "peak_GBps": peak, "copy_GBps": round(copy, 1),
            "torch": torch.__version__, "threads": torch.get_num_threads(), "prompt_len": PROMPT_LEN,
            "steps": args.steps, "batches": batches, "paths": paths, "results": results, "ratios": [],
-           "stopped": None}  # fmt: skip
+           "stopped": None}
 
     def save() -> None:
         doc["ratios"] = ratios(results)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
             sync(device)
             build_s = time.perf_counter() - t0
             generator = Generator(model, stop_tokens={}, decode_text=lambda ids: "", max_batch_size=max(batches),
-                                  max_seq_len=max_seq_len, share_prefixes=False)  # fmt: skip
+                                  max_seq_len=max_seq_len, share_prefixes=False)
         except Exception as exc:  # one mode failing (e.g. no fp8 on this GPU) must not lose the others
             print(f"  {mode}: failed to build: {type(exc).__name__}: {exc}", flush=True)
             results.append({"mode": mode, "error": f"{type(exc).__name__}: {exc}"})
@@ -256,13 +256,13 @@ def main(argv: list[str] | None = None) -> dict:
                     continue
                 row = {"mode": mode, "path": path, **row, "capture_s": setup_s, "build_s": build_s, "kernels": kernels,
                        "of_peak": row["achieved_GBps"] / peak if peak else None,
-                       "of_copy": row["achieved_GBps"] / copy}  # fmt: skip
+                       "of_copy": row["achieved_GBps"] / copy}
                 if path == "graphed" and generator.static is not None:
                     row["graphs"] = generator.static.captured
                 results.append(row)
                 print(f"  {mode:>10} {path:>8} batch {batch:>3}: {row['tok_s']:9.1f} tok/s, {row['step_ms']:7.2f} "
                       f"ms/step, {row['achieved_GBps']:7.1f} GB/s ({row['of_copy']:.0%} of copy), prefill "
-                      f"{row['prefill_tok_s']:.0f} tok/s", flush=True)  # fmt: skip
+                      f"{row['prefill_tok_s']:.0f} tok/s", flush=True)
                 save()
         generator.use_static_decode(False)
         del model, generator

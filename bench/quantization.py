@@ -40,13 +40,13 @@ def main() -> None:
             table = bench.quantization(engine, prompts, max_tokens=args.max_tokens, repeats=args.repeats)
             info = engine.info()
             print(f"\n{name}: {info['parameters'] / 1e6:.1f}M params, device={info['device']}, dtype={info['dtype']}, "
-                  f"{args.prompts} prompts x {args.max_tokens} tokens")  # fmt: skip
+                  f"{args.prompts} prompts x {args.max_tokens} tokens")
             print(table.to_string())
             ratios = pd.DataFrame({
                 "memory_x": table.weights_bytes / table.weights_bytes["none"],
                 "decode_speed_x": table.decode_tok_s / table.decode_tok_s["none"],
                 "prefill_speed_x": table.prefill_tok_s / table.prefill_tok_s["none"],
-            })  # fmt: skip
+            })
             print("ratios to mode none:")
             print(ratios.to_string())
             results[name] = {
@@ -55,7 +55,7 @@ def main() -> None:
             }
     wb.unload()
     print(json.dumps({"bench": "quantization", "prompts": args.prompts, "max_tokens": args.max_tokens,
-                      "results": results}))  # fmt: skip
+                      "results": results}))
 
 
 def _plain(value: object) -> object:

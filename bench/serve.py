@@ -30,7 +30,7 @@ PLACES = ["Paris", "Tokyo", "EUR", "Lima", "Oslo", "JPY", "Cairo", "Rome"]
 
 def dialogs(n: int) -> list[list[dict]]:
     return [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)].format(PLACES[i % len(PLACES)])}]
-            for i in range(n)]  # fmt: skip
+            for i in range(n)]
 
 
 def main() -> None:
@@ -78,7 +78,7 @@ def main() -> None:
     def concurrent_streams() -> tuple[float, int, list]:
         counts: dict[int, int] = {}
         threads = [threading.Thread(target=lambda i=i: counts.__setitem__(i, ask_stream(rows[i])))
-                   for i in range(len(rows))]  # fmt: skip
+                   for i in range(len(rows))]
         start = time.perf_counter()
         for t in threads:
             t.start()
@@ -107,7 +107,7 @@ def main() -> None:
     assert len(set(tokens.values())) == 1, f"contenders generated different token counts: {tokens}"
 
     print(f"threads: torch {torch.get_num_threads()}, {args.clients} client threads; demo model, greedy, "
-          f"max_tokens={args.max_tokens}, best of {args.repeats}; largest gathered engine batch {largest}")  # fmt: skip
+          f"max_tokens={args.max_tokens}, best of {args.repeats}; largest gathered engine batch {largest}")
     for name, rate in best.items():
         print(f"  {name:26s} {rate:8.1f} tokens/s")
     vs_batch = best["served_concurrent"] / best["in_process_batch"]
@@ -118,7 +118,7 @@ def main() -> None:
                       "torch_threads": torch.get_num_threads(), "tokens": tokens["in_process_batch"],
                       **{f"{k}_tokens_per_s": round(v, 1) for k, v in best.items()},
                       "concurrent_vs_batch": round(vs_batch, 3), "concurrent_vs_sequential": round(vs_seq, 3),
-                      "largest_batch": largest}))  # fmt: skip
+                      "largest_batch": largest}))
 
 
 if __name__ == "__main__":

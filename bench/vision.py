@@ -60,7 +60,7 @@ def main() -> None:
         diff = (prepare_image(image, 336, 16).tiles - reference(image)).abs().max().item()
         rows.append({"size": f"{size[0]}x{size[1]}", "tiles": prepare_image(image, 336, 16).tiles.shape[0],
                      "ours_ms": ours_t * 1e3, "reference_ms": ref_t * 1e3, "speedup": ref_t / ours_t,
-                     "max_abs_diff": diff})  # fmt: skip
+                     "max_abs_diff": diff})
 
     from test_vision_model import ours as our_model
     from test_vision_model import reference as reference_model
@@ -76,7 +76,7 @@ def main() -> None:
         def ref_encode():
             with torch.inference_mode():
                 return ref.vision_projection(ref.vision_embeddings.vision_adapter(
-                    ref.vision_embeddings.vision_encoder(tiles[:, None])))  # fmt: skip
+                    ref.vision_embeddings.vision_encoder(tiles[:, None])))
 
         enc_ours = best_of(lambda: model.encode_images(tiles), opts.repeats)
         enc_ref = best_of(ref_encode, opts.repeats)
@@ -89,7 +89,7 @@ def main() -> None:
     print(f"encode 32 tiny tiles: ours {enc_ours * 1e3:.1f} ms, reference {enc_ref * 1e3:.1f} ms "
           f"({enc_ref / enc_ours:.2f}x), max |diff| {enc_diff:.1e}")
     print(json.dumps({"bench": "vision", "preprocess": rows, "encode_tiny_32_tiles": {
-        "ours_ms": enc_ours * 1e3, "reference_ms": enc_ref * 1e3, "max_abs_diff": enc_diff}}))  # fmt: skip
+        "ours_ms": enc_ours * 1e3, "reference_ms": enc_ref * 1e3, "max_abs_diff": enc_diff}}))
 
 
 if __name__ == "__main__":

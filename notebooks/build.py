@@ -674,7 +674,7 @@ def _coalesced(outputs: list) -> list:
     for output in outputs:
         last = merged[-1] if merged else None
         if output.get("output_type") == "stream" and last is not None and last.get("output_type") == "stream" \
-                and last.get("name") == output.get("name"):  # fmt: skip
+                and last.get("name") == output.get("name"):
             merged[-1] = {**last, "text": last["text"] + output["text"]}
         else:
             merged.append(dict(output))
@@ -701,7 +701,7 @@ def build(key: str, execute: bool = True) -> Path:
     nb = make(cells)
     if execute:
         NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(HERE)}},
-                       store_widget_state=True, record_timing=False).execute()  # fmt: skip
+                       store_widget_state=True, record_timing=False).execute()
         problems = stale_outputs(nb)
         if problems:
             rejected = Path(tempfile.gettempdir()) / f"rejected-{name}"

@@ -19,7 +19,7 @@ from workbench.errors import GenerationCancelled
 PROMPTS = ["The capital of France is", "Once upon a time", "One two three four", "Hello"]
 TOOLS = [DEMO_TOOLS[k] for k in ("get_weather", "get_random_joke")]
 DIALOGS = [[{"role": "user", "content": "What's the weather in Paris?"}],
-           [{"role": "user", "content": "Hello, who are you?"}]]  # fmt: skip
+           [{"role": "user", "content": "Hello, who are you?"}]]
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_model_parallel_rows_cancel_too(llama3_dir):
     from workbench.session import build_engine, resolve_settings
 
     engine = build_engine(resolve_settings(llama3_dir, model_parallel_size=2, max_seq_len=96, max_batch_size=4,
-                                           device="cpu", dtype="float32", quantization="none"))  # fmt: skip
+                                           device="cpu", dtype="float32", quantization="none"))
     try:
         refs = engine.batch_completion(PROMPTS, max_tokens=12)
         stream = engine.stream_batch_completion(PROMPTS, max_tokens=12)

@@ -21,7 +21,7 @@ def _gpu_bench():
 def test_the_dry_run_measures_eager_and_graphed_decode_and_writes_json(tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path))
     doc = _gpu_bench().main(["--device", "cpu", "--tiny", "--modes", "bf16,int4_mixed", "--batches", "2",
-                             "--steps", "16", "--threads", "1"])  # fmt: skip
+                             "--steps", "16", "--threads", "1"])
     written = json.loads((tmp_path / "gpu.json").read_text())
     assert written["results"] == doc["results"] and written["threads"] == 1
     rows = [r for r in written["results"] if "tok_s" in r]

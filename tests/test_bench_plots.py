@@ -17,7 +17,7 @@ def engine(llama3_dir):
 @pytest.fixture(scope="module")
 def table(engine):
     return bench.throughput(engine, batch_sizes=(1, 2, 4), prompt_lens=(8, 16), max_tokens=6, repeats=2, warmup=1,
-                            progress=False)  # fmt: skip
+                            progress=False)
 
 
 def test_throughput_table(table):
@@ -40,7 +40,7 @@ def test_synthetic_prompts_have_the_asked_length(engine):
 
 def test_throughput_over_modes_restores_the_mode(engine):
     table = bench.throughput(engine, batch_sizes=(1, 2), prompt_lens=(8,), max_tokens=3, repeats=1, warmup=0,
-                             modes=[None, "bf16"], progress=False)  # fmt: skip
+                             modes=[None, "bf16"], progress=False)
     assert table["mode"].tolist() == ["none", "none", "bf16", "bf16"]
     assert engine.settings.quantization is None
     with pytest.raises(InputError, match="repeats"):
@@ -59,7 +59,7 @@ def test_plots_save_pngs(table, tmp_path):
 
 def test_quantization_plot(engine, tmp_path):
     frame = bench.quantization(engine, ["Hello", "The capital of France is"], modes=(None, "bf16"), max_tokens=3,
-                               progress=False)  # fmt: skip
+                               progress=False)
     fig = plots.quantization(frame, save=tmp_path / "q.png")
     assert [ax.get_title() for ax in fig.axes] == ["memory", "speed", "accuracy"]
     assert (tmp_path / "q.png").read_bytes()[:4] == b"\x89PNG"

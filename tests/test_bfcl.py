@@ -41,7 +41,7 @@ def bfcl_handlers():
         from bfcl_eval.model_handler.utils import convert_to_tool, system_prompt_pre_processing_chat_model
 
         yield {"LlamaHandler": LlamaHandler, "system": system_prompt_pre_processing_chat_model,
-               "convert_to_tool": convert_to_tool, "mapping": GORILLA_TO_OPENAPI, "style": ModelStyle}  # fmt: skip
+               "convert_to_tool": convert_to_tool, "mapping": GORILLA_TO_OPENAPI, "style": ModelStyle}
     finally:
         for name in stubbed:
             sys.modules.pop(name, None)
@@ -185,7 +185,7 @@ def test_official_prompt_is_the_models_own_tool_format(engine):
     entry = package.load_entries("multiple", 1)[0]
     tools = [bfcl.to_openai_tool(f) for f in entry["function"]]
     assert bfcl.encode_entry(engine, entry, "official") == engine.formatter.encode_dialog(entry["question"][0],
-                                                                                          tools=tools)  # fmt: skip
+                                                                                          tools=tools)
     text = engine.tokenizer.decode(bfcl.encode_entry(engine, entry, "official"))
     assert all(f["name"] in text for f in entry["function"])
     assert "You are an expert in composing functions." in text  # the official Llama 4 / 3.2 tool prompt
@@ -208,7 +208,7 @@ def test_demo_model_end_to_end_both_prompts_summary_plot_and_cli(engine, tmp_pat
     fig = bfcl.plot(summary, path=str(tmp_path / "bfcl.png"))
     assert (tmp_path / "bfcl.png").stat().st_size > 0 and fig.axes
     assert bfcl_main(["--categories", "simple_python", "irrelevance", "--limit", "1", "--max-tokens", "16",
-                      "--results", str(tmp_path / "rows.jsonl")]) == 0  # fmt: skip
+                      "--results", str(tmp_path / "rows.jsonl")]) == 0
     out = capsys.readouterr().out
     assert '"entries": 4' in out and "irrelevance" in out
     assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 4

@@ -93,7 +93,7 @@ class Lab:
 
     def api(self, path: str, method: str = "GET") -> object:
         request = urllib.request.Request(f"{self.base}/api/{path}", method=method,
-                                         headers={"Authorization": f"token {self.token}"})  # fmt: skip
+                                         headers={"Authorization": f"token {self.token}"})
         with urllib.request.urlopen(request, timeout=30) as response:
             body = response.read()
         return json.loads(body) if body else None
@@ -114,7 +114,7 @@ def _start_server(work: Path, env: dict[str, str], log_path: Path) -> tuple[subp
                  "--KernelManager.transport=ipc",  # kernel channels on Unix sockets: no TCP port can be taken
                  "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work, start_new_session=True,
-            )  # fmt: skip
+            )
         lab = Lab(f"http://127.0.0.1:{port}", token, log_path)
         deadline = time.monotonic() + 180
         while server.poll() is None and time.monotonic() < deadline:
@@ -149,19 +149,19 @@ def lab(tmp_path):
     settings, data = tmp_path / "lab-settings", tmp_path / "jupyter-data"
     runtime = Path(tempfile.mkdtemp(prefix="wb-lab-"))  # short: Unix socket paths have a length limit
     _write(settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings",
-           {"fetchNews": "false", "checkForUpdates": False})  # fmt: skip
+           {"fetchNews": "false", "checkForUpdates": False})
     # every cell stays in the DOM (JupyterLab 4 detaches cells scrolled out of view by default)
     _write(settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings", {"windowingMode": "none"})
     # the kernel is this interpreter, whatever kernels the machine has installed
     _write(data / "kernels" / "python3" / "kernel.json",
            {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "Python 3", "language": "python"})  # fmt: skip
+            "display_name": "Python 3", "language": "python"})
     # the rest of the environment is inherited: WORKBENCH_CACHE (where the expanded demo checkpoint is
     # cached) applies to the kernel as to the rest of the test run
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "WORKBENCH_PROGRESS": "0", "JUPYTERLAB_SETTINGS_DIR": str(settings),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"), "JUPYTER_DATA_DIR": str(data),
-           "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config")}  # fmt: skip
+           "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config")}
     env.pop("WORKBENCH_NOTEBOOK_CHECKPOINT", None)  # the playground steps expect the embedded demo model
     # one compute thread unless set: the kernel shares the cores with Chromium and the server, and OpenMP
     # threads that wait for a descheduled sibling made Run All several times slower on a busy machine
@@ -199,7 +199,7 @@ def browser(tmp_path):
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-extensions", "--disable-background-timer-throttling",
                  "--disable-renderer-backgrounding", "--window-size=1400,1000",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):  # fmt: skip
+                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = Service(chromedriver, log_output=str(tmp_path / "chromedriver.log"))
@@ -219,7 +219,7 @@ def _save_artifacts(driver, lab: Lab, folder: Path) -> Path:
                        ("page", lambda p: p.with_suffix(".html").write_text(driver.page_source)),
                        ("console", lambda p: p.with_suffix(".log").write_text(
                            "\n".join(f"{e['level']} {e['message']}" for e in driver.get_log("browser")))),
-                       ("lab", lambda p: shutil.copy(lab.log, p.with_suffix(".log")))):  # fmt: skip
+                       ("lab", lambda p: shutil.copy(lab.log, p.with_suffix(".log")))):
         try:
             save(folder / f"{stamp}-{what}")
         except Exception as exc:  # one artifact failing must not hide the test's own failure
@@ -240,7 +240,7 @@ def _wait(what: str, condition, timeout: float = 300, every: float = 0.2):
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
-                                 + (f" (last error: {last!r})" if last else ""))  # fmt: skip
+                                 + (f" (last error: {last!r})" if last else ""))
         time.sleep(every)
 
 
@@ -259,9 +259,9 @@ def _menu(driver, menu: str, item: str) -> None:
     from selenium.webdriver.common.by import By
 
     _wait(f"the {menu} menu", lambda: driver.find_element(
-        By.XPATH, f"//li[contains(@class,'lm-MenuBar-item')][.//div[text()='{menu}']]")).click()  # fmt: skip
+        By.XPATH, f"//li[contains(@class,'lm-MenuBar-item')][.//div[text()='{menu}']]")).click()
     _wait(f"the menu item {item}", lambda: driver.find_element(
-        By.XPATH, f"//li[contains(@class,'lm-Menu-item')][.//div[text()='{item}']]")).click()  # fmt: skip
+        By.XPATH, f"//li[contains(@class,'lm-Menu-item')][.//div[text()='{item}']]")).click()
 
 
 def _kernel_state(lab: Lab, name: str) -> str | None:
@@ -406,7 +406,7 @@ def test_playground_and_plot_in_a_real_browser(browser, lab, tmp_path):
     except BaseException as exc:
         folder = _save_artifacts(browser, lab, artifacts)
         raise AssertionError(f"{type(exc).__name__}: {exc}\n(screenshot, page source, browser console and "
-                             f"JupyterLab log of the failure: {folder})") from exc  # fmt: skip
+                             f"JupyterLab log of the failure: {folder})") from exc
 
 
 def _drive(driver, lab: Lab) -> None:
@@ -438,7 +438,7 @@ def _drive(driver, lab: Lab) -> None:
     # a long generation: sampled at the highest temperature with room for many tokens, tool_choice none (a
     # sampled reply that parses as a call runs no tool round); Stop while it streams
     _wait("the controls", lambda: driver.find_element(
-        By.CSS_SELECTOR, ".wb-playground .wb-controls .jupyter-widget-Collapse-header")).click()  # fmt: skip
+        By.CSS_SELECTOR, ".wb-playground .wb-controls .jupyter-widget-Collapse-header")).click()
     assert _set_slider(driver, ".wb-temperature", "2") == "2.00"
     assert _set_slider(driver, ".wb-max-tokens", "1000") == "1000"
     Select(driver.find_element(By.CSS_SELECTOR, ".wb-playground .wb-tool-choice select")).select_by_visible_text("none")
@@ -464,7 +464,7 @@ def _drive(driver, lab: Lab) -> None:
     # Clear: the dialog starts over
     driver.find_element(By.CSS_SELECTOR, ".wb-playground button.wb-clear").click()
     state = _wait("the dialog to clear", lambda: (s := _playground(driver))["status"] == "cleared" and not s["cards"]
-                  and s, timeout=60)  # fmt: skip
+                  and s, timeout=60)
     assert "No messages yet" in state["transcript"], state["transcript"]
 
     # notebook 03: its plot is an image in the page

@@ -14,7 +14,7 @@ from workbench.session import build_engine, resolve_settings
 
 LLAMA31_8B = {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "vocab_size": 128256,
               "ffn_dim_multiplier": 1.3, "multiple_of": 1024, "norm_eps": 1e-05, "rope_theta": 500000.0,
-              "use_scaled_rope": True}  # fmt: skip
+              "use_scaled_rope": True}
 SCOUT = {"dim": 5120, "n_layers": 48, "n_heads": 40, "n_kv_heads": 8, "vocab_size": 202048, "multiple_of": 2048,
          "ffn_dim_multiplier": 1.2, "ffn_exp": 4.0, "norm_eps": 1e-05, "rope_theta": 500000.0,
          "use_scaled_rope": True, "attention_chunk_size": 8192, "nope_layer_interval": 4, "use_qk_norm": True,
@@ -23,7 +23,7 @@ SCOUT = {"dim": 5120, "n_layers": 48, "n_heads": 40, "n_kv_heads": 8, "vocab_siz
                       "interleave_moe_layer_step": 1},
          "vision_args": {"image_size": {"height": 336, "width": 336}, "patch_size": {"height": 14, "width": 14},
                          "dim": 1408, "n_layers": 34, "n_heads": 16, "mlp_ratio": 4.0, "output_dim": 4096,
-                         "pixel_shuffle_ratio": 0.5}}  # fmt: skip
+                         "pixel_shuffle_ratio": 0.5}}
 
 
 def test_published_params_parse():
@@ -41,7 +41,7 @@ def test_published_params_parse():
      ({**TINY_LLAMA3, "n_heads": "4"}, "n_heads"), ({**TINY_LLAMA3, "use_scaled_rope": 1}, "use_scaled_rope"),
      ({**TINY_LLAMA4, "moe_args": {"num_experts": 4, "topk": 1}}, "topk"),
      ({**TINY_LLAMA3, "n_kv_heads": 3}, "n_kv_heads"), ({**TINY_LLAMA4, "ffn_exp": None}, "ffn_exp")],
-)  # fmt: skip
+)
 def test_bad_params_name_the_field(params, needle):
     with pytest.raises(ModelArgsError) as info:
         ModelArgs.from_dict(params)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WORKBENCH_PROGRESS": "0"}
     return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)  # fmt: skip
+                          timeout=timeout, cwd=ROOT)
 
 
 @pytest.mark.timeout(300)
@@ -67,7 +67,7 @@ def test_says_which_model_and_ctrl_c_prints_partial_output(llama3_dir):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WORKBENCH_PROGRESS": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "workbench", str(llama3_dir), "--model", "Llama3.2-1B-Instruct",
                              "--max-tokens", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT)  # fmt: skip
+                            env=env, cwd=ROOT)
     first = proc.stdout.readline()
     assert first == "model: Llama3.2-1B-Instruct\n"
     while "Engine(" not in proc.stdout.readline():

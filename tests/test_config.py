@@ -83,7 +83,7 @@ dtype = "bfloat16"
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     explicit = dict(model="Llama-4-Scout-17B-16E-Instruct", model_parallel_size=8, max_batch_size=7,
-                    max_seq_len=512, quantization="bf16", dtype="float16", device="cpu")  # fmt: skip
+                    max_seq_len=512, quantization="bf16", dtype="float16", device="cpu")
     s = resolve_settings(tmp_path / "arg-ckpt", **explicit)
     assert (s.checkpoint_dir, s.model_id, s.model_parallel_size, s.max_batch_size, s.max_seq_len, s.quantization,
             s.dtype) == (tmp_path / "arg-ckpt", "Llama-4-Scout-17B-16E-Instruct", 8, 7, 512, "bf16", torch.float16)
@@ -91,7 +91,7 @@ dtype = "bfloat16"
 
     s = resolve_settings()  # environment
     assert (s.checkpoint_dir, s.model_id, s.model_parallel_size, s.max_batch_size, s.max_seq_len, s.quantization) \
-        == (other, "Llama3.1-8B-Instruct", 4, 5, 256, "fp8_mixed")  # fmt: skip
+        == (other, "Llama3.1-8B-Instruct", 4, 5, 256, "fp8_mixed")
     assert s.sources["max_seq_len"].describe() == "environment variable MAX_SEQ_LEN"
     # an entry describes its own folder: with the folder from INFERENCE_CHECKPOINT_DIR it is not used
     assert s.dtype == torch.float32 and s.sources["dtype"].kind == "default"
@@ -104,7 +104,7 @@ dtype = "bfloat16"
         monkeypatch.delenv(var, raising=False)
     s = resolve_settings()  # the file's default entry
     assert (s.checkpoint_dir, s.model_id, s.model_parallel_size, s.max_batch_size, s.max_seq_len, s.quantization) \
-        == (llama3_dir.resolve(), "Llama3.2-3B-Instruct", 2, 3, 128, "int4_mixed")  # fmt: skip
+        == (llama3_dir.resolve(), "Llama3.2-3B-Instruct", 2, 3, 128, "int4_mixed")
     assert s.sources["max_seq_len"].describe() == f"checkpoints.toml entry [tiny] in {clean_env / 'checkpoints.toml'}"
 
     (clean_env / "checkpoints.toml").unlink()
@@ -136,13 +136,13 @@ def test_entry_path_is_relative_to_its_file_and_files_merge_in_order(monkeypatch
     write_toml(conf / "checkpoints.toml", '[a]\npath = "models/a"\nmax_seq_len = 1\n')
     write_toml(clean_env / "checkpoints.toml", '[a]\npath = "/x/a"\nmax_seq_len = 2\n[b]\npath = "/x/b"\n')
     user = write_toml(tmp_path / "config-home" / "workbench" / "checkpoints.toml",
-                      '[b]\npath = "/y/b"\n[c]\npath = "~/c"\n')  # fmt: skip
+                      '[b]\npath = "/y/b"\n[c]\npath = "~/c"\n')
     monkeypatch.setenv("WORKBENCH_CHECKPOINTS", str(conf))  # a folder holding checkpoints.toml
     assert resolve_settings("a").checkpoint_dir == (conf / "models" / "a").resolve()
     assert resolve_settings("b").checkpoint_dir == Path("/x/b")  # working folder before user config
     assert resolve_settings("c").checkpoint_dir == (Path.home() / "c").resolve()
     assert [f.path for f in Catalog.discover().files] == [conf / "checkpoints.toml",
-                                                          clean_env / "checkpoints.toml", user]  # fmt: skip
+                                                          clean_env / "checkpoints.toml", user]
 
 
 def test_path_arguments_are_never_entry_names(clean_env, llama3_dir):
@@ -180,7 +180,7 @@ def test_example_file_is_in_sync_with_the_parser():
         ('path = "/p"\n[m]\npath = "/p"\n', ["top-level key 'path'", "[name] header"]),
         ('default = "n"\n[m]\npath = "/p"\n', ["default = 'n' names no entry", "['m']"]),
     ],
-)  # fmt: skip
+)
 def test_bad_checkpoints_toml_names_file_entry_and_fix(clean_env, body, needles):
     toml = write_toml(clean_env / "checkpoints.toml", body)
     with pytest.raises(ConfigError) as info:
@@ -211,7 +211,7 @@ def test_missing_workbench_checkpoints_file(monkeypatch, tmp_path):
      ("MAX_BATCH_SIZE", "0", "max_batch_size=0 (from environment variable MAX_BATCH_SIZE)"),
      ("MODEL_PARALLEL_SIZE", "-1", "model_parallel_size='-1' (from environment variable MODEL_PARALLEL_SIZE)"),
      ("QUANTIZATION_TYPE", "int3", "quantization='int3' (from environment variable QUANTIZATION_TYPE)")],
-)  # fmt: skip
+)
 def test_bad_environment_values(monkeypatch, var, value, needle):
     monkeypatch.setenv(var, value)
     with pytest.raises(ConfigError) as info:
@@ -228,7 +228,7 @@ def test_bad_environment_values(monkeypatch, var, value, needle):
      (dict(device="tpu"), "device='tpu' (from argument) is not supported"),
      (dict(quantization="int2"), "quantization='int2' (from argument) is not a quantization mode"),
      (dict(model=""), "model='' (from argument)")],
-)  # fmt: skip
+)
 def test_bad_arguments(kwargs, needle):
     with pytest.raises(ConfigError) as info:
         resolve_settings(**kwargs)
@@ -283,7 +283,7 @@ def test_shard_count_must_fit_model_parallel_size(monkeypatch, tmp_path):
      ({**TINY_LLAMA3, "n_heads": 12, "n_kv_heads": 4, "dim": 192}, 6, "n_kv_heads=4 neither divides"),
      ({**TINY_LLAMA3, "vocab_size": 128257}, 2, "vocab_size=128257"),
      ({**TINY_LLAMA3, "multiple_of": 1, "ffn_dim_multiplier": None}, 2, "dense feed-forward size 341")],
-)  # fmt: skip
+)
 def test_model_shapes_must_fit_model_parallel_size(tmp_path, params, size, needle):
     folder = fake_checkpoint(tmp_path / "ckpt", params)
     with pytest.raises(ConfigError) as info:

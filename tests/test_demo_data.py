@@ -141,7 +141,7 @@ def test_composed_training_questions_vary_and_never_hit_a_heldout_phrasing():
     gen = DialogGenerator("train", seed=1, composed=1.0)
     held = DialogGenerator("heldout", seed=1, composed=1.0)  # composing applies to training only
     assert any(d.messages[0].content not in {t for s in SPECS.values() for t in s.train}
-               for d in (gen.dialog("single") for _ in range(20)))  # fmt: skip
+               for d in (gen.dialog("single") for _ in range(20)))
     heldout_forms = {_norm(t) for s in SPECS.values() for t in s.heldout}
     for _ in range(30):
         d = held.dialog("single")
@@ -188,7 +188,7 @@ def test_cases_can_take_values_from_the_other_split_than_their_phrasings():
 
     def cities(cases):
         return {c["arguments"]["city"] for case in cases for t in case.turns for c in t.expected_calls
-                if "city" in c["arguments"]}  # fmt: skip
+                if "city" in c["arguments"]}
 
     phrasing_only = synthetic_cases(60, split="heldout", values="train", seed=5, kinds=["single"])
     copying_only = synthetic_cases(60, split="train", values="heldout", seed=5, kinds=["single"])

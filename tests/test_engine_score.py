@@ -72,7 +72,7 @@ def test_score_equals_logits_and_the_reference(engine: wb.Engine, ckpt: Path) ->
 
 
 def test_only_scored_positions_are_projected_in_bounded_chunks(engine: wb.Engine,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     sequences, starts = rows_for(engine)
     vocab = engine.args.vocab_size
     monkeypatch.setattr(scoring, "SCORE_CHUNK_BYTES", 4 * vocab * 3)  # 3 positions per projection

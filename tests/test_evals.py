@@ -60,7 +60,7 @@ def test_scoring_of_right_and_wrong_calls_and_answers():
         "direct-bad": ['[get_weather(city="Oslo")]', "Done."],
         "broken": ['[get_weather(city=Oslo)]', "Sorry."],
         "numbers": ["[convert_currency(to_currency='EUR', amount=5, from_currency='USD')]", "ok"],
-    })  # fmt: skip
+    })
     cases = [
         case("right", "right", [WEATHER]),
         case("wrong-arg", "wrong-arg", [WEATHER]),
@@ -72,7 +72,7 @@ def test_scoring_of_right_and_wrong_calls_and_answers():
         case("broken", "broken", [WEATHER]),
         case("numbers", "numbers", [{"tool_name": "convert_currency",
                                      "arguments": {"amount": 5.0, "from_currency": "USD", "to_currency": "EUR"}}]),
-    ]  # fmt: skip
+    ]
     df = evals.run_cases(engine, cases).set_index("id")
     assert df.loc["right", "exact_match"] and df.loc["right", "answer_has_result"]
     assert df.loc["wrong-arg", "name_match"] and not df.loc["wrong-arg", "exact_match"]
@@ -106,9 +106,9 @@ def test_multi_turn_cases_ask_the_next_question_after_the_answer():
     engine = ScriptedEngine({
         "first": ['[get_weather(city="Oslo")]', "Oslo is X."],
         "second": ['[get_capital(country="Peru")]', "The capital of Peru is Lima."],
-    })  # fmt: skip
+    })
     turns = [evals.Turn("first", [WEATHER], tool_results=["X"]),
-             evals.Turn("second", [{"tool_name": "get_capital", "arguments": {"country": "Peru"}}])]  # fmt: skip
+             evals.Turn("second", [{"tool_name": "get_capital", "arguments": {"country": "Peru"}}])]
     row = evals.run_cases(engine, [evals.EvalCase("mt", ["get_weather", "get_capital"], turns)]).iloc[0]
     assert row["turns"] == 2 and row["replies"] == 4 and row["exact_match"] and row["answer_has_result"]
 
@@ -143,7 +143,7 @@ def test_summaries_group_by_setting_and_plot(tmp_path):
         "exact_match": [True, False, False, None], "name_match": [True, True, False, None],
         "answer_has_result": [True, False, False, None], "direct_answer": [None, None, None, True],
         "parse_failures": [0, 0, 1, 0], "tokens": [10, 20, 30, 40],
-    })  # fmt: skip
+    })
     summary = evals.summarize(rows, by=["quantization"]).set_index("quantization")
     assert summary.loc["none", "tool_call_exact"] == 0.5 and summary.loc["int4_mixed", "tool_call_exact"] == 0.0
     assert summary.loc["int4_mixed", "direct_answer"] == 1.0 and summary.loc["int4_mixed", "parse_failure_rate"] == 0.5

@@ -102,7 +102,7 @@ def test_nul_bytes_huge_code_and_huge_output() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [dict(timeout="5"), dict(timeout=math.nan), dict(timeout=-1), dict(timeout=True),
-                                    dict(max_output_chars=0), dict(memory_mb="big"), dict(env={"A": 1})])  # fmt: skip
+                                    dict(max_output_chars=0), dict(memory_mb="big"), dict(env={"A": 1})])
 def test_bad_interpreter_settings_are_tool_errors(kwargs: dict) -> None:
     with pytest.raises(ToolError, match=next(iter(kwargs))):
         CodeInterpreter(**kwargs)
@@ -162,7 +162,7 @@ def _loop(reply: str, **kwargs: Any) -> list:
     [("unprintable()", "cannot be printed"), ("listed()", "[1, "), ("exits()", "raised SystemExit: 3"),
      ("raises_unprintable()", "raised Weird"), ("nope(a=1)", "unknown tool 'nope'"),
      ("echo(y=2)", "invalid arguments for tool 'echo'")],
-)  # fmt: skip
+)
 def test_tool_results_and_failures_always_become_messages(call: str, needle: str) -> None:
     transcript = _loop(f"[{call}]<|eom|>")
     assert [m.role for m in transcript] == ["user", "assistant", "tool", "assistant"]
@@ -174,7 +174,7 @@ def test_tool_results_and_failures_always_become_messages(call: str, needle: str
     ['{"name": "echo", "parameters": {"x": NaN}}<|eom|>', "[echo(x=" + "[" * 300 + "]" * 300 + ")]<|eom|>",
      '{"name": "echo", "parameters": {"x": ' + "[" * 5000 + "]" * 5000 + "}}<|eom|>",
      "[echo(x=1e999)]<|eom|>", '<function=e cho>{"x": 1}</function><|eom|>', '[echo(x="unterminated)]<|eom|>'],
-)  # fmt: skip
+)
 def test_unrenderable_calls_end_the_loop_with_a_parse_error(reply: str) -> None:
     transcript = _loop(reply)
     assert [m.role for m in transcript] == ["user", "assistant"]
@@ -194,7 +194,7 @@ def test_python_tools_get_an_optional_timeout() -> None:
 @pytest.mark.timeout(90)
 def test_loop_with_a_detaching_code_run_returns_and_leaves_nothing() -> None:
     engine = FakeEngine(lambda prompt, n: f"<|python_start|>{DETACH}\nwhile True: pass<|python_end|><|eom|>"
-                        if n == 0 else "done<|eot|>")  # fmt: skip
+                        if n == 0 else "done<|eot|>")
     transcript = tools.run(engine, [USER], code_interpreter=CodeInterpreter(timeout=2))
     assert transcript[2].content.startswith("timed out") and transcript[-1].content == "done"
 

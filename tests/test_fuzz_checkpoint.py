@@ -32,17 +32,17 @@ FUZZ = settings(max_examples=80, deadline=None, database=None, suppress_health_c
 
 numbers = st.one_of(st.integers(-3, 300), st.sampled_from([0, -1, 10**9, 10**30, 2**63]),
                     st.floats(allow_nan=True, allow_infinity=True),
-                    st.sampled_from([0.0, -1.0, 1e-40, 1e300]))  # fmt: skip
+                    st.sampled_from([0.0, -1.0, 1e-40, 1e300]))
 values = numbers | st.booleans() | st.none() | st.text(max_size=3) | st.lists(st.integers(), max_size=2)
 FIELDS = ["dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "multiple_of", "ffn_dim_multiplier",
           "ffn_exp", "norm_eps", "rope_theta", "rope_scaling_factor", "attention_chunk_size", "nope_layer_interval",
-          "floor_scale", "attn_scale"]  # fmt: skip
+          "floor_scale", "attn_scale"]
 MOE_FIELDS = ["num_experts", "capacity_factor", "top_k", "interleave_moe_layer_step"]
 
 
 @FUZZ
 @given(st.sampled_from([TINY_LLAMA3, TINY_LLAMA4]), st.dictionaries(st.sampled_from(FIELDS), values, max_size=3),
-       st.dictionaries(st.sampled_from(MOE_FIELDS), values, max_size=2))  # fmt: skip
+       st.dictionaries(st.sampled_from(MOE_FIELDS), values, max_size=2))
 def test_any_params_give_model_args_or_a_named_error(base: dict, changes: dict, moe_changes: dict) -> None:
     params = {**base, **changes}
     if "moe_args" in base:
@@ -70,7 +70,7 @@ def test_any_params_give_model_args_or_a_named_error(base: dict, changes: dict, 
      ({"n_layers": 10**6}, "n_layers must be >= 1 and <= 4096"),
      ({"moe_args": {**TINY_LLAMA4["moe_args"], "capacity_factor": -1}}, "moe_args.capacity_factor must be >= 0"),
      ({"ffn_dim_multiplier": 1e-9}, "the dense feed-forward hidden size computed from dim=128")],
-)  # fmt: skip
+)
 def test_impossible_values_are_named(change: dict, needle: str) -> None:
     with pytest.raises(ModelArgsError) as info:
         ModelArgs.from_dict({**TINY_LLAMA4, **change}, source="/ckpt/params.json")
@@ -96,15 +96,15 @@ SHAPE_FIELDS = {"n_layers": st.integers(1, 6), "n_heads": st.sampled_from([1, 2,
                 "vocab_size": st.sampled_from([128256, 128000, 202048]),
                 "multiple_of": st.sampled_from([16, 32, 256]),
                 "ffn_dim_multiplier": st.sampled_from([1.0, 1.2, 1.3, 2.0]),
-                "head_dim": st.sampled_from([16, 32])}  # fmt: skip
+                "head_dim": st.sampled_from([16, 32])}
 
 
 @FUZZ
 @given(st.sampled_from([("llama3", "modules"), ("llama4", "modules"), ("llama4", "fused")]),
        st.fixed_dictionaries({}, optional=SHAPE_FIELDS), st.sampled_from([2, 4, 8]),
-       st.sampled_from([1, 2]))  # fmt: skip
+       st.sampled_from([1, 2]))
 def test_shards_are_accepted_exactly_when_the_model_matches(kind: tuple[str, str], changes: dict, experts: int,
-                                                            step: int) -> None:  # fmt: skip
+                                                            step: int) -> None:
     family, layout = kind
     base = TINY_LLAMA3 if family == "llama3" else TINY_LLAMA4
     shard = _meta_shard(base, layout)
@@ -147,9 +147,9 @@ def test_any_single_wrong_dimension_is_refused(layout: str, data: st.DataObject)
      ({"n_kv_heads": 4}, "the shard fits n_kv_heads=2"),
      ({"moe_args": {**TINY_LLAMA4["moe_args"], "num_experts": 8}}, "the shard fits num_experts=4"),
      ({"moe_args": {**TINY_LLAMA4["moe_args"], "interleave_moe_layer_step": 1}}, "holds a dense feed-forward")],
-)  # fmt: skip
+)
 def test_published_layout_contradictions_are_named(llama4_fused_dir: Path, tmp_path: Path, change: dict,
-                                                   needle: str) -> None:  # fmt: skip
+                                                   needle: str) -> None:
     folder = _copy_with_params(llama4_fused_dir, tmp_path, {**TINY_LLAMA4, **change})
     before = wb.current()
     with pytest.raises(CheckpointError) as info:
@@ -196,7 +196,7 @@ def test_shard_that_is_not_a_dict_of_tensors(llama3_dir: Path, tmp_path: Path, c
     [(bytes(range(256)) * 8, "holds binary data"), (b"", "holds no BPE ranks"),
      (b"QQ== 0\nQQ== 1\n", "token b'A' appears twice"),
      (b"not base64 at all\n", "is not a tiktoken BPE line"), (b"QQ== 0\n", "has no token for 255 single byte")],
-)  # fmt: skip
+)
 def test_garbage_tokenizer_model(tmp_path: Path, data: bytes, needle: str) -> None:
     (tmp_path / "tokenizer.model").write_bytes(data)
     with pytest.raises(CheckpointError) as info:
@@ -211,7 +211,7 @@ def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @FUZZ
 @given(st.binary(max_size=300) | st.lists(st.sampled_from([b"QQ== 0", b"QUI= 1", b"\n", b" ", b"x", b"\xff", b"=="]),
-                                          max_size=8).map(b"".join))  # fmt: skip
+                                          max_size=8).map(b"".join))
 def test_any_bytes_as_tokenizer_give_a_checkpoint_error(tokenizer_path: Path, data: bytes) -> None:
     tokenizer_path.write_bytes(data)
     with pytest.raises(CheckpointError, match="tokenizer.model"):

@@ -24,11 +24,11 @@ from workbench.types import Message, ToolCall
 FORMATS = ("json", "function_tag", "python_list")
 MODELS = ("Llama3.1-8B-Instruct", "Llama3.2-3B-Instruct", "Llama-4-Scout-17B-16E-Instruct")
 FUZZ = settings(max_examples=60, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 json_leaf = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=True) | st.text(max_size=8)
 json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.text(max_size=5), inner, max_size=3), max_leaves=10)  # fmt: skip
+    st.text(max_size=5), inner, max_size=3), max_leaves=10)
 junk = st.one_of(json_value, st.just(object()), st.binary(max_size=4), st.tuples(st.integers()), st.just(math.nan))
 names = st.sampled_from(["get_weather", "f", "a.b", "get weather", "", "1x", "def", "x-y", "ok_2"]) | st.text(
     max_size=6)
@@ -44,9 +44,9 @@ def _render_everywhere(messages: Any, tools: Any = None, tool_choice: Any = "aut
 tool_call_like = st.one_of(
     st.fixed_dictionaries({"tool_name": names | junk, "arguments": json_value | junk | st.text(max_size=10)}),
     st.fixed_dictionaries({"id": st.text(max_size=4) | junk,
-                           "function": st.fixed_dictionaries({"name": names | junk}) | junk}),  # fmt: skip
+                           "function": st.fixed_dictionaries({"name": names | junk}) | junk}),
     st.fixed_dictionaries({"function": st.fixed_dictionaries(
-        {"name": names, "arguments": st.text(max_size=12) | json_value.map(json.dumps)})}),  # fmt: skip
+        {"name": names, "arguments": st.text(max_size=12) | json_value.map(json.dumps)})}),
     st.builds(ToolCall, tool_name=names, arguments=json_value | junk),
     junk,
 )
@@ -57,11 +57,11 @@ message_like = st.one_of(
                   "tool_calls": st.lists(tool_call_like, max_size=2) | junk,
                   "stop_reason": st.sampled_from(["end_of_turn", "end_of_message", "bogus"]) | junk,
                   "call_id": st.text(max_size=4) | junk},
-    ),  # fmt: skip
+    ),
     st.builds(Message, role=st.sampled_from(["user", "assistant", "tool", "robot"]) | junk,
               content=st.text(max_size=10) | junk, tool_calls=st.lists(tool_call_like, max_size=2) | junk),
     junk,
-)  # fmt: skip
+)
 
 
 @FUZZ
@@ -87,7 +87,7 @@ def test_any_dialog_renders_or_fails_with_a_named_input_error(dialog: list[Any])
      ({"role": "assistant", "tool_calls": [{"function": "f"}]}, "'function' of an OpenAI-style tool call"),
      ({"role": "user", "content": 3}, "field 'content' is a int"),
      ({"role": "user", "stop_reason": "later"}, "field 'stop_reason' is 'later'")],
-)  # fmt: skip
+)
 def test_history_errors_name_the_message_and_field(message: Any, needle: str) -> None:
     with pytest.raises(InputError) as info:
         coerce_messages([message])
@@ -96,7 +96,7 @@ def test_history_errors_name_the_message_and_field(message: Any, needle: str) ->
 
 def test_history_error_names_the_right_index() -> None:
     dialog = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"tool_name": "f"}]},
-              {"role": "tool", "content": "ok"}, Message(role="boss", content="x")]  # fmt: skip
+              {"role": "tool", "content": "ok"}, Message(role="boss", content="x")]
     with pytest.raises(InputError, match=r"^message 3: field 'role' is 'boss'"):
         coerce_messages(dialog)
 
@@ -117,7 +117,7 @@ schema_like = st.one_of(
             "description": st.text(max_size=6) | junk, "default": json_value | junk}) | junk, max_size=3) | junk,
         "required": st.lists(names, max_size=2) | junk}),
     junk,
-)  # fmt: skip
+)
 tool_like = st.one_of(
     st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
         {"name": names | junk}, optional={"description": st.text(max_size=6) | junk, "parameters": schema_like})}),
@@ -127,14 +127,14 @@ tool_like = st.one_of(
             max_size=2) | junk}),
     st.sampled_from(["brave_search", "code_interpreter", "nope"]),
     junk,
-)  # fmt: skip
+)
 
 
 @FUZZ
 @given(st.lists(tool_like, min_size=1, max_size=3), st.sampled_from(["auto", "required", "none"]) | junk |
        st.fixed_dictionaries({}, optional={"type": st.sampled_from(["function", "auto", "x"]) | junk,
                                            "function": st.fixed_dictionaries({}, optional={"name": names | junk})
-                                           | junk, "name": names | junk}))  # fmt: skip
+                                           | junk, "name": names | junk}))
 def test_any_tools_render_or_fail_with_a_tool_error(tool_specs: list[Any], tool_choice: Any) -> None:
     try:
         tools = coerce_tools(tool_specs)
@@ -158,7 +158,7 @@ def test_any_tools_render_or_fail_with_a_tool_error(tool_specs: list[Any], tool_
      ({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "x"}}},
       "'parameters.required' of tool 'f' must be a list"),
      ({"tool_name": "f", "parameters": {"my arg": {"param_type": "str"}}}, "parameter 'my arg' of tool 'f'")],
-)  # fmt: skip
+)
 def test_tool_schema_errors_name_the_field(spec: dict, needle: str) -> None:
     with pytest.raises(ToolError) as info:
         coerce_tools([spec])
@@ -171,7 +171,7 @@ def test_tool_schema_errors_name_the_field(spec: dict, needle: str) -> None:
      ({"type": "function", "function": "f"}, "tool_choice['function'] must be a dict"),
      ({"type": "function", "function": {"name": 3}}, "tool_choice['function']['name'] must be a tool name"),
      ({"type": "tool"}, "tool_choice['type'] is 'tool'")],
-)  # fmt: skip
+)
 def test_malformed_tool_choice_dicts(choice: dict, needle: str) -> None:
     tools = [{"type": "function", "function": {"name": "f"}}]
     with pytest.raises(InputError) as info:
@@ -189,7 +189,7 @@ fragment = st.sampled_from([
     '{"name": "f", "arguments": "{\\"a\\": 1}"}', 'brave_search.call(query="x")', '<|python_start|>', '<|python_end|>',
     '<|python_tag|>', "print('hi')", '[[[[[[', ']]]', '"', "'", '(', ')', '{', '}', ' ', '\n', 'text', '1e999',
     '{"type": "function", "function": {"name": "z", "arguments": {}}}', '[a.b(c=2)]', '\x00', '<|eot|>', '<|eom|>',
-])  # fmt: skip
+])
 
 
 @settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -208,7 +208,7 @@ def test_any_reply_parses_and_renders_on_the_next_turn(reply: str) -> None:
     "reply",
     ['[f(city="Paris)]', '{"name": "f", "parameters": {"x": NaN}}', '<function=get weather>{"a": 1}</function>',
      '{"name": "f", "parameters": {"city": "Par'],
-)  # fmt: skip
+)
 def test_unusable_calls_are_content_with_a_parse_error(reply: str) -> None:
     message = parse_assistant(reply)
     assert message.tool_calls == [] and message.content == reply and message.parse_error
@@ -222,7 +222,7 @@ def test_deeply_nested_call_is_a_parse_error_not_a_crash() -> None:
 
 @pytest.mark.timeout(60)  # hang guard: the old parser was quadratic on such replies (seconds to minutes)
 @pytest.mark.parametrize("piece", ['{"name": "f", "parameters": {"a": ', "{\"name\": 'x', ", '[{"name": "g", ',
-                                   '{"type": "function", "x": [1, 2'])  # fmt: skip
+                                   '{"type": "function", "x": [1, 2'])
 def test_parsing_a_512kb_reply_of_json_like_fragments_terminates(piece: str) -> None:
     reply = piece * (512 * 1024 // len(piece)) + ' then [f(a=1)]'
     message = parse_assistant(reply)

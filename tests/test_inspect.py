@@ -105,9 +105,9 @@ def test_concurrent_generate_calls_are_gathered_into_one_batch(model):
 
 def test_generate_config_maps_to_the_engines_sampling(model):
     config = GenerateConfig(temperature=0.7, top_p=0.9, top_k=20, max_tokens=12, stop_seqs=["\n"], seed=3,
-                            logprobs=True, top_logprobs=2)  # fmt: skip
+                            logprobs=True, top_logprobs=2)
     assert sampling_kwargs(config) == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_tokens": 12,
-                                       "stop": ["\n"], "seed": 3, "logprobs": 2}  # fmt: skip
+                                       "stop": ["\n"], "seed": 3, "logprobs": 2}
     assert sampling_kwargs(GenerateConfig()) == {"temperature": 0.0}  # greedy unless asked
 
     out = asyncio.run(model.generate("Hi", config=GenerateConfig(max_tokens=3)))  # greedy, it writes 6 tokens
@@ -131,7 +131,7 @@ def test_messages_and_tools_render_as_the_same_workbench_dialog(engine):
     ]
     info = ToolInfo(name="get_weather", description="Get the current weather in a city.",
                     parameters=ToolParams(properties={"city": ToolParam(type="string", description="The city name.")},
-                                          required=["city"]))  # fmt: skip
+                                          required=["city"]))
     ours = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in\nParis?"},
@@ -139,12 +139,12 @@ def test_messages_and_tools_render_as_the_same_workbench_dialog(engine):
             "role": "assistant",
             "content": "",
             "tool_calls": [{"tool_name": "get_weather", "arguments": {"city": "Paris"}, "call_id": "c1"}],
-        },  # fmt: skip
+        },
         {"role": "tool", "content": "Sunny.", "call_id": "c1"},
     ]
     schema = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a "
               "city.", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description":
-              "The city name."}}, "required": ["city"]}}}  # fmt: skip
+              "The city name."}}, "required": ["city"]}}}
     fmt = engine.formatter
     expected = fmt.encode_dialog(ours, tools=[schema])
     assert fmt.encode_dialog(to_messages(inspect_msgs), tools=[to_tool(info)]) == expected
@@ -213,11 +213,11 @@ def test_inspect_eval_command_line_with_a_workbench_model(tmp_path):
         @task
         def hello():
             return Task(dataset=[Sample(input="Hi", target="")], solver=[generate()], scorer=includes())
-    '''))  # fmt: skip
+    '''))
     inspect = Path(sys.executable).with_name("inspect")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([str(inspect), "eval", "weather_task.py", "--model", "workbench/default", "--max-tokens",
                            "4", "--log-dir", "logs", "--display", "plain"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "workbench/default" in done.stdout and list((tmp_path / "logs").iterdir())

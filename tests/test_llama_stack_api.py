@@ -55,17 +55,17 @@ def _same(a, b) -> None:
 # ------------------------------------------------------------------------------------------- completions
 def test_completion_spellings_equal_native(engine):
     native = engine.completion("The capital of France is", max_tokens=6, temperature=0.8, top_p=0.9, seed=5,
-                               logprobs=2)  # fmt: skip
+                               logprobs=2)
     as_dict = engine.completion(content="The capital of France is", sampling_params=TOP_P, seed=5,
-                                logprobs={"top_k": 2}, model_id=loaded_model_ids(engine)[0])  # fmt: skip
+                                logprobs={"top_k": 2}, model_id=loaded_model_ids(engine)[0])
     params = inference.SamplingParams(strategy=inference.TopPSamplingStrategy(temperature=0.8, top_p=0.9), max_tokens=6)
     as_pydantic = engine.completion("The capital of France is", sampling_params=params, seed=5,
-                                    logprobs=inference.LogProbConfig(top_k=2))  # fmt: skip
+                                    logprobs=inference.LogProbConfig(top_k=2))
     _same(native, as_dict)
     _same(native, as_pydantic)
     # Llama Stack's content items are its prompt's text
     items = engine.completion([content_types.TextContentItem(text="The capital of France is")], sampling_params=TOP_P,
-                              seed=5, logprobs={"top_k": 2})  # fmt: skip
+                              seed=5, logprobs={"top_k": 2})
     _same(native, items)
 
 
@@ -78,10 +78,10 @@ def test_batch_completion_content_batch_and_strategies(engine):
     # greedy, stop strings and "max_tokens": 0 (no limit: bounded here by the stop string or the stop token)
     greedy = {"strategy": {"type": "greedy"}, "max_tokens": 4, "stop": [" a"]}
     assert [_row(r) for r in engine.batch_completion(content_batch=prompts, sampling_params=greedy)] == \
-        [_row(r) for r in engine.batch_completion(prompts, max_tokens=4, stop=[" a"])]  # fmt: skip
+        [_row(r) for r in engine.batch_completion(prompts, max_tokens=4, stop=[" a"])]
     # the same native value beside its spelling is no conflict
     same = engine.batch_completion(prompts, content_batch=prompts, sampling_params=top_k, temperature=1.0, top_k=3,
-                                   seed=2)  # fmt: skip
+                                   seed=2)
     assert [_row(r) for r in same] == [_row(r) for r in native]
 
 
@@ -104,12 +104,12 @@ def test_stream_batch_spellings(engine):
     prompts = ["Once upon a time", "The weather today"]
     native = _finals(engine.stream_batch_completion(prompts, max_tokens=4, temperature=0.8, top_p=0.9, seed=4))
     spelled = _finals(engine.stream_batch_completion(content_batch=prompts, sampling_params={**TOP_P, "max_tokens": 4},
-                                                     seed=4))  # fmt: skip
+                                                     seed=4))
     assert [_row(r) for r in spelled] == [_row(r) for r in native]
     native = _finals(engine.stream_batch_chat_completion([WEATHER, JOKE], TOOLS, tool_choice="required", max_tokens=24))
     spelled = _finals(engine.stream_batch_chat_completion(messages_batch=[WEATHER, JOKE], tools=TOOLS,
                                                           tool_config={"tool_choice": "required"},
-                                                          sampling_params={"max_tokens": 24}))  # fmt: skip
+                                                          sampling_params={"max_tokens": 24}))
     assert [_row(r) for r in spelled] == [_row(r) for r in native]
 
 
@@ -118,9 +118,9 @@ def test_chat_spellings_equal_native(engine):
     config = inference.ToolConfig(tool_choice="required", tool_prompt_format="python_list")
     stack_messages = [inference.UserMessage(content="What's the weather in Paris?")]
     native = engine.chat_completion(WEATHER, TOOLS, tool_choice="required", tool_prompt_format="python_list",
-                                    max_tokens=24, logprobs=1)  # fmt: skip
+                                    max_tokens=24, logprobs=1)
     spelled = engine.chat_completion(messages=stack_messages, tools=TOOLS, tool_config=config, logprobs={},
-                                     sampling_params={"strategy": {"type": "greedy"}, "max_tokens": 24})  # fmt: skip
+                                     sampling_params={"strategy": {"type": "greedy"}, "max_tokens": 24})
     _same(native, spelled)
     assert native.message.tool_calls, "the demo model answers this with a call"
     as_dict = engine.chat_completion(WEATHER, TOOLS, tool_config={"tool_choice": "required"},
@@ -134,16 +134,16 @@ def test_batch_and_stream_chat_spellings(engine):
     spelled = engine.batch_chat_completion(messages_batch=dialogs, tools=TOOLS, tool_config={"tool_choice": "auto"},
                                            sampling_params={"strategy": {"type": "top_p", "temperature": 0.8,
                                                                          "top_p": None}, "max_tokens": 24},
-                                           seed=3)  # fmt: skip
+                                           seed=3)
     assert [_row(r) for r in spelled] == [_row(r) for r in native]
 
     def items(stream):
         return [(type(i).__name__, getattr(i, "text", None), getattr(getattr(i, "tool_call", None), "arguments", None))
-                for i in stream]  # fmt: skip
+                for i in stream]
 
     native_stream = list(engine.stream_chat_completion(WEATHER, TOOLS, tool_choice="required", max_tokens=24))
     spelled_stream = list(engine.stream_chat_completion(WEATHER, TOOLS, tool_config={"tool_choice": "required"},
-                                                        sampling_params={"max_tokens": 24}))  # fmt: skip
+                                                        sampling_params={"max_tokens": 24}))
     assert items(spelled_stream[:-1]) == items(native_stream[:-1])
     _same(native_stream[-1], spelled_stream[-1])
 
@@ -152,14 +152,14 @@ def test_tool_loop_spellings(engine):
     native = wb.tools.run(engine, WEATHER, TOOLS, tool_choice="required", max_tokens=24, max_turns=2)
     spelled = wb.tools.run(engine, WEATHER, TOOLS, tool_config={"tool_choice": "required"}, max_turns=2,
                            sampling_params={"strategy": {"type": "greedy"}, "max_tokens": 24},
-                           model_id=loaded_model_ids(engine)[0])  # fmt: skip
+                           model_id=loaded_model_ids(engine)[0])
 
     def plain(transcript):
         return [(m.role, m.content, [(c.tool_name, c.arguments) for c in m.tool_calls]) for m in transcript]
 
     assert plain(spelled) == plain(native) and len(native) >= 3  # the call, its result, the next reply
     batch = wb.tools.run_batch(engine, messages_batch=[WEATHER, JOKE], tools=TOOLS, max_turns=1,
-                               sampling_params={"max_tokens": 16})  # fmt: skip
+                               sampling_params={"max_tokens": 16})
     assert [plain(t) for t in batch] == [plain(t) for t in wb.tools.run_batch(engine, [WEATHER, JOKE], TOOLS,
                                                                                max_turns=1, max_tokens=16)]
 
@@ -220,7 +220,7 @@ STACK_TOOLS = [  # the same tools as Llama Stack definitions (the reference take
     {"tool_name": "get_weather", "description": "Get the current weather in a city.",
      "parameters": {"city": {"param_type": "string", "description": "Name of the city.", "required": True}}},
     "brave_search",
-]  # fmt: skip
+]
 
 
 def _check_replace(engine, model: str) -> None:
@@ -242,7 +242,7 @@ def test_system_message_replace_llama4(engine):
 
 def test_system_message_replace_llama3(llama3_dir):
     engine = build_engine(resolve_settings(llama3_dir, model="Llama3.2-3B-Instruct", max_batch_size=2,
-                                           max_seq_len=1024))  # fmt: skip
+                                           max_seq_len=1024))
     try:
         _check_replace(engine, "Llama3.2-3B-Instruct")
     finally:
@@ -257,7 +257,7 @@ def test_results_in_llama_stack_shapes(engine):
     message = response.completion_message
     assert message.stop_reason.value == reply.stop_reason and message.content == reply.text
     assert [(c.call_id, c.tool_name, c.arguments) for c in message.tool_calls] == \
-        [(c.call_id, c.tool_name, c.arguments) for c in reply.message.tool_calls]  # fmt: skip
+        [(c.call_id, c.tool_name, c.arguments) for c in reply.message.tool_calls]
     assert len(response.logprobs) == len(reply.tokens)
     for lp, ours in zip(response.logprobs, reply.logprobs):
         assert lp.logprobs_by_token[ours.text] == ours.logprob
@@ -293,13 +293,13 @@ def test_plain_dicts_without_llama_stack(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_llama_stack)
     call = wb.ToolCall(tool_name="get_weather", arguments={"city": "Paris"}, call_id="c1")
     reply = ChatCompletion(message=wb.Message(role="assistant", tool_calls=[call]), tokens=[1, 2],
-                           stop_reason="end_of_message")  # fmt: skip
+                           stop_reason="end_of_message")
     assert reply.to_llama_stack() == {
         "completion_message": {"role": "assistant", "content": "", "stop_reason": "end_of_message", "tool_calls": [
             {"call_id": "c1", "tool_name": "get_weather", "arguments": {"city": "Paris"},
              "arguments_json": '{"city": "Paris"}'}]},
         "logprobs": None,
-    }  # fmt: skip
+    }
     done = Completion(text="hi", tokens=[5], stop_reason="cancelled")
     assert llama_stack_batch([done]) == {"batch": [{"content": "hi", "stop_reason": "out_of_tokens", "logprobs": None}]}
 
@@ -322,14 +322,14 @@ def test_llama_stack_client_models_and_batch_completion(stack_client, engine):
     prompts = ["Once upon a time", "The weather today"]
     params = {"strategy": {"type": "top_p", "temperature": 0.8, "top_p": 0.9}, "max_tokens": 5}
     got = client.inference.batch_completion(model_id=server.model, content_batch=prompts, sampling_params=params,
-                                            logprobs={"top_k": 2}, extra_body={"seed": 5})  # fmt: skip
+                                            logprobs={"top_k": 2}, extra_body={"seed": 5})
     ref = engine.batch_completion(prompts, max_tokens=5, temperature=0.8, top_p=0.9, logprobs=2, seed=5)
     assert [(r.content, r.stop_reason) for r in got.batch] == [(c.text, c.stop_reason) for c in ref]
     for response, completion in zip(got.batch, ref):
         assert [list(lp.logprobs_by_token) for lp in response.logprobs] == \
-            [list(lp.logprobs_by_token) for lp in completion.to_llama_stack().logprobs]  # fmt: skip
+            [list(lp.logprobs_by_token) for lp in completion.to_llama_stack().logprobs]
     single = client.inference.completion(model_id=server.model, content="Hello there",
-                                         sampling_params={"max_tokens": 4, "stop": ["e"]})  # fmt: skip
+                                         sampling_params={"max_tokens": 4, "stop": ["e"]})
     assert single.content == engine.completion("Hello there", max_tokens=4, stop=["e"]).text
     with pytest.raises(client_error(), match="not served here"):
         client.inference.completion(model_id="meta-llama/Llama-3.2-3B-Instruct", content="Hello")
@@ -346,20 +346,20 @@ def test_llama_stack_client_batch_chat_with_tools(stack_client, engine):
     dialogs = [WEATHER, JOKE, [{"role": "user", "content": "Hello, who are you?"}]]
     got = client.inference.batch_chat_completion(model_id=server.model, messages_batch=dialogs, tools=STACK_TOOLS[:1],
                                                  tool_config={"tool_choice": "auto"},
-                                                 sampling_params={"max_tokens": 24})  # fmt: skip
+                                                 sampling_params={"max_tokens": 24})
     ref = engine.batch_chat_completion(dialogs, STACK_TOOLS[:1], max_tokens=24)
     assert any(r.message.tool_calls for r in ref)
     for response, reply in zip(got.batch, ref):
         message = response.completion_message
         assert (message.content, message.stop_reason) == (reply.text, reply.stop_reason)
         assert [(c.tool_name, c.arguments) for c in message.tool_calls] == \
-            [(c.tool_name, c.arguments) for c in reply.message.tool_calls]  # fmt: skip
+            [(c.tool_name, c.arguments) for c in reply.message.tool_calls]
     # the next turn: the client's own message objects go back in as they came
     call = got.batch[0].completion_message
     follow = [*WEATHER, call.model_dump(exclude_none=True),
-              {"role": "tool", "call_id": call.tool_calls[0].call_id, "content": "18 C, sunny"}]  # fmt: skip
+              {"role": "tool", "call_id": call.tool_calls[0].call_id, "content": "18 C, sunny"}]
     second = client.inference.chat_completion(model_id=server.model, messages=follow, tools=STACK_TOOLS[:1],
-                                              sampling_params={"max_tokens": 24})  # fmt: skip
+                                              sampling_params={"max_tokens": 24})
     assert second.completion_message.content == engine.chat_completion(follow, STACK_TOOLS[:1], max_tokens=24).text
 
 
@@ -368,13 +368,13 @@ def test_llama_stack_client_streaming_chat(stack_client, engine):
     for dialog in (WEATHER, JOKE):
         events = [chunk.event for chunk in client.inference.chat_completion(
             model_id=server.model, messages=dialog, tools=STACK_TOOLS[:1], stream=True,
-            sampling_params={"max_tokens": 24})]  # fmt: skip
+            sampling_params={"max_tokens": 24})]
         ref = engine.chat_completion(dialog, STACK_TOOLS[:1], max_tokens=24)
         assert events[0].event_type == "start" and events[-1].event_type == "complete"
         assert events[-1].stop_reason == ref.stop_reason
         texts = [e.delta.text for e in events if e.delta.type == "text" and e.event_type == "progress"]
         calls = [e.delta.tool_call for e in events if getattr(e.delta, "parse_status", None) == "succeeded"]
         assert [(c.tool_name, c.arguments) for c in calls] == \
-            [(c.tool_name, c.arguments) for c in ref.message.tool_calls]  # fmt: skip
+            [(c.tool_name, c.arguments) for c in ref.message.tool_calls]
         native = engine.stream_chat_completion(dialog, STACK_TOOLS[:1], max_tokens=24)
         assert texts == [i.text for i in native if getattr(i, "type", None) == "text"]  # the same pieces, in order

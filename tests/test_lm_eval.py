@@ -82,23 +82,23 @@ def task(data_dir: Path, name: str, **config: Any) -> dict[str, Any]:
                            "cache_dir": str(data_dir / "hf_cache")},
         "test_split": "test",
         **config,
-    }  # fmt: skip
+    }
 
 
 MC_TASK = {"output_type": "multiple_choice", "doc_to_text": "{{q}}", "doc_to_choice": "{{choices}}",
-           "doc_to_target": "{{label}}", "metric_list": [{"metric": "acc"}]}  # fmt: skip
+           "doc_to_target": "{{label}}", "metric_list": [{"metric": "acc"}]}
 LL_TASK = {"output_type": "loglikelihood", "doc_to_text": "{{context}}", "doc_to_target": "{{target}}",
-           "target_delimiter": "", "metric_list": [{"metric": "perplexity"}, {"metric": "acc"}]}  # fmt: skip
+           "target_delimiter": "", "metric_list": [{"metric": "perplexity"}, {"metric": "acc"}]}
 ROLLING_TASK = {"output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
-                "metric_list": [{"metric": "word_perplexity"}]}  # fmt: skip
+                "metric_list": [{"metric": "word_perplexity"}]}
 GEN_TASK = {"output_type": "generate_until", "doc_to_text": "{{prompt}}", "doc_to_target": "{{answer}}",
             "generation_kwargs": {"until": ["\n\n", "."], "max_gen_toks": 6, "do_sample": False},
-            "metric_list": [{"metric": "exact_match"}]}  # fmt: skip
+            "metric_list": [{"metric": "exact_match"}]}
 
 
 def evaluate(lm: WorkbenchLM, tasks: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
     return lm_eval.simple_evaluate(model=lm, tasks=tasks, log_samples=True, bootstrap_iters=0,
-                                   task_manager=TaskManager(include_defaults=False), **kwargs)  # fmt: skip
+                                   task_manager=TaskManager(include_defaults=False), **kwargs)
 
 
 def samples(results: dict[str, Any], config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -161,7 +161,7 @@ def test_loglikelihood_and_multiple_choice_equal_the_reference(lm: WorkbenchLM, 
 
 
 def test_loglikelihood_rolling_scores_each_document_in_bos_windows(lm: WorkbenchLM, ckpt: Path,
-                                                                   data_dir: Path) -> None:  # fmt: skip
+                                                                   data_dir: Path) -> None:
     config = task(data_dir, "rolling", **ROLLING_TASK)
     results = evaluate(lm, [config])
     tok, width = lm.engine.tokenizer, MAX_SEQ_LEN - 1
@@ -213,7 +213,7 @@ def test_gen_kwargs_map_to_engine_sampling(lm: WorkbenchLM) -> None:
     assert lm._sampling({"until": "\n", "max_gen_toks": 5}) == (["\n"], {"max_tokens": 5, "temperature": 0.0})
     assert lm._sampling({"do_sample": False, "temperature": 0.7}) == ([], {"max_tokens": 256, "temperature": 0.0})
     until, sampling = lm._sampling({"do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3,
-                                    "max_new_tokens": 4})  # fmt: skip
+                                    "max_new_tokens": 4})
     assert sampling == {"max_tokens": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3}
     assert lm._sampling({"do_sample": True})[1]["temperature"] == 1.0  # transformers' default
     assert lm._sampling({"temperature": 0.5})[1]["temperature"] == 0.5  # do_sample inferred from temperature
@@ -237,7 +237,7 @@ def test_chat_template_renders_the_official_format(lm: WorkbenchLM) -> None:
         [{"role": "user", "content": "Hi"}],
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q1"},
          {"role": "assistant", "content": "A1"}, {"role": "user", "content": "!Q2, with punctuation"}],
-    ]  # fmt: skip
+    ]
     for dialog in dialogs:
         official = lm.engine.formatter.encode_dialog(dialog)
         text = lm.apply_chat_template(dialog)
@@ -250,7 +250,7 @@ def test_chat_template_renders_the_official_format(lm: WorkbenchLM) -> None:
 
 
 def test_apply_chat_template_scores_and_generates_like_the_reference(lm: WorkbenchLM, ckpt: Path,
-                                                                     data_dir: Path) -> None:  # fmt: skip
+                                                                     data_dir: Path) -> None:
     mc, gen = task(data_dir, "mc", **MC_TASK), task(data_dir, "gen", **GEN_TASK)
     results = evaluate(lm, [mc, gen], apply_chat_template=True)
     tok, formatter = lm.engine.tokenizer, lm.engine.formatter
@@ -278,7 +278,7 @@ def test_unknown_generation_option_is_a_task_option_error(lm: WorkbenchLM, data_
 
 def test_requests_longer_than_max_seq_len_raise(lm: WorkbenchLM, data_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "long.jsonl").write_text(json.dumps({"q": "word " * 40, "choices": ["a", "b"], "label": 0,
-                                                     "prompt": "word " * 40, "answer": "a"}) + "\n")  # fmt: skip
+                                                     "prompt": "word " * 40, "answer": "a"}) + "\n")
     with pytest.raises(RequestTooLongError, match="max_seq_len is 32.*larger max_seq_len"):
         evaluate(lm, [task(tmp_path, "long", **MC_TASK)])
     with pytest.raises(PromptTooLongError, match="no room to generate"):
@@ -328,7 +328,7 @@ def test_command_line_runs_a_task_file(llama3_dir: Path, data_dir: Path, tmp_pat
          f"checkpoint={llama3_dir},max_seq_len={MAX_SEQ_LEN},max_batch_size=4", "--tasks", config["task"],
          "--include_path", str(tmp_path), "--output_path", str(out)],
         capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert config["task"] in proc.stdout and "acc" in proc.stdout
     assert any(out.rglob("results_*.json"))

@@ -263,7 +263,7 @@ _fragments = st.sampled_from(
     ["[", "]", "(", ")", "{", "}", '"', "'", "\\", "=", ",", ":", " ", "\n", "f", "name", '"name":', '"parameters":',
      "<function=", "</function>", ">", "<|python_tag|>", "<|python_start|>", "<|python_end|>", ".call(", "query=",
      "true", "None", "1", "-", "e5", "'''", "<|eot|>", "<|eom_id|>"]
-)  # fmt: skip
+)
 
 
 @settings(max_examples=400, deadline=None, database=None)

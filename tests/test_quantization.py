@@ -194,7 +194,7 @@ def test_fp8_format():
 
 
 @pytest.mark.parametrize("k,group,k_padded", [(128, 128, 128), (448, 64, 448), (224, 128, 256), (176, 64, 192),
-                                              (352, 128, 384), (64, 64, 64), (4096, 128, 4096)])  # fmt: skip
+                                              (352, 128, 384), (64, 64, 64), (4096, 128, 4096)])
 def test_int4_group_size_rule(k, group, k_padded):
     layout = int4.plan_layout(40, k)
     assert (layout.group_size, layout.k_padded, layout.n_padded) == (group, k_padded, 48)
@@ -269,7 +269,7 @@ def test_scheme_memory_and_untouched_layers(dirs, family, mode):
     label = "int4" if fmt == "int4" else "float8_e4m3fn"
     assert mem["by_dtype"][label] == mem["quantized_bytes"]
     assert mem["weights_bytes"] < base_mem["weights_bytes"] and mem["by_kind"]["attention"] == base_mem[
-        "by_kind"]["attention"]  # fmt: skip
+        "by_kind"]["attention"]
     assert set(mem["by_kernel"]) == {f"{fmt}/{int4.pick_kernel('cpu') if fmt == 'int4' else 'dequant'}"}
 
 
@@ -352,7 +352,7 @@ def test_toggle_restores_logits_and_memory_without_leaks(dirs, family):
 
 # --------------------------------------------------------------------------------------------- pre-quantized
 def write_prequantized(folder: Path, params: dict, *, n_shards: int, layout: str = "modules",
-                       divisor: float = 400.0) -> dict:  # fmt: skip
+                       divisor: float = 400.0) -> dict:
     """A checkpoint in Meta's pre-quantized fp8 format, written independently of workbench's quantizer.
 
     Quantized weights (Llama 3: layer 1's feed-forward; Llama 4: layer 1's routed experts) are stored as
@@ -417,7 +417,7 @@ def test_prequantized_two_shards_merged_into_one_rank(tmp_path, dirs):
     assert not torch.equal(merged.w2.scale, written[(0, "layers.1.feed_forward.w2.weight")][1])
     assert float((merged.w2.dequantize() - w2).norm() / w2.norm()) < 0.04
     kl, top1 = kl_and_top1(cached_logits(dirs["llama3"], None),
-                           logits_of(load_model(tmp_path / "two", None), token_lists(dirs["llama3"])))  # fmt: skip
+                           logits_of(load_model(tmp_path / "two", None), token_lists(dirs["llama3"])))
     assert kl <= BOUNDS["fp8_mixed"][0] and top1 >= BOUNDS["fp8_mixed"][1]
 
 
@@ -438,7 +438,7 @@ def test_scale_files_that_do_not_match_the_shards_are_refused(tmp_path, dirs):
 
 # --------------------------------------------------------------------------------------------- model parallel
 @pytest.mark.parametrize("family,modes", [("llama3", ("fp8_mixed", "int4_mixed")),
-                                           ("llama4", ("fp8_mixed", "int4_mixed", "bf16"))])  # fmt: skip
+                                           ("llama4", ("fp8_mixed", "int4_mixed", "bf16"))])
 def test_model_parallel_2_matches_1(dirs, family, modes):
     """Each rank quantizes its own slice.  Rows cut on the output dim (w1/w3) quantize exactly as in one
     process; w2 is cut on its inputs, so its row scales (fp8) and groups (int4) are a rank's own and

@@ -26,7 +26,7 @@ from workbench.serve.shapes import ContentStreamer, safe_content_end
 openai = pytest.importorskip("openai")
 
 TOOLS = [d.to_openai() for d in coerce_tools([DEMO_TOOLS[k] for k in ("get_weather", "get_random_joke",
-                                                                       "convert_currency")])]  # fmt: skip
+                                                                       "convert_currency")])]
 WEATHER = [{"role": "user", "content": "What's the weather in Paris?"}]
 JOKE = [{"role": "user", "content": "Tell me a joke"}]
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
@@ -105,7 +105,7 @@ def test_multi_turn_tool_round_trip(srv, client, engine):
     call = first.choices[0].message.tool_calls[0]
     result = DEMO_TOOLS[call.function.name](**json.loads(call.function.arguments))
     dialog = [*WEATHER, first.choices[0].message.model_dump(exclude_none=True),
-              {"role": "tool", "tool_call_id": call.id, "content": result}]  # fmt: skip
+              {"role": "tool", "tool_call_id": call.id, "content": result}]
     second = client.chat.completions.create(model=srv.model, messages=dialog, tools=TOOLS, max_tokens=40)
     ref = engine.chat_completion(dialog, tools=TOOLS, max_tokens=40)
     assert second.choices[0].message.content == ref.message.content
@@ -129,7 +129,7 @@ def test_stream_equals_non_streamed(srv, client, dialog):
 
 def test_sampling_n_seed_and_logprobs(srv, client, engine):
     reply = client.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=12, temperature=0.9,
-                                           seed=7, n=2, logprobs=True, top_logprobs=3)  # fmt: skip
+                                           seed=7, n=2, logprobs=True, top_logprobs=3)
     for i, choice in enumerate(reply.choices):  # choice i is the in-process call with seed + i
         ref = engine.chat_completion(HELLO, max_tokens=12, temperature=0.9, seed=7 + i, logprobs=3)
         assert choice.message.content == ref.message.content
@@ -144,16 +144,16 @@ def test_sampling_n_seed_and_logprobs(srv, client, engine):
 def test_response_format_json_schema(srv, client):
     jsonschema = pytest.importorskip("jsonschema")
     schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "sunny": {"type": "boolean"}},
-              "required": ["city", "sunny"], "additionalProperties": False}  # fmt: skip
+              "required": ["city", "sunny"], "additionalProperties": False}
     reply = client.chat.completions.create(
         model=srv.model, messages=WEATHER, max_tokens=60,
-        response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema}})  # fmt: skip
+        response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema}})
     choice = reply.choices[0]
     assert choice.finish_reason == "stop"
     jsonschema.validate(json.loads(choice.message.content), schema)
     streamed = _accumulate(client.chat.completions.create(
         model=srv.model, messages=WEATHER, max_tokens=60, stream=True,
-        response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema}}))  # fmt: skip
+        response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema}}))
     assert streamed["content"] == choice.message.content
 
 
@@ -172,7 +172,7 @@ def test_completions_echo_logprobs_score_the_prompt(srv, client, engine):
     """What lm-eval's local-completions sends for loglikelihood: token ids, echo, logprobs=1, max_tokens=1."""
     ids = engine.tokenizer.encode("The weather in Paris is sunny", bos=True)
     reply = client.completions.create(model=srv.model, prompt=[ids], max_tokens=1, echo=True, logprobs=1,
-                                      temperature=0)  # fmt: skip
+                                      temperature=0)
     lp = reply.choices[0].logprobs
     logp = engine.logits([ids])[0].log_softmax(-1)  # [len, vocab]
     expected = [None] + [float(logp[i - 1, ids[i]]) for i in range(1, len(ids))]
@@ -188,7 +188,7 @@ def test_completions_echo_logprobs_score_the_prompt(srv, client, engine):
 
 def test_completions_stream(srv, client, engine):
     chunks = list(client.completions.create(model=srv.model, prompt="The capital of France is", max_tokens=10,
-                                            stream=True))  # fmt: skip
+                                            stream=True))
     ref = engine.completion("The capital of France is", max_tokens=10)
     assert "".join(c.choices[0].text for c in chunks) == ref.text
     assert chunks[-1].choices[0].finish_reason == ("length" if ref.stop_reason == "out_of_tokens" else "stop")
@@ -241,7 +241,7 @@ def test_notebook_call_while_serving_waits_its_turn(srv, client, engine):
 
     def stream() -> None:
         got["stream"] = _accumulate(client.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=30,
-                                                                   stream=True))  # fmt: skip
+                                                                   stream=True))
 
     thread = threading.Thread(target=stream)
     thread.start()
@@ -280,7 +280,7 @@ BAD = [
     ({"messages": HELLO, "tool_choice": "required"}, 400, "tool_choice"),
     ({"messages": HELLO, "top_logprobs": 3}, 400, "top_logprobs"),
     ({"messages": HELLO, "n": 0}, 400, "n"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("body", "status", "param"), BAD, ids=[b[2] for b in BAD])
@@ -294,12 +294,12 @@ def test_bad_input_is_a_4xx_naming_the_field(srv, client, body, status, param):
 
 def test_malformed_json_oversize_and_prompt_errors(srv, client):
     response = httpx.post(srv.url + "/chat/completions", content=b"{not json", timeout=30,
-                          headers={"content-type": "application/json"})  # fmt: skip
+                          headers={"content-type": "application/json"})
     assert response.status_code == 400 and "JSON" in response.json()["error"]["message"]
     response = httpx.post(srv.url + "/completions", content=b"x" * (17 * 2**20), timeout=30)
     assert response.status_code == 413
     for body, param in (({"prompt": [10**9]}, "prompt"), ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-                        ({"prompt": [1.5]}, "prompt"), ({"prompt": "hi", "seed": "x"}, "seed")):  # fmt: skip
+                        ({"prompt": [1.5]}, "prompt"), ({"prompt": "hi", "seed": "x"}, "seed")):
         response = httpx.post(srv.url + "/completions", json=body, timeout=30)
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
     with pytest.raises(openai.BadRequestError):
@@ -346,7 +346,7 @@ def test_busy_port_and_exposed_host(engine, srv):
 _PIECES = st.sampled_from(["Sure", " ", "the", " weather", ".", "\n", "[", "get_weather(city='Paris')", "]",
                            '{"name": "f", "parameters": {}}', 'brave_search.call(query="x")', "<|python_start|>",
                            "<|python_end|>", "print(1)", "f(", ")", "ok", "e.g.", ",",
-                           "<function=f>{}</function>"])  # fmt: skip
+                           "<function=f>{}</function>"])
 
 
 @settings(max_examples=300, deadline=None)
@@ -367,7 +367,7 @@ def test_streamed_content_is_always_a_prefix_of_the_parsed_content(engine, piece
 def test_streamed_choices_and_completion_rows(srv, client, engine):
     got = {0: "", 1: ""}
     for chunk in client.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=10, temperature=0.8,
-                                                seed=3, n=2, stream=True):  # fmt: skip
+                                                seed=3, n=2, stream=True):
         for choice in chunk.choices:
             got[choice.index] += choice.delta.content or ""
     for i in range(2):
@@ -381,17 +381,17 @@ def test_streamed_choices_and_completion_rows(srv, client, engine):
 
 def test_image_parts_are_translated_and_checked(srv):
     tiny_png = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"
-                "AAAABJRU5ErkJggg==")  # fmt: skip
+                "AAAABJRU5ErkJggg==")
     parts = [{"type": "image_url", "image_url": {"url": tiny_png}}, {"type": "text", "text": "What is this?"}]
     response = httpx.post(srv.url + "/chat/completions", timeout=60,
-                          json={"messages": [{"role": "user", "content": parts}], "max_tokens": 4})  # fmt: skip
+                          json={"messages": [{"role": "user", "content": parts}], "max_tokens": 4})
     if response.status_code == 200:  # a model with a vision encoder answers
         assert response.json()["choices"][0]["message"]["content"] is not None
     else:  # the demo model has none: the engine's ImageError, as a 400 naming the messages
         assert response.status_code == 400 and response.json()["error"]["param"] == "messages", response.text
     remote = [{"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]
     response = httpx.post(srv.url + "/chat/completions", timeout=60,
-                          json={"messages": [{"role": "user", "content": remote}]})  # fmt: skip
+                          json={"messages": [{"role": "user", "content": remote}]})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "messages[0].content[0].image_url"
 
@@ -420,7 +420,7 @@ def test_lm_eval_local_completions_scores_through_the_endpoint(srv, engine):
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
     lm = LocalCompletionsAPI(base_url=srv.url + "/completions", model=srv.model, tokenizer_backend="remote",
-                             num_concurrent=1, max_retries=1, batch_size=2)  # fmt: skip
+                             num_concurrent=1, max_retries=1, batch_size=2)
     pairs = [("The capital of France is", " Paris"), ("Once upon a time", " there was a llama."), ("Hi", " you")]
     got = lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)])
     for (context, continuation), (loglikelihood, greedy) in zip(pairs, got):
@@ -436,12 +436,12 @@ def test_tool_choice_spellings_and_json_object(srv, client, engine):
     named = {"type": "function", "function": {"name": "get_random_joke"}}
     for choice, engine_choice in (("none", "none"), ("required", "required"), (named, "get_random_joke")):
         reply = client.chat.completions.create(model=srv.model, messages=WEATHER, tools=TOOLS, tool_choice=choice,
-                                               max_tokens=30)  # fmt: skip
+                                               max_tokens=30)
         ref = engine.chat_completion(WEATHER, tools=TOOLS, tool_choice=engine_choice, max_tokens=30)
         assert (reply.choices[0].message.content or "") == ref.message.content
         assert _calls(reply.choices[0].message) == _ref_calls(ref)
     reply = client.chat.completions.create(model=srv.model, messages=WEATHER, max_tokens=40,
-                                           response_format={"type": "json_object"})  # fmt: skip
+                                           response_format={"type": "json_object"})
     ref = engine.chat_completion(WEATHER, max_tokens=40, response_format={"type": "json_object"})
     assert reply.choices[0].message.content == ref.message.content
     if ref.stop_reason != "out_of_tokens":
@@ -474,7 +474,7 @@ def test_gatherer_batches_streams_and_cancels_one_row(engine):
         gatherer.submit(jobs["b"])
         assert done["b"].wait(120)
         finals = [chunk.final for kind, (choice, chunk) in
-                  ((k, v) for k, v in events["b"] if k == "item") if chunk.final is not None]  # fmt: skip
+                  ((k, v) for k, v in events["b"] if k == "item") if chunk.final is not None]
         ref = engine.chat_completion(WEATHER, tools=TOOLS, max_tokens=30)
         assert finals[0].tokens == ref.tokens
         assert gatherer.stats.largest_batch == 2 and gatherer.stats.cancelled_streams == 1

@@ -38,7 +38,7 @@ def test_the_check_finds_a_half_bar_and_an_orphan_widget_view() -> None:
     cell.outputs = [
         nbformat.v4.new_output("stream", name="stderr", text="generating:  16%|█▌        | 1/6 [00:01<00:05]"),
         nbformat.v4.new_output("display_data", data={build.WIDGET_VIEW: {"model_id": "abc", "version_major": 2},
-                                                     "text/plain": "HBox(children=...)"}),  # fmt: skip
+                                                     "text/plain": "HBox(children=...)"}),
         nbformat.v4.new_output("stream", name="stderr", text="generating: 6 rows · 141 tokens · 6.2 s · 22.7 tok/s"),
         nbformat.v4.new_output("stream", name="stdout", text="generating: 100%|██████████| 6/6"),
         # a bar redrawn in place (carriage returns) shows only its last state: finished here
@@ -46,6 +46,6 @@ def test_the_check_finds_a_half_bar_and_an_orphan_widget_view() -> None:
     ]
     nb.cells.append(cell)
     assert build.stale_outputs(nb) == ["cell 0: a progress bar stopped part-way",
-                                       "cell 0: a widget view whose model abc is not saved"]  # fmt: skip
+                                       "cell 0: a widget view whose model abc is not saved"]
     nb.metadata["widgets"] = {build.WIDGET_STATE: {"state": {"abc": {}}}}
     assert build.stale_outputs(nb) == ["cell 0: a progress bar stopped part-way"]

@@ -84,7 +84,7 @@ def test_nested_prefixes_and_prompt_that_is_a_prefix(engines, family):
     system = [engine.tokenizer.bos_id] + _ids(rng, 35)
     few_shot = system + _ids(rng, 30)
     prompts = [system, system + [rng.randrange(1000, 60000)], few_shot, few_shot + _ids(rng, 3),
-               few_shot + _ids(rng, 45), system + _ids(rng, 20)]  # fmt: skip
+               few_shot + _ids(rng, 45), system + _ids(rng, 20)]
     rows, reused = _shared(engine, prompts)
     assert reused > 0
     assert rows == _alone(engine, prompts)
@@ -144,7 +144,7 @@ def test_shared_prefixes_respect_sampling_seeds(engines):
     ("a", "b", "limit", "expected"),
     [([1, 2, 3], [1, 2, 4], None, 2), ([1, 2, 3], [1, 2, 3], None, 3), ([1, 2, 3], [1, 2, 3], 2, 2),
      ([5], [1], None, 0), ([], [1], None, 0), (list(range(100)), list(range(57)) + [0], None, 57)],
-)  # fmt: skip
+)
 def test_common_prefix(a, b, limit, expected):
     assert common_prefix(a, b, limit) == expected
     assert MIN_SHARED_PREFIX >= 1

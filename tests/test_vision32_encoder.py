@@ -41,7 +41,7 @@ def _reference_encoder(n_global: int = 2, max_tiles: int = 4, seed: int = 0) -> 
     ensure_model_parallel(1)
     torch.manual_seed(seed)
     enc = RefEncoder(max_num_tiles=max_tiles, image_size=28, patch_size=14, width=WIDTH, n_global_layers=n_global,
-                     global_model=True, return_intermediate=[3, 7, 15, 23, 30])  # fmt: skip
+                     global_model=True, return_intermediate=[3, 7, 15, 23, 30])
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in enc.named_parameters():  # fairscale leaves some weights uninitialised; gates start at 0

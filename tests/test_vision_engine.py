@@ -49,7 +49,7 @@ def dialogs() -> list[list[dict]]:
         [{"role": "user", "content": [wide, "Describe the picture."]}],
         [{"role": "user", "content": "Tell me about llamas."}],
         [{"role": "user", "content": ["Compare", {"type": "image", "image": {"url": {"uri": url}}}, "with",
-                                      png(small)]}],  # fmt: skip
+                                      png(small)]}],
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
         [{"role": "user", "content": [small]}],
     ]

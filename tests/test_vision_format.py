@@ -40,14 +40,14 @@ def reference_prompt(dialog: list[dict], vision: VisionArgs, max_tiles: int = 16
                              patch_size={"height": vision.patch_size.height, "width": vision.patch_size.width},
                              dim=vision.dim, n_layers=vision.n_layers, n_heads=vision.n_heads,
                              mlp_ratio=vision.mlp_ratio, output_dim=vision.output_dim,
-                             pixel_shuffle_ratio=vision.pixel_shuffle_ratio)  # fmt: skip
+                             pixel_shuffle_ratio=vision.pixel_shuffle_ratio)
     fmt = ChatFormat(Tokenizer.get_instance(), vision_args=ref_args, max_num_chunks=max_tiles)
     messages = []
     for m in dialog:
         content = m["content"]
         if isinstance(content, list):
             content = [dt.RawMediaItem(data=_png(c)) if isinstance(c, Image.Image) else dt.RawTextItem(text=c)
-                       for c in content]  # fmt: skip
+                       for c in content]
         messages.append(dt.RawMessage(role=m["role"], content=content))
     out = fmt.encode_dialog_prompt(messages)
     return out.tokens, out.images or []
@@ -55,7 +55,7 @@ def reference_prompt(dialog: list[dict], vision: VisionArgs, max_tiles: int = 16
 
 def dialogs() -> dict[str, list[dict]]:
     wide, tall, small, square = pattern_image(300, 120, 1), pattern_image(90, 400, 2), pattern_image(30, 20, 3), \
-        pattern_image(112, 112, 4)  # fmt: skip
+        pattern_image(112, 112, 4)
     return {
         "one_image": [{"role": "user", "content": [wide, "What is in this picture?"]}],
         "text_first": [{"role": "user", "content": ["Compare", small, "and", tall]}],
@@ -124,7 +124,7 @@ def test_llama_stack_and_llama_models_message_objects():
     formatter = make_formatter(our_tokenizer("llama4"), vision_args=TINY_VISION)
     expected = formatter.encode_prompt([{"role": "user", "content": [image, "hi"]}]).tokens
     stack = UserMessage(content=[ImageContentItem(image=_URLOrData(data=base64.b64encode(data).decode())),
-                                 TextContentItem(text="hi")])  # fmt: skip
+                                 TextContentItem(text="hi")])
     assert formatter.encode_prompt([stack]).tokens == expected
     raw = dt.RawMessage(role="user", content=[dt.RawMediaItem(data=data), dt.RawTextItem(text="hi")])
     assert formatter.encode_prompt([raw]).tokens == expected
@@ -163,7 +163,7 @@ def test_raw_content_prompt_matches_reference_encode_content(vision):
     from llama_models.llama4.tokenizer import Tokenizer
 
     ref_args = RefVisionArgs(**{**vision.__dict__, "image_size": vision.image_size.__dict__,
-                                "patch_size": vision.patch_size.__dict__})  # fmt: skip
+                                "patch_size": vision.patch_size.__dict__})
     ref = ChatFormat(Tokenizer.get_instance(), vision_args=ref_args)
     formatter = make_formatter(our_tokenizer("llama4"), vision_args=vision)
     image = pattern_image(300, 120)
@@ -171,6 +171,6 @@ def test_raw_content_prompt_matches_reference_encode_content(vision):
         (["A picture:", image, "shows"], [dt.RawTextItem(text="A picture:"), dt.RawMediaItem(data=_png(image)),
                                           dt.RawTextItem(text="shows")]),
         ([image, "shows"], [dt.RawMediaItem(data=_png(image)), dt.RawTextItem(text="shows")]),
-    ):  # fmt: skip
+    ):
         prompt = formatter.encode_content(ours_items)
         assert prompt.tokens == ref.encode_content(ref_items).tokens and len(prompt.images) == 1

@@ -26,7 +26,7 @@ TILE_ATOL = 1e-5
 
 # (width, height): tiny, square, wide, tall, extreme aspect ratios, exact tile multiples, odd sizes.
 SIZES = [(1, 1), (20, 33), (56, 56), (57, 20), (300, 120), (120, 300), (113, 449), (448, 56), (56, 900),
-         (224, 224), (225, 223), (640, 480), (37, 512)]  # fmt: skip
+         (224, 224), (225, 223), (640, 480), (37, 512)]
 
 
 def reference_tiles(image: Image.Image, tile: int, max_tiles: int) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -113,7 +113,7 @@ def test_standin_resize_follows_torchvision_semantics():
     as_uint8 = (tensor * 255).to(torch.uint8)
     out8 = tv_f.resize(as_uint8, [12, 20])
     direct = F.interpolate(as_uint8[None].float(), size=[12, 20], mode="bilinear", align_corners=False,
-                           antialias=True)[0].round().to(torch.uint8)  # fmt: skip
+                           antialias=True)[0].round().to(torch.uint8)
     assert out8.dtype == torch.uint8 and torch.equal(out8, direct)
 
 
@@ -146,7 +146,7 @@ def test_every_image_form_opens_to_the_same_pixels(tmp_path: Path):
              {"type": "image", "image": {"data": b64}}, {"type": "image", "image": {"url": {"uri": url}}},
              {"type": "image", "image": {"url": {"uri": str(path)}}}, {"type": "image", "data": data},
              {"type": "image", "image": {"path": str(path)}},
-             {"type": "image_url", "image_url": {"url": url}}]  # fmt: skip
+             {"type": "image_url", "image_url": {"url": url}}]
     for form in forms:
         opened = open_image(form)
         assert opened.mode == "RGB" and opened.tobytes() == image.tobytes(), type(form)
@@ -169,7 +169,7 @@ def test_rgba_is_composited_on_white_like_the_reference():
     [(b"not an image", "could not read"), ({"type": "image", "image": {"data": "!!!"}}, "base64"),
      (Path("/nonexistent/pic.png"), "does not exist"), ({"type": "image", "image": {}}, "needs its pixels"),
      ({"type": "image", "image": {"url": {"uri": "https://example.com/x.png"}}}, "does not download")],
-)  # fmt: skip
+)
 def test_unreadable_images_raise_image_error(item, needle):
     with pytest.raises(ImageError, match=needle):
         open_image(item)

@@ -77,7 +77,7 @@ def _output_size(height: int, width: int, size: Sequence[int], max_size: int | N
 
 
 def resize(img: Any, size: int | Sequence[int], interpolation: InterpolationMode = InterpolationMode.BILINEAR,
-           max_size: int | None = None, antialias: bool | None = True) -> Any:  # fmt: skip
+           max_size: int | None = None, antialias: bool | None = True) -> Any:
     if isinstance(size, int):
         size = [size]
     if len(size) not in (1, 2):
@@ -119,7 +119,7 @@ def to_tensor(pic: Any) -> torch.Tensor:
         raise TypeError(f"the stand-in ToTensor handles 8-bit modes only, got {pic.mode}")
     channels = len(pic.getbands())
     raw = torch.frombuffer(bytearray(pic.convert("L").tobytes() if pic.mode == "1" else pic.tobytes()),
-                           dtype=torch.uint8)  # fmt: skip
+                           dtype=torch.uint8)
     img = raw.view(pic.size[1], pic.size[0], channels).permute(2, 0, 1).contiguous()
     return img.to(dtype=torch.get_default_dtype()).div(255)
 
@@ -146,7 +146,7 @@ class Compose:
 
 class Resize:
     def __init__(self, size: int | Sequence[int], interpolation: InterpolationMode = InterpolationMode.BILINEAR,
-                 max_size: int | None = None, antialias: bool | None = True) -> None:  # fmt: skip
+                 max_size: int | None = None, antialias: bool | None = True) -> None:
         self.size = size
         self.interpolation = interpolation
         self.max_size = max_size
@@ -187,7 +187,7 @@ def install() -> None:
     functional.normalize = normalize  # type: ignore[attr-defined]
     functional.InterpolationMode = InterpolationMode  # type: ignore[attr-defined]
     for name, value in (("Compose", Compose), ("Resize", Resize), ("ToTensor", ToTensor), ("Normalize", Normalize),
-                        ("InterpolationMode", InterpolationMode), ("functional", functional)):  # fmt: skip
+                        ("InterpolationMode", InterpolationMode), ("functional", functional)):
         setattr(transforms, name, value)
     tv.transforms = transforms  # type: ignore[attr-defined]
     sys.modules.update(

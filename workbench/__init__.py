@@ -35,5 +35,5 @@ __all__ = [
     "ChatCompletion", "Completion", "Engine", "Message", "StreamChunk", "TokenLogprob", "ToolCall",
     "Transcript", "WorkbenchError", "bench", "chat", "current", "display", "load", "plots", "show_prompt",
     "to_frame", "tools", "unload",
-]  # fmt: skip
+]
 __version__ = "0.1.0"

@@ -58,18 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m workbench", description=DESCRIPTION)
     parser.add_argument("checkpoint", nargs="?", default=None,
                         help="checkpoint folder (params.json, consolidated.NN.pth, tokenizer.model) or the name of a "
-                             "checkpoints.toml entry; default: the embedded default model")  # fmt: skip
+                             "checkpoints.toml entry; default: the embedded default model")
     parser.add_argument("--model", default=None,
                         help="model id that selects the prompt format, e.g. Llama3.2-3B-Instruct or "
-                             "Llama-4-Scout-17B-16E-Instruct (default: inferred from params.json)")  # fmt: skip
+                             "Llama-4-Scout-17B-16E-Instruct (default: inferred from params.json)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per reply (default 64)")
     parser.add_argument("--max-turns", type=int, default=3, help="replies per dialog at most (default 3)")
     parser.add_argument("--device", default=None, help="cpu or cuda / cuda:N (default: cpu)")
     parser.add_argument("--model-parallel-size", type=int, default=None,
                         help="ranks to shard the model over (one worker process each; 0 = one per checkpoint "
-                             "shard; default 1)")  # fmt: skip
+                             "shard; default 1)")
     parser.add_argument("--quantization", default=None, choices=["bf16", "fp8_mixed", "int4_mixed"],
-                        help="load the weights quantized (default: unquantized)")  # fmt: skip
+                        help="load the weights quantized (default: unquantized)")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     return parser
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
 
         engine = load(args.checkpoint, model=args.model, device=args.device,
-                      model_parallel_size=args.model_parallel_size, quantization=args.quantization)  # fmt: skip
+                      model_parallel_size=args.model_parallel_size, quantization=args.quantization)
     except WorkbenchError as exc:
         return _fail(str(exc), args.debug)
     except KeyboardInterrupt:
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     except GenerationCancelled as exc:
         if batched:  # already printed: Ctrl-C came during the one-at-a-time run
             print("interrupted (Ctrl-C) during the one-at-a-time run; the batched transcripts are above",
-                  file=sys.stderr)  # fmt: skip
+                  file=sys.stderr)
         else:
             print("interrupted (Ctrl-C); the transcripts so far:", file=sys.stderr)
             _print_transcripts(exc.transcripts)

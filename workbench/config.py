@@ -108,7 +108,7 @@ class ConfigFile:
                 from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{path} is not a UTF-8 text file ({exc.reason} at byte {exc.start}); a checkpoints.toml "
-                              "must be TOML text (see checkpoints.example.toml)") from exc  # fmt: skip
+                              "must be TOML text (see checkpoints.example.toml)") from exc
         except OSError as exc:
             raise ConfigError(f"cannot read {path} ({exc}); check its permissions") from exc
         entries: dict[str, dict[str, Any]] = {}
@@ -117,7 +117,7 @@ class ConfigFile:
             if key == "default":
                 if not isinstance(value, str):
                     raise ConfigError(f"{path}: top-level `default` must be the name of an entry, e.g. default = "
-                                      f"\"scout\", got {value!r}")  # fmt: skip
+                                      f"\"scout\", got {value!r}")
                 default = value
             elif isinstance(value, dict):
                 entries[key] = value
@@ -187,7 +187,7 @@ class Catalog:
     def where(self) -> str:
         if not self.files:
             return ("no checkpoints.toml was found (looked at $WORKBENCH_CHECKPOINTS, ./checkpoints.toml and "
-                    "~/.config/workbench/checkpoints.toml)")  # fmt: skip
+                    "~/.config/workbench/checkpoints.toml)")
         return "checkpoints.toml files read: " + ", ".join(str(f.path) for f in self.files)
 
 
@@ -201,7 +201,7 @@ def check_entry(name: str, entry: dict[str, Any], path: Path) -> dict[str, tuple
             hint = f"did you mean `{close[0]}`? " if close else ""
             if isinstance(value, dict):
                 hint += (f"(a dotted header like [{name}.{key}] makes a nested table: quote the entry name, "
-                         f"[\"{name}.{key}\"]) ")  # fmt: skip
+                         f"[\"{name}.{key}\"]) ")
             raise ConfigError(
                 f"checkpoints.toml entry {where}: unknown key {key!r}; {hint}allowed keys are "
                 f"{', '.join(ENTRY_KEYS)}"
@@ -233,7 +233,7 @@ def unknown_setting_error(name: str) -> ConfigError:
     close = difflib.get_close_matches(name, LOAD_SETTINGS, n=1)
     hint = f"did you mean {close[0]}=? " if close else ""
     return ConfigError(f"{name}= (from argument) is not a setting of workbench.load(); {hint}settings are "
-                       f"{', '.join(LOAD_SETTINGS)}")  # fmt: skip
+                       f"{', '.join(LOAD_SETTINGS)}")
 
 
 def _env_value(environ: Mapping[str, str], name: str) -> str | None:
@@ -253,7 +253,7 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
                      device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                      max_batch_size: int | None = None, max_seq_len: int | None = None,
                      model_parallel_size: int | None = None, quantization: str | None = None,
-                     environ: Mapping[str, str] | None = None) -> Settings:  # fmt: skip
+                     environ: Mapping[str, str] | None = None) -> Settings:
     """Turn ``load`` arguments into concrete Settings: arguments, then environment, then checkpoints.toml,
     then defaults.  ``checkpoint`` is a folder or the name of a checkpoints.toml entry.
 
@@ -265,7 +265,7 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
     args: dict[str, Any] = {
         "model": model, "device": device, "dtype": dtype, "max_batch_size": max_batch_size,
         "max_seq_len": max_seq_len, "model_parallel_size": model_parallel_size, "quantization": quantization,
-    }  # fmt: skip
+    }
     entry: dict[str, tuple[Any, Source]] = {}
     chosen: tuple[Any, Source] | None = None  # the checkpoint folder and where it came from
 
@@ -324,10 +324,10 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
     raw_dtype, sources["dtype"] = pick("dtype")
     ints: dict[str, int] = {}
     for name, fallback in (("max_batch_size", DEFAULT_MAX_BATCH_SIZE), ("max_seq_len", DEFAULT_MAX_SEQ_LEN),
-                           ("model_parallel_size", DEFAULT_MODEL_PARALLEL_SIZE)):  # fmt: skip
+                           ("model_parallel_size", DEFAULT_MODEL_PARALLEL_SIZE)):
         value, sources[name] = pick(name)
         ints[name] = fallback if value is None else check_positive_int(
-            value, name, sources[name], allow_zero=name == "model_parallel_size")  # fmt: skip
+            value, name, sources[name], allow_zero=name == "model_parallel_size")
     raw_quant, sources["quantization"] = pick("quantization")
     return Settings(
         checkpoint_dir=Path(folder).expanduser().resolve(),
@@ -349,7 +349,7 @@ def check_folder(folder: Path) -> None:
         return
     if folder.exists():
         raise CheckpointError("this path is a file, not a folder; give the folder that holds params.json, "
-                              "consolidated.NN.pth and tokenizer.model")  # fmt: skip
+                              "consolidated.NN.pth and tokenizer.model")
     raise MissingCheckpointFileError("the folder does not exist")
 
 
@@ -406,7 +406,7 @@ def check_settings(settings: Settings, *, reclaimable_bytes: int = 0) -> Setting
         if settings.device != "cuda":
             raise _problem("device", settings.device, settings.source("device"),
                            f"names one GPU but model_parallel_size={mp} uses GPUs 0..{mp - 1} (one per rank): "
-                           "use device='cuda' and CUDA_VISIBLE_DEVICES to choose the GPUs")  # fmt: skip
+                           "use device='cuda' and CUDA_VISIBLE_DEVICES to choose the GPUs")
         if torch.cuda.device_count() < mp:
             raise misfit(f"only {torch.cuda.device_count()} GPU(s) are visible and each rank needs its own")
     try:

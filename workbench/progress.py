@@ -60,7 +60,7 @@ def check_progress(progress: Any) -> bool | None:
 
 
 def progress_bar(total: int | None, *, desc: str, unit: str, progress: bool | None = None,
-                 rate: TokenRate | None = None) -> Any:  # fmt: skip
+                 rate: TokenRate | None = None) -> Any:
     """A bar (or a silent stand-in) for ``total`` steps of ``unit``; ``rate`` adds tokens to its summary line."""
     progress = check_progress(progress)
     if progress is False or (progress is None and os.environ.get("WORKBENCH_PROGRESS", "1") == "0"):
@@ -155,7 +155,7 @@ class _TerminalBar(_Bar):
 
     def _show(self) -> None:
         self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, initial=self.n, leave=False,
-                         dynamic_ncols=True, file=sys.stderr)  # fmt: skip
+                         dynamic_ncols=True, file=sys.stderr)
 
     def _refresh(self) -> None:
         self._bar.n = self.n
@@ -185,7 +185,7 @@ class _NotebookBar(_Bar):
             self._progress.value = min(self.n, self.total)
         elapsed = time.perf_counter() - self.start
         self._label.value = f"{self.n}/{self.total if self.total is not None else '?'} {self.unit}s · " \
-            f"{elapsed:.1f} s" + (f" · {self.postfix}" if self.postfix else "")  # fmt: skip
+            f"{elapsed:.1f} s" + (f" · {self.postfix}" if self.postfix else "")
 
     def _finish(self, line: str) -> None:
         from IPython.display import Pretty

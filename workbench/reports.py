@@ -70,7 +70,7 @@ class Report(dict):
     def _repr_html_(self) -> str:
         cells = "".join(f'<tr><td style="color:#777;padding:0 10px 0 0;text-align:left">{esc(k)}</td>'
                         f'<td style="text-align:left">{esc(v)}</td></tr>'
-                        for k, v in self.readable().items())  # fmt: skip
+                        for k, v in self.readable().items())
         return f'<div style="{BOX}"><b>{esc(self.title)}</b><table>{cells}</table></div>'
 
 

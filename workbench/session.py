@@ -96,14 +96,14 @@ def build_engine(settings: Settings) -> Engine:
 
         runner = ParallelRunner(settings, args, tokenizer)
     return Engine(runner=runner, tokenizer=tokenizer, args=args, settings=settings, model_id=settings.model_id,
-                  load_seconds=time.perf_counter() - start)  # fmt: skip
+                  load_seconds=time.perf_counter() - start)
 
 
 def load(checkpoint: str | Path | None = None, *, model: str | None = None,
          device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
          max_batch_size: int | None = None, max_seq_len: int | None = None, model_parallel_size: int | None = None,
          quantization: str | None = None, load_vision: bool = False, compile: bool = False, cuda_graphs: bool = False,
-         **unknown: Any) -> Engine:  # fmt: skip
+         **unknown: Any) -> Engine:
     """Load the engine, or return the loaded one when the effective settings are the same.
 
     ``checkpoint`` is a folder or the name of a checkpoints.toml entry; unset keywords come from the

@@ -56,16 +56,16 @@ class CodeInterpreter:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             raise ToolError(f"CodeInterpreter timeout must be a positive number of seconds, got {t!r}")
         if isinstance(self.max_output_chars, bool) or not isinstance(self.max_output_chars, int) or \
-                self.max_output_chars < 1:  # fmt: skip
+                self.max_output_chars < 1:
             raise ToolError(
                 f"CodeInterpreter max_output_chars must be a positive integer, got {self.max_output_chars!r}")
         if self.memory_mb is not None and (isinstance(self.memory_mb, bool) or not isinstance(self.memory_mb, int)
-                                           or self.memory_mb < 1):  # fmt: skip
+                                           or self.memory_mb < 1):
             raise ToolError(f"CodeInterpreter memory_mb must be a positive integer or None, got {self.memory_mb!r}")
         if not isinstance(self.python, (str, os.PathLike)) or not str(self.python):
             raise ToolError(f"CodeInterpreter python must be the path of a Python executable, got {self.python!r}")
         if self.env is not None and (not isinstance(self.env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in self.env.items())):  # fmt: skip
+                isinstance(k, str) and isinstance(v, str) for k, v in self.env.items())):
             raise ToolError("CodeInterpreter env must be a dict of str -> str")
 
     def run(self, code: str) -> str:
@@ -80,11 +80,11 @@ class CodeInterpreter:
             with open(script, "w", encoding="utf-8", errors="surrogatepass") as fh:
                 fh.write(code)
             env = {"PATH": os.environ.get("PATH", ""), "PYTHONIOENCODING": "utf-8", "HOME": workdir,
-                   "MPLBACKEND": "Agg", **(self.env or {})}  # fmt: skip
+                   "MPLBACKEND": "Agg", **(self.env or {})}
             try:
                 result = run_guarded([str(self.python), "-I", script], timeout=float(self.timeout), cwd=workdir,
                                      env=env, output_cap=4 * self.max_output_chars + 4096,
-                                     memory_bytes=self.memory_mb * 1024 * 1024 if self.memory_mb else None)  # fmt: skip
+                                     memory_bytes=self.memory_mb * 1024 * 1024 if self.memory_mb else None)
             except OSError as exc:
                 return f"failed\n[stderr]\ncould not start {self.python!r}: {exc}\n[/stderr]"
         status = "timed out" if result.timed_out else ("completed" if result.returncode == 0 else "failed")
@@ -94,7 +94,7 @@ class CodeInterpreter:
             err = err.replace(f"\n{KILLED_BY} 9\n", "")
             note = f"Execution timed out after {float(self.timeout):g} s"
         return self._report(status, (result.stdout.decode("utf-8", "replace"), result.stdout_dropped),
-                            (err, result.stderr_dropped), note)  # fmt: skip
+                            (err, result.stderr_dropped), note)
 
     __call__ = run
 
@@ -123,9 +123,9 @@ class Toolbox:
 
     @classmethod
     def create(cls, tools: Iterable[Any] | None, code_interpreter: bool | CodeInterpreter | None = False,
-               tool_timeout: float | None = None) -> Toolbox:  # fmt: skip
+               tool_timeout: float | None = None) -> Toolbox:
         if tool_timeout is not None and (isinstance(tool_timeout, bool) or not isinstance(tool_timeout, (int, float))
-                                         or not math.isfinite(tool_timeout) or tool_timeout <= 0):  # fmt: skip
+                                         or not math.isfinite(tool_timeout) or tool_timeout <= 0):
             raise ToolError(f"tool_timeout must be a positive number of seconds or None, got {tool_timeout!r}")
         items: list[Any] = []
         if tools is not None:
@@ -157,7 +157,7 @@ class Toolbox:
             defs.append(ToolDefinition(tool_name="code_interpreter"))
         functions = {d.tool_name: d.function for d in defs if d.function is not None}
         return cls(definitions=defs, functions=functions, code_interpreter=interpreter,
-                   tool_timeout=None if tool_timeout is None else float(tool_timeout))  # fmt: skip
+                   tool_timeout=None if tool_timeout is None else float(tool_timeout))
 
     def execute(self, call: ToolCall) -> Message:
         """Run one call; the answer (or the error) as a tool message with the call's id."""
@@ -223,25 +223,25 @@ def _later_choice(tool_choice: Any) -> Any:
 
 
 def _complete(engine: Any, dialogs: list[list[Message]], toolbox: Toolbox, tool_choice: Any,
-              tool_prompt_format: Any, sampling: dict[str, Any]) -> list[ChatCompletion]:  # fmt: skip
+              tool_prompt_format: Any, sampling: dict[str, Any]) -> list[ChatCompletion]:
     method = getattr(engine, "batch_chat_completion", None)
     kwargs = dict(tools=toolbox.definitions, tool_choice=tool_choice, tool_prompt_format=tool_prompt_format,
-                  **sampling)  # fmt: skip
+                  **sampling)
     if callable(method):
         return method(dialogs, **kwargs)
     return chat.batch_chat_completion(engine, dialogs, **kwargs)
 
 
 def _fits(engine: Any, dialog: list[Message], toolbox: Toolbox, tool_choice: Any, tool_prompt_format: Any,
-          system_message_behavior: str = "append") -> bool:  # fmt: skip
+          system_message_behavior: str = "append") -> bool:
     prompt = chat.encode_prompt(engine, dialog, toolbox.definitions, tool_choice, tool_prompt_format,
-                                system_message_behavior)  # fmt: skip
+                                system_message_behavior)
     return len(prompt) < getattr(engine, "max_seq_len", len(prompt) + 1)
 
 
 def _loop(engine: Any, transcripts: list[Transcript], toolbox: Toolbox, max_turns: int, tool_choice: Any,
           tool_prompt_format: Any, constrain_tools: bool, sampling: dict[str, Any], bar: Any,
-          rate: TokenRate) -> None:  # fmt: skip
+          rate: TokenRate) -> None:
     """The turns of :func:`run_batch`: complete the running dialogs, run their calls, until none is running."""
     active = list(range(len(transcripts)))
     for turn in range(max_turns):
@@ -251,7 +251,7 @@ def _loop(engine: Any, transcripts: list[Transcript], toolbox: Toolbox, max_turn
         turn_sampling = dict(sampling, constrain_tools=True) if constrain_tools and turn == 0 else sampling
         try:
             replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
-                                turn_sampling)  # fmt: skip
+                                turn_sampling)
         except GenerationCancelled as cancelled:  # nothing is lost: the transcripts so far travel with it
             for i, partial in zip(active, cancelled.partial):
                 text = partial.text if isinstance(partial.text, str) else str(partial.text)
@@ -267,7 +267,7 @@ def _loop(engine: Any, transcripts: list[Transcript], toolbox: Toolbox, max_turn
             # a tool result made some dialog too long: those end here, the others go on
             behavior = sampling.get("system_message_behavior", "append")
             fitting = [i for i in active
-                       if _fits(engine, transcripts[i], toolbox, choice, tool_prompt_format, behavior)]  # fmt: skip
+                       if _fits(engine, transcripts[i], toolbox, choice, tool_prompt_format, behavior)]
             if len(fitting) == len(active):
                 raise
             for i in set(active) - set(fitting):
@@ -275,7 +275,7 @@ def _loop(engine: Any, transcripts: list[Transcript], toolbox: Toolbox, max_turn
             bar.update(len(active) - len(fitting))
             active = fitting
             replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
-                                turn_sampling) if active else []  # fmt: skip
+                                turn_sampling) if active else []
         still_running = []
         for i, reply in zip(active, replies):
             message = reply.message
@@ -337,9 +337,9 @@ def run_batch(
     inner = sampling if single else {**sampling, "progress": False}
     rate = TokenRate()
     with progress_bar(len(transcripts), desc="tool loop", unit="dialog", progress=False if single else progress,
-                      rate=rate) as bar:  # fmt: skip
+                      rate=rate) as bar:
         _loop(engine, transcripts, toolbox, max_turns, tool_choice, tool_prompt_format, constrain_tools, inner,
-              bar, rate)  # fmt: skip
+              bar, rate)
     return transcripts
 
 

@@ -48,7 +48,7 @@ def present(kind: str, *args: Any) -> Any:
     render = _PRESENTERS.get(kind)
     if render is None:
         raise WorkbenchError(f"no notebook renderer for {kind!r} is registered; import workbench (its package face "
-                             "installs them) before displaying results")  # fmt: skip
+                             "installs them) before displaying results")
     return render(*args)
 
 
@@ -92,7 +92,7 @@ def check_json_value(value: Any, where: str = "value", depth: int = 0) -> Any:
             check_json_value(item, f"{where}[{key!r}]", depth + 1)
         return value
     raise InputError(f"{where} is a {type(value).__name__} ({value!r:.80}); tool-call arguments must be JSON values "
-                     "(str, int, float, bool, None, lists and dicts of them)")  # fmt: skip
+                     "(str, int, float, bool, None, lists and dicts of them)")
 
 
 def check_arguments(arguments: Any, name: str) -> dict[str, Any]:
@@ -104,10 +104,10 @@ def check_arguments(arguments: Any, name: str) -> dict[str, Any]:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except (json.JSONDecodeError, RecursionError, ValueError) as exc:
             raise InputError(f"arguments of tool call {name!r} are a string that is not valid JSON ({exc}); give a "
-                             "dict or a JSON object string") from None  # fmt: skip
+                             "dict or a JSON object string") from None
     if not isinstance(arguments, dict):
         raise InputError(f"arguments of tool call {name!r} must be a dict (JSON object), got "
-                         f"{type(arguments).__name__} {arguments!r:.80}")  # fmt: skip
+                         f"{type(arguments).__name__} {arguments!r:.80}")
     return check_json_value(arguments, "arguments")
 
 
@@ -151,7 +151,7 @@ class Completion:
         llama-stack pydantic object when llama-stack is installed, else (or with ``plain=True``) a dict of the
         same fields.  A cancelled row's stop reason is ``out_of_tokens`` (Llama Stack has no other)."""
         fields = {"content": self.text, "stop_reason": _stack_stop(self.stop_reason),
-                  "logprobs": _stack_logprobs(self.logprobs)}  # fmt: skip
+                  "logprobs": _stack_logprobs(self.logprobs)}
         return _stack_object("CompletionResponse", fields, plain)
 
     def to_pandas(self) -> Any:
@@ -189,7 +189,7 @@ class ToolCall:
                 fn = value["function"]
                 if not isinstance(fn, dict):
                     raise InputError(f"'function' of an OpenAI-style tool call must be a dict with 'name' and "
-                                     f"'arguments', got {fn!r:.80}")  # fmt: skip
+                                     f"'arguments', got {fn!r:.80}")
                 name = check_tool_name(fn.get("name"), "function.name")
                 call_id = value.get("id", "")
                 args = fn.get("arguments", {})
@@ -228,7 +228,7 @@ class Message:
         """
         if isinstance(value, Message):
             fields_ = {"role": value.role, "content": value.content, "tool_calls": value.tool_calls,
-                       "call_id": value.call_id, "stop_reason": value.stop_reason}  # fmt: skip
+                       "call_id": value.call_id, "stop_reason": value.stop_reason}
             checked = cls._checked(fields_)
             keys = ("role", "tool_calls", "call_id", "stop_reason")
             if all(getattr(checked, k) == getattr(value, k) for k in keys):
@@ -258,7 +258,7 @@ class Message:
         raw_calls = value.get("tool_calls") or []
         if not isinstance(raw_calls, (list, tuple)):
             raise InputError(f"field 'tool_calls' must be a list of tool calls, got {type(raw_calls).__name__} "
-                             f"{raw_calls!r:.80}")  # fmt: skip
+                             f"{raw_calls!r:.80}")
         calls = []
         for j, call in enumerate(raw_calls):
             try:
@@ -345,7 +345,7 @@ def llama_stack_batch(results: list[Completion] | list[ChatCompletion], plain: b
     else:
         kinds = sorted({type(r).__name__ for r in results})
         raise InputError(f"llama_stack_batch takes the list of one batch call (all Completion or all ChatCompletion), "
-                         f"got {', '.join(kinds)}")  # fmt: skip
+                         f"got {', '.join(kinds)}")
     return _stack_object(name, {"batch": [r.to_llama_stack(plain=True) for r in results]}, plain)
 
 
@@ -356,7 +356,7 @@ def _stack_stop(stop_reason: str) -> str:
 def _stack_call(call: ToolCall) -> dict[str, Any]:
     arguments = json.dumps(call.arguments, ensure_ascii=False)
     return {"call_id": call.call_id, "tool_name": call.tool_name, "arguments": call.arguments,
-            "arguments_json": arguments}  # fmt: skip
+            "arguments_json": arguments}
 
 
 def _stack_logprobs(logprobs: list[TokenLogprob] | None) -> list[dict[str, Any]] | None:
@@ -383,7 +383,7 @@ def message_text(message: Message) -> str:
     """One transcript line in plain text (the fallback where HTML is not shown)."""
     content = message.content if isinstance(message.content, str) else str(message.content)
     calls = "".join(f"\n    -> {c.tool_name}({json.dumps(c.arguments, ensure_ascii=False, default=str)})"
-                    for c in message.tool_calls)  # fmt: skip
+                    for c in message.tool_calls)
     suffix = f" (answers {message.call_id})" if message.role == "tool" and message.call_id else ""
     return f"[{message.role}]{suffix} {content}{calls}"
 

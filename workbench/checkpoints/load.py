@@ -128,7 +128,7 @@ def _take_part(tensor: torch.Tensor, dim: int, parts: int, index: int, unit: int
 
 
 def reshard(shards: list[dict[str, torch.Tensor]], *, n_saved: int, mp_size: int, rank: int,
-            args: ModelArgs) -> dict[str, torch.Tensor]:  # fmt: skip
+            args: ModelArgs) -> dict[str, torch.Tensor]:
     """Merge or split the canonical ``shards`` (saved ranks of this rank's run) into rank ``rank``'s slice."""
     parts = max(mp_size // n_saved, 1)
     index = rank % parts
@@ -154,7 +154,7 @@ def _load_shard(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_state_dict_for_rank(ckpt_dir: str | Path, args: ModelArgs, mp_size: int = 1, rank: int = 0, *,
-                             progress: bool | None = False) -> dict[str, torch.Tensor]:  # fmt: skip
+                             progress: bool | None = False) -> dict[str, torch.Tensor]:
     """This rank's canonical state dict, memory-mapped where no copy is needed.
 
     ``progress``: a bar over the shards read (see :mod:`workbench.progress`; off by default, since
@@ -173,7 +173,7 @@ def load_state_dict_for_rank(ckpt_dir: str | Path, args: ModelArgs, mp_size: int
 
 
 def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype,
-                 mp_size: int = 1, rank: int = 0) -> torch.nn.Module:  # fmt: skip
+                 mp_size: int = 1, rank: int = 0) -> torch.nn.Module:
     """This rank's slice of the Llama 4 vision encoder, adapter and projection (``vision_embeddings.*``,
     ``vision_projection.weight``), read from the shards on demand (the text model never holds them)."""
     if args.vision_args is None:
@@ -181,7 +181,7 @@ def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device,
     paths = shard_paths(ckpt_dir)
     picked = source_shards_for_rank(len(paths), mp_size, rank)
     shards = [{k: v for k, v in _load_shard(paths[i]).items() if k.startswith(("vision_embeddings.",
-              "vision_projection."))} for i in picked]  # fmt: skip
+              "vision_projection."))} for i in picked]
     state = reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
     model = VisionModel(args, device="meta", dtype=dtype)
     _assign(model, state, ckpt_dir, mp_size, device, what="vision encoder")
@@ -189,7 +189,7 @@ def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device,
 
 
 def _assign(model: torch.nn.Module, state: dict[str, torch.Tensor], ckpt_dir: str | Path, mp_size: int,
-            device: torch.device, what: str) -> None:  # fmt: skip
+            device: torch.device, what: str) -> None:
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     if missing:
@@ -222,7 +222,7 @@ def check_vocab(args: ModelArgs, n_words: int, source: str) -> ModelArgs:
 
 def build_model(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype,
                 max_seq_len: int, mp_size: int = 1, rank: int = 0,
-                progress: bool | None = False) -> Transformer:  # fmt: skip
+                progress: bool | None = False) -> Transformer:
     """Construct on the meta device, then assign this rank's weights cast to ``dtype`` on ``device``."""
     state = load_state_dict_for_rank(ckpt_dir, args, mp_size, rank, progress=progress)
     model_class = CrossAttentionTextModel if is_cross_attention_vision(args) else Transformer
@@ -239,7 +239,7 @@ def build_model(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, 
         )
     if unexpected:  # the reference loads non-strictly too; say what is ignored rather than fail
         warnings.warn(f"{ckpt_dir}: ignoring {len(unexpected)} checkpoint tensors the text model does not use: "
-                      f"{unexpected[:6]}{'…' if len(unexpected) > 6 else ''}", stacklevel=2)  # fmt: skip
+                      f"{unexpected[:6]}{'…' if len(unexpected) > 6 else ''}", stacklevel=2)
         for key in unexpected:
             del state[key]
     for key, want in expected.items():

@@ -128,7 +128,7 @@ def check_memory(settings, args: ModelArgs, *, reclaimable_bytes: int = 0) -> Me
             f"2 × {args.n_layers} layers × "
             f"{settings.max_batch_size} rows × {settings.max_seq_len} positions × "
             f"{fmt_bytes(est.kv_bytes_per_token // args.n_layers // 2)}) plus "
-            f"{fmt_bytes(est.weights_bytes)} of weights")  # fmt: skip
+            f"{fmt_bytes(est.weights_bytes)} of weights")
     if mp > 1:
         need += f", {fmt_bytes(est.per_rank_bytes)} per rank of {mp}"
     rope_per_pos = 8 * (args.rope_head_dim // 2)

@@ -34,14 +34,14 @@ TINY_LLAMA32_VISION: dict[str, Any] = {
     "dim": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128256, "multiple_of": 32,
     "ffn_dim_multiplier": 1.3, "norm_eps": 1e-5, "rope_theta": 500000.0, "use_scaled_rope": True,
     "vision_chunk_size": 28, "vision_max_num_chunks": 4, "vision_num_cross_attention_layers": 2,
-}  # fmt: skip
+}
 
 
 def tiny_dims(args: ModelArgs, width: int = TINY_WIDTH, n_global: int = TINY_GLOBAL_LAYERS) -> VisionDims:
     if args.vision_chunk_size % 14:
         raise CheckpointError(f"vision_chunk_size={args.vision_chunk_size} is not a multiple of Meta's patch 14")
     return VisionDims(width=width, patch=14, grid=args.vision_chunk_size // 14, max_tiles=4, n_local_layers=32,
-                      n_global_layers=n_global, mlp_hidden=4 * width)  # fmt: skip
+                      n_global_layers=n_global, mlp_hidden=4 * width)
 
 
 def _init(key: str, shape: tuple[int, ...], gen: torch.Generator, dim: int) -> torch.Tensor:
@@ -93,7 +93,7 @@ def vision_dims(ckpt_dir: str | Path) -> VisionDims:
 
 
 def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype,
-                 mp_size: int = 1, rank: int = 0) -> torch.nn.Module:  # fmt: skip
+                 mp_size: int = 1, rank: int = 0) -> torch.nn.Module:
     """This rank's slice of ``vision_model.*`` (encoder and projection), read from the shards on first use."""
     dims = vision_dims(ckpt_dir)
     if dims.tile_size != args.vision_chunk_size:
@@ -104,11 +104,11 @@ def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device,
         )
     if args.vision_max_num_chunks > dims.max_tiles:
         raise CheckpointError(f"{ckpt_dir}: vision_max_num_chunks={args.vision_max_num_chunks} exceeds the "
-                              f"encoder's {dims.max_tiles}-tile embeddings")  # fmt: skip
+                              f"encoder's {dims.max_tiles}-tile embeddings")
     paths = shard_paths(ckpt_dir)
     picked = source_shards_for_rank(len(paths), mp_size, rank)
     shards = [{k[len(VISION_PREFIX) :]: v for k, v in read_shard(paths[i]).items() if k.startswith(VISION_PREFIX)}
-              for i in picked]  # fmt: skip
+              for i in picked]
     state = reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
     model = CrossAttentionVision(dims, args.dim, device="meta", dtype=dtype)
     _assign(model, state, ckpt_dir, mp_size, device, what="vision encoder")

@@ -95,7 +95,7 @@ class Job:
         try:
             if not self._finished.wait(timeout):
                 raise TimeoutError(f"job {self.id} is still running after {timeout} s ({self.rows_done} of "
-                                   f"{self.n_rows} rows done); wait longer or job.cancel()")  # fmt: skip
+                                   f"{self.n_rows} rows done); wait longer or job.cancel()")
         except KeyboardInterrupt:
             self.cancel()
             self._finished.wait(CANCEL_WAIT_S)
@@ -131,10 +131,10 @@ class Job:
         elapsed = (self._end or time.perf_counter()) - self._start
         with self._lock:
             per = {k: dict(v, tok_s=v["tokens"] / v["seconds"] if v["seconds"] else 0.0)
-                   for k, v in self._per_replica.items()}  # fmt: skip
+                   for k, v in self._per_replica.items()}
         return {"rows": self.n_rows, "rows_done": self.rows_done, "tokens": self.tokens, "seconds": elapsed,
                 "tok_s": self.tokens / elapsed if elapsed > 0 else 0.0, "rerun_chunks": self.rerun_chunks,
-                "per_replica": per}  # fmt: skip
+                "per_replica": per}
 
     def __repr__(self) -> str:
         state = "done" if self.done and self._error is None else (
@@ -186,7 +186,7 @@ class Job:
             self._rate = TokenRate()
             self._rate.start = self._start
             self._bar = progress_bar(self.n_rows, desc=f"{self.kind} on {self._pool.live} replicas", unit="row",
-                                     progress=True, rate=self._rate)  # fmt: skip
+                                     progress=True, rate=self._rate)
             self._bar.start = self._start  # its closing summary counts the seconds since the job began
         self._rate.tokens = self.tokens
         per = ", ".join(f"r{k}:{int(v['rows'])}" for k, v in sorted(self._per_replica.items()))
@@ -201,7 +201,7 @@ class Job:
     def _cancelled_error(self, n: int) -> GenerationCancelled:
         with self._lock:
             partial = [self._rows[i] or self._cut.get(i) or Completion(text="", tokens=[], stop_reason="cancelled")
-                       for i in range(n)]  # fmt: skip
+                       for i in range(n)]
         return GenerationCancelled(
             f"the job was cancelled after {self.tokens} tokens ({self.rows_done} of {n} rows finished); the partial "
             "results are in .partial (and job.partial())", partial=partial)
@@ -234,7 +234,7 @@ def dispatch(pool: Any, job: Job, method: str, rows: list[Any], kwargs: dict[str
     per_row = isinstance(formats, (list, tuple))
     if per_row and len(formats) != n:
         raise FormatError(f"response_format has {len(formats)} entries for {n} prompts; give one format for all "
-                          "rows or one entry (None for unconstrained) per row")  # fmt: skip
+                          "rows or one entry (None for unconstrained) per row")
     job._began = True
     job._dispatching.set()
     if n == 0:
@@ -260,7 +260,7 @@ def dispatch(pool: Any, job: Job, method: str, rows: list[Any], kwargs: dict[str
             starting = pool._starting_refs()
             if not inflight and not starting:
                 raise WorkerError(f"no replica is left to run the job ({pool._failure_summary()}); "
-                                  "shut the pool down and load it again")  # fmt: skip
+                                  "shut the pool down and load it again")
             ready, _ = ray.wait([*inflight, *starting], num_returns=1, timeout=POLL_S)
             job._draw()
             for ref in ready:

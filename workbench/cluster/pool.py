@@ -69,9 +69,9 @@ class ReplicaPool:
     """
 
     def __init__(self, spec: ReplicaSpec, need: ReplicaResources, groups: list[Any], *, owns_ray: bool,
-                 chunk_rows: int | None = None) -> None:  # fmt: skip
+                 chunk_rows: int | None = None) -> None:
         if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int)
-                                       or chunk_rows < 1):  # fmt: skip
+                                       or chunk_rows < 1):
             raise ConfigError(f"chunk_rows must be a positive integer or None, got {chunk_rows!r}")
         self._spec = spec
         self._need = need
@@ -188,7 +188,7 @@ class ReplicaPool:
         self._poll_starts()
         return [{"index": s.index, "state": s.state, "node_id": s.info.get("node_id"), "host": s.info.get("host"),
                  "pid": s.info.get("pid"), "cuda_visible_devices": s.info.get("cuda_visible_devices"),
-                 "starts": s.starts, "error": s.error} for s in self._slots]  # fmt: skip
+                 "starts": s.starts, "error": s.error} for s in self._slots]
 
     # ----------------------------------------------------------------------------- batch APIs
     # The keywords are the engine's own (the signatures are copied from wb.Engine below, so Shift+Tab shows them and
@@ -222,13 +222,13 @@ class ReplicaPool:
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None,
-                              **kwargs: Any) -> list[Any]:  # fmt: skip
+                              **kwargs: Any) -> list[Any]:
         """``Engine.batch_chat_completion`` over the replicas: one ChatCompletion per dialog, in input order."""
         return self.submit_batch_chat_completion(dialogs, tools, **kwargs).result()
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     def submit_batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None,
-                                     **kwargs: Any) -> Job:  # fmt: skip
+                                     **kwargs: Any) -> Job:
         """Start ``batch_chat_completion`` as a job; bad dialogs, tools or formats raise here, before it runs.
 
         The prompts are rendered and the replies parsed here by the engine's own chat layer (with the pool in the
@@ -236,7 +236,7 @@ class ReplicaPool:
         _check_keywords("batch_chat_completion", (dialogs, tools), kwargs)
         dialogs = list(dialogs) if isinstance(dialogs, (list, tuple)) else dialogs
         job = self._new_job("batch_chat_completion", len(dialogs) if isinstance(dialogs, list) else 0,
-                            kwargs.get("progress"))  # fmt: skip
+                            kwargs.get("progress"))
         view = JobEngine(self, job)
         job._run(lambda: wb.Engine.batch_chat_completion(view, dialogs, tools, **kwargs))
 
@@ -286,7 +286,7 @@ class ReplicaPool:
         slot = next((s for s in self._slots if s.state == "live"), None)
         base = ray.get(slot.handle.info.remote()) if slot is not None else {}
         return {**base, "replicas": len(self._slots), "live": self.live, "died": self.deaths,
-                "replaced": self.replacements, "replica_list": self.replicas}  # fmt: skip
+                "replaced": self.replacements, "replica_list": self.replicas}
 
     # ----------------------------------------------------------------------------- jobs (used by jobs.py)
     def _check_open(self) -> None:
@@ -422,7 +422,7 @@ class ReplicaPool:
         mp = self._need.model_parallel_size
         return (f"ReplicaPool(model={self.model_id!r}, replicas={n} ({state}) on {nodes} node(s),\n"
                 f"            each {gpus}{self._need.cpus:g} CPU, model_parallel_size={mp},\n"
-                f"            died={self.deaths}, replaced={self.replacements})")  # fmt: skip
+                f"            died={self.deaths}, replaced={self.replacements})")
 
 
 def _check_keywords(method: str, positional: tuple, kwargs: dict[str, Any]) -> None:
@@ -468,7 +468,7 @@ def _model_parallel_size(checkpoint: Any, load_kwargs: dict[str, Any]) -> int:
 def load(checkpoint: str | Path | None = None, *, replicas: int = 1, address: str | None = None,
          cpus_per_replica: float | None = None, chunk_rows: int | None = None, placement_timeout_s: float = 120.0,
          threads: int | None = None, ray_init: dict[str, Any] | None = None,
-         **load_kwargs: Any) -> ReplicaPool:  # fmt: skip
+         **load_kwargs: Any) -> ReplicaPool:
     """Start ``replicas`` engines, each ``workbench.load(checkpoint, **load_kwargs)`` in its own Ray actor.
 
     address: None joins the Ray this process runs (``ray.init`` done already) or starts a local one (stopped

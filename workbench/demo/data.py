@@ -79,7 +79,7 @@ class DialogGenerator:
 
     def __init__(self, split: str = "train", seed: int = 0, *, synthetic: float | None = None,
                  max_tools: int = 4, mix: dict[str, float] | None = None, composed: float = 0.0,
-                 spelling_words: Sequence[str] = (), values: str | None = None) -> None:  # fmt: skip
+                 spelling_words: Sequence[str] = (), values: str | None = None) -> None:
         values = values or split
         for name, given in (("split", split), ("values", values)):
             if given not in ("train", "heldout"):
@@ -169,7 +169,7 @@ class DialogGenerator:
             spec = SPECS[wanted]
             question = _question(spec, spec.sample(self.pools), self.rng, self.split, self.composed)
             messages = [Message(role="user", content=question),
-                        Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]  # fmt: skip
+                        Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]
             return Dialog(kind, fixed, messages, [], [wanted])
         if kind == "no_tool":
             wanted = self.rng.choice(names)
@@ -177,20 +177,20 @@ class DialogGenerator:
             question = _question(spec, spec.sample(self.pools), self.rng, self.split, self.composed)
             offered = self._offer([], exclude=[wanted])[: self.rng.randint(1, self.max_tools)]
             messages = [Message(role="user", content=question),
-                        Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]  # fmt: skip
+                        Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]
             return Dialog(kind, offered, messages, [], [wanted])
         if kind == "small_talk":
             train_q, heldout_q, answer = SMALL_TALK[self.rng.choice(list(SMALL_TALK))]
             question = self.rng.choice(train_q if self.split == "train" else heldout_q)
             messages = [Message(role="user", content=question),
-                        Message(role="assistant", content=answer, stop_reason="end_of_turn")]  # fmt: skip
+                        Message(role="assistant", content=answer, stop_reason="end_of_turn")]
             return Dialog(kind, fixed or self._offer([]), messages, [])
         if kind == "repeat":
             words = " ".join(self.pools._made_up(self.rng.random() < 0.5) if self.rng.random() < 0.6
-                             else self.pools.word() for _ in range(self.rng.randint(2, 8)))  # fmt: skip
+                             else self.pools.word() for _ in range(self.rng.randint(2, 8)))
             template = self.rng.choice(REPEAT_TRAIN if self.split == "train" else REPEAT_HELDOUT)
             messages = [Message(role="user", content=template.format(words=words)),
-                        Message(role="assistant", content=words, stop_reason="end_of_turn")]  # fmt: skip
+                        Message(role="assistant", content=words, stop_reason="end_of_turn")]
             return Dialog(kind, fixed or self._offer([]), messages, [])
         if kind == "spell":
             return self._spell(fixed)
@@ -213,7 +213,7 @@ class DialogGenerator:
         else:
             question, answer = self.rng.choice(UNQUOTE_TEMPLATES).format(words=quoted), " ".join(words)
         messages = [Message(role="user", content=question),
-                    Message(role="assistant", content=answer, stop_reason="end_of_turn")]  # fmt: skip
+                    Message(role="assistant", content=answer, stop_reason="end_of_turn")]
         return Dialog("spell", fixed or self._offer([]), messages, [])
 
     def __iter__(self) -> Iterator[Dialog]:

@@ -33,17 +33,17 @@ _GET_LEADS = {
     "train": ("What is", "Tell me", "Get me", "Find", "Look up", "Check", "Can you get", "I need", "Please fetch",
               "Show me", "Give me", "Could you look up", "I'd like to know", "Fetch", "Can you tell me"),
     "heldout": ("Would you retrieve", "I am after", "Please report", "Any chance you could find", "Kindly give me"),
-}  # fmt: skip
+}
 _ACT_LEADS = {
     "train": ("Please {verb}", "Can you {verb}", "I want to {verb}", "{Verb}", "Could you {verb}", "I need to {verb}"),
     "heldout": ("Would you {verb}", "Go ahead and {verb}", "I would like you to {verb}"),
-}  # fmt: skip
+}
 _CONVERT_LEADS = {
     "train": ("Convert", "Please convert", "Can you convert", "I need to convert", "How much is it to convert"),
     "heldout": ("Would you convert", "Go ahead and convert"),
-}  # fmt: skip
+}
 _OPENERS = {"train": ("", "", "", "Hi. ", "Quick question: ", "OK, ", "Hello! ", "So, "),
-            "heldout": ("", "", "Good day. ", "One thing: ")}  # fmt: skip
+            "heldout": ("", "", "Good day. ", "One thing: ")}
 _JOINS = {"train": (" with {x}", " using {x}", ", {x}", " and {x}"), "heldout": (" where {x}", " given {x}")}
 
 
@@ -78,7 +78,7 @@ class GeneratedDialogs:
     """
 
     def __init__(self, split: str = "train", seed: int = 0, *, max_tools: int = 4, demo_share: float = 0.15,
-                 mix: dict[str, float] | None = None, bank_size: int | None = None) -> None:  # fmt: skip
+                 mix: dict[str, float] | None = None, bank_size: int | None = None) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         self.split, self.rng = split, random.Random(seed)
@@ -130,7 +130,7 @@ class GeneratedDialogs:
         if param.kind == "enum":
             return self.rng.choice((f"{param.words} {text}", f"{text} {param.words}", f"{param.words} set to {text}"))
         return self.rng.choice((f"{param.words} {text}", f"{param.words} {text}", f"{param.words} of {text}",
-                                f"{param.words} set to {text}"))  # fmt: skip
+                                f"{param.words} set to {text}"))
 
     def question(self, tool: GeneratedTool, args: dict[str, Any]) -> str:
         """A question asking for ``tool`` with exactly ``args``: the subject words plus every value next to
@@ -227,7 +227,7 @@ class GeneratedDialogs:
             question = self.question(wanted, self.arguments(wanted))
             names = fixed or self.offer(exclude=[wanted.name])
             messages = [Message(role="user", content=question),
-                        Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]  # fmt: skip
+                        Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]
             return self._dialog(kind, names, messages, [], [wanted.name], [])
         if kind == "single":
             rounds = [[self.rng.choice(pool)]]
@@ -247,7 +247,7 @@ class GeneratedDialogs:
         return self._dialog(kind, fixed or self.offer(needed), messages, calls, needed, restated)
 
     def _dialog(self, kind: str, names: list[str], messages: list[Message], calls: list[list[ToolCall]],
-                needed: list[str], restated: list[list[str]]) -> ToolDialog:  # fmt: skip
+                needed: list[str], restated: list[list[str]]) -> ToolDialog:
         definitions = [self._demo[n] if n in self._demo else self.by_name[n].definition() for n in names]
         return ToolDialog(kind, names, messages, calls, needed, definitions=definitions, answer_values=restated)
 

@@ -26,7 +26,7 @@ OPENERS = (
     "Alright. ", "Hi there! ", "Question for you: ", "Help me out: ", "Good evening. ", "Hey there. ",
     "One more thing: ", "Next question: ", "Sorry to bother you, but ", "Hello again. ", "Well, ",
     "Now, ", "By the way, ", "Also, ", "Right, ", "Morning! ", "Hmm, ",
-)  # fmt: skip
+)
 
 CONTEXTS = (
     "I have a question.", "This is for work.", "My friend asked me this.", "I am planning my day.",
@@ -34,7 +34,7 @@ CONTEXTS = (
     "I am busy today.", "I just got back home.", "We are having a small debate here.", "I was thinking.",
     "This is important.", "I am at the office.", "It is urgent.", "I am sitting in a cafe.",
     "My sister is asking.", "I am writing a note.", "I keep forgetting things.", "Just wondering.",
-)  # fmt: skip
+)
 
 # request verbs that take a noun phrase; the ending follows from the first word
 REQUESTS = (
@@ -44,7 +44,7 @@ REQUESTS = (
     "Please tell me", "Please check", "Please find", "Please get me", "I need", "I would like",
     "Can I get", "Could I have", "Do you know", "Help me find", "Search for", "Can you look up",
     "Would you find", "I am looking for", "Please look up", "What about", "Any idea about",
-)  # fmt: skip
+)
 
 # tools whose requests take their own verbs ("Set a reminder", "Book a flight")
 OWN_REQUESTS: dict[str, tuple[str, ...]] = {
@@ -52,10 +52,10 @@ OWN_REQUESTS: dict[str, tuple[str, ...]] = {
                      "Would you set", "I want"),
     "book_flight": ("Book", "Please book", "Can you book", "Could you book", "Reserve", "Get me", "I need",
                     "I want", "Would you book", "Find and book"),
-}  # fmt: skip
+}
 
 TAILS = ("", "", "", " please", " now", " right now", " for me", " today", ", thanks", " if you can",
-         " quickly", ", please", " again", " real quick")  # fmt: skip
+         " quickly", ", please", " again", " real quick")
 
 # noun phrases that carry each tool's task words; fields are the tool's parameters
 OBJECTS: dict[str, tuple[str, ...]] = {
@@ -101,7 +101,7 @@ OBJECTS: dict[str, tuple[str, ...]] = {
     "get_capital": ("the capital of {country}", "the capital city of {country}", "{country}'s capital",
                     "the name of the capital of {country}", "which city is the capital of {country}",
                     "the capital of the country {country}"),
-}  # fmt: skip
+}
 
 # a first sentence that names a value, then a question about it ("there", "that")
 SETUPS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -119,7 +119,7 @@ SETUPS: dict[str, tuple[tuple[str, str], ...]] = {
     "calculate_tip": (("Dinner cost {bill}.", "How much is a {percent} percent tip?"),),
     "is_prime": (("My lucky number is {number}.", "Is it prime?"),),
     "translate_word": (("I am learning {language}.", "How do I say {word}?"),),
-}  # fmt: skip
+}
 
 
 def _norm(text: str) -> str:

@@ -79,7 +79,7 @@ CAPITALS = {
     "Estonia": "Tallinn", "Latvia": "Riga", "Lithuania": "Vilnius", "Albania": "Tirana", "Malta": "Valletta",
     "Cyprus": "Nicosia", "Uruguay": "Montevideo", "Paraguay": "Asuncion", "Bolivia": "Sucre", "Ecuador": "Quito",
     "Panama": "Panama City", "Jamaica": "Kingston",
-}  # fmt: skip
+}
 
 _SYLLABLES = """ba be bi bo bu da de di do du fa fe fi ka ke ki ko ku la le li lo lu ma me mi mo mu na ne ni no nu
 pa pe pi po ra re ri ro ru sa se si so su ta te ti to tu va ve vi vo za ze zi zo an en in on ar er or ul el il

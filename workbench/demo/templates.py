@@ -139,7 +139,7 @@ SPECS: dict[str, ToolSpec] = {
             "The capital of {country} is {result}.",
         ),
     )
-}  # fmt: skip
+}
 
 # Direct answers: small talk (no tool is needed even when tools are offered).
 SMALL_TALK: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
@@ -149,7 +149,7 @@ SMALL_TALK: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
                ("Cheers, that helps.", "Much appreciated."), "You're welcome!"),
     "name": (("What is your name?", "Who are you?", "What should I call you?"),
              ("Introduce yourself.",), "I am a small demo assistant that can call tools."),
-}  # fmt: skip
+}
 
 # "Repeat after me": copying arbitrary words, the skill a tool call needs for its argument values.
 REPEAT_TRAIN = ("Repeat after me: {words}", "Please repeat: {words}", "Say this back to me: {words}")

@@ -36,7 +36,7 @@ def _cut(words: str, split: str, spaces: bool = True) -> tuple[str, ...]:
     a space unless ``spaces`` is false (names kept as they are)."""
     items = list(dict.fromkeys(words.split()))
     return tuple(w.replace("_", " ") if spaces else w for i, w in enumerate(items)
-                 if (i % 4 == 3) == (split == "heldout"))  # fmt: skip
+                 if (i % 4 == 3) == (split == "heldout"))
 
 
 # subjects: what a tool reports on or acts upon ("humidity index", "vornik score")
@@ -120,7 +120,7 @@ class GenParam:
 
     def json_schema(self) -> dict[str, Any]:
         types = {"entity": "string", "string": "string", "enum": "string", "from": "string", "to": "string",
-                 "integer": "integer", "number": "number", "amount": "number", "boolean": "boolean"}  # fmt: skip
+                 "integer": "integer", "number": "number", "amount": "number", "boolean": "boolean"}
         out: dict[str, Any] = {"type": types[self.kind], "description": self.description}
         if self.options:
             out["enum"] = list(self.options)
@@ -148,7 +148,7 @@ class GeneratedTool:
         return {"type": "function", "function": {
             "name": self.name, "description": self.description,
             "parameters": {"type": "object", "properties": {p.name: p.json_schema() for p in self.params},
-                           "required": [p.name for p in self.params if p.required]}}}  # fmt: skip
+                           "required": [p.name for p in self.params if p.required]}}}
 
     def definition(self) -> ToolDefinition:
         """The tool as the formatter and :class:`workbench.tools.Toolbox` take it, with its implementation
@@ -156,7 +156,7 @@ class GeneratedTool:
         if not self._definition:
             parsed = coerce_tool(self.schema())
             self._definition.append(ToolDefinition(parsed.tool_name, parsed.description, parsed.parameters,
-                                                   function=_Implementation(self)))  # fmt: skip
+                                                   function=_Implementation(self)))
         return self._definition[0]
 
     def __call__(self, **arguments: Any) -> str | float | int | dict[str, Any]:
@@ -180,7 +180,7 @@ class _Implementation:
         self.__name__ = tool.name
         params = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY,
                                     default=inspect.Parameter.empty if p.required else None)
-                  for p in tool.params]  # fmt: skip
+                  for p in tool.params]
         self.__signature__ = inspect.Signature(sorted(params, key=lambda p: p.default is not inspect.Parameter.empty))
 
     def __call__(self, **arguments: Any) -> Any:
@@ -236,7 +236,7 @@ def draw_tool(rng: random.Random, split: str) -> GeneratedTool:
         amount = rng.choice(_AMOUNT_NAMES.split())
         params = [GenParam(_snake(amount, camel), "amount", amount, f"The {amount} of {subject} to convert."),
                   GenParam(pair[0], "from", "from", f"Unit of {subject} to convert from."),
-                  GenParam(pair[1], "to", "to", f"Unit of {subject} to convert to.")]  # fmt: skip
+                  GenParam(pair[1], "to", "to", f"Unit of {subject} to convert to.")]
         description = f"Convert an amount of {subject} from one unit to another."
     else:
         verb = rng.choice(_VERBS[form])
@@ -273,7 +273,7 @@ def draw_tool(rng: random.Random, split: str) -> GeneratedTool:
 def _extra_param(rng: random.Random, split: str, camel: bool) -> GenParam:
     kind = rng.choices(("string", "integer", "number", "boolean", "enum"), (0.25, 0.25, 0.15, 0.12, 0.23))[0]
     bank = {"string": _STRING_WORDS, "integer": _INT_WORDS, "number": _NUMBER_WORDS, "boolean": _BOOL_WORDS,
-            "enum": _ENUM_WORDS}[kind]  # fmt: skip
+            "enum": _ENUM_WORDS}[kind]
     words = _word(bank, rng, split, 0.2)
     if kind != "boolean" and rng.random() < 0.2:
         words = f"{rng.choice(('max', 'min', 'target', 'preferred'))} {words}"
@@ -316,4 +316,4 @@ def check_disjoint(train: tuple[GeneratedTool, ...], heldout: tuple[GeneratedToo
     subjects = {t.subject for t in train} & {t.subject for t in heldout}
     if names or subjects:
         raise AssertionError(f"held-out tools overlap the training tools: names {sorted(names)[:5]}, "
-                             f"subjects {sorted(subjects)[:5]}")  # fmt: skip
+                             f"subjects {sorted(subjects)[:5]}")

@@ -175,4 +175,4 @@ DEMO_TOOLS: dict[str, Callable[..., object]] = {
         translate_word, get_user_email, calculate_tip, set_reminder, book_flight, is_prime,
         get_random_joke, get_capital,
     )
-}  # fmt: skip
+}

@@ -58,7 +58,7 @@ class BatchStream:
     """
 
     def __init__(self, engine: Any, prompts: list[list[int]], tiles: Sequence[Any], params: SamplingParams,
-                 formats: Sequence[Any], constraints: Sequence[Any], *, preemptible: bool = True) -> None:  # fmt: skip
+                 formats: Sequence[Any], constraints: Sequence[Any], *, preemptible: bool = True) -> None:
         self.rows = len(prompts)
         self.finish: Callable[[int, Any], Any] | None = None  # (row, Completion) -> the final object
         self._cancels = [RowCancel() for _ in prompts]
@@ -85,12 +85,12 @@ class BatchStream:
 
     def _run(self, engine: Any, prompts: list[list[int]], tiles: list[Any], params: SamplingParams,
              formats: list[Any], constraints: list[Any],
-             preemptible: bool) -> Iterator[tuple[int, StreamChunk]]:  # fmt: skip
+             preemptible: bool) -> Iterator[tuple[int, StreamChunk]]:
         with engine._gate.exclusive("stream_batch_completion", stream=self._gen if preemptible else None):
             texts = [_RowText() for _ in prompts]
             done = [False] * len(prompts)
             requests = [Request(i, p, params, c, image_tiles=t, cancel=self._cancels[i])
-                        for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]  # fmt: skip
+                        for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
             call = engine._calls.begin()
             events = engine._events(call, requests)
             try:
@@ -102,16 +102,16 @@ class BatchStream:
                     if event.stop_reason == "cancelled" or self._cancels[i].is_set():
                         done[i] = True
                         final = engine._completion(row.tokens, row.logprobs, cancelled_event(i), params,
-                                                   len(prompts[i]), formats[i])  # fmt: skip
+                                                   len(prompts[i]), formats[i])
                         yield i, StreamChunk(token=None, text="", final=self._final(i, final))
                     else:
                         row.add(event)
                         if event.stop_reason is not None:
                             done[i] = True
                             final = engine._completion(row.tokens, row.logprobs, event, params, len(prompts[i]),
-                                                       formats[i])  # fmt: skip
+                                                       formats[i])
                             yield i, StreamChunk(token=event.token, text=final.text[row.emitted :],
-                                                 final=self._final(i, final))  # fmt: skip
+                                                 final=self._final(i, final))
                         else:
                             delta = row.delta(engine.tokenizer.decode, params.stop)
                             if delta is not None:
@@ -123,7 +123,7 @@ class BatchStream:
                 engine._calls.end(call)
             if not all(done):  # engine.cancel() ended the call: every unfinished row is cut
                 partial = [engine._completion(t.tokens, t.logprobs, cancelled_event(i), params, len(prompts[i]),
-                                              formats[i]) for i, t in enumerate(texts)]  # fmt: skip
+                                              formats[i]) for i, t in enumerate(texts)]
                 raise GenerationCancelled(
                     f"generation was cancelled ({sum(done)} of {len(prompts)} rows finished); the partial "
-                    "results are in .partial", partial=partial)  # fmt: skip
+                    "results are in .partial", partial=partial)

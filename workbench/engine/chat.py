@@ -73,7 +73,7 @@ def encode_prompt(
     :class:`~workbench.formats.Prompt` (ids + images) when the dialog holds images."""
     prompt = engine.formatter.encode_prompt(messages, tools=tools, tool_choice=tool_choice,
                                             tool_prompt_format=tool_prompt_format,
-                                            system_message_behavior=system_message_behavior)  # fmt: skip
+                                            system_message_behavior=system_message_behavior)
     _debug_print(engine, prompt)
     return prompt if prompt.images else prompt.tokens
 
@@ -109,7 +109,7 @@ def format_prompt(fmt: OutputFormat) -> str | None:
 
 def reply_formats(engine: Any, dialogs: Sequence[Any], tool_defs: Any, tool_choice: Any, tool_prompt_format: Any,
                   response_format: Any, constrain_tools: bool,
-                  ) -> tuple[list[Any], list[OutputFormat | None]]:  # fmt: skip
+                  ) -> tuple[list[Any], list[OutputFormat | None]]:
     """The dialogs to render (a JSON-schema format adds Llama Stack's instruction) and each reply's format."""
     if constrain_tools:
         if response_format is not None:
@@ -131,7 +131,7 @@ def reply_formats(engine: Any, dialogs: Sequence[Any], tool_defs: Any, tool_choi
 
 def _batch_prompts(engine: Any, method: str, dialogs: Sequence[Any], tools: Iterable[Any] | None, tool_choice: Any,
                    tool_prompt_format: Any, response_format: Any, constrain_tools: bool, system_message_behavior: str,
-                   sampling: dict[str, Any]) -> tuple[list[Any], list[OutputFormat | None]]:  # fmt: skip
+                   sampling: dict[str, Any]) -> tuple[list[Any], list[OutputFormat | None]]:
     """The prompts and reply formats of a batch of dialogs (the formats also go into ``sampling``)."""
     if not isinstance(dialogs, (list, tuple)) or any(isinstance(d, (dict, Message)) for d in dialogs):
         raise InputError(
@@ -139,9 +139,9 @@ def _batch_prompts(engine: Any, method: str, dialogs: Sequence[Any], tools: Iter
         )
     tool_defs = None if tools is None else coerce_tools(tools)  # once, not per dialog
     dialogs, formats = reply_formats(engine, dialogs, tool_defs, tool_choice, tool_prompt_format, response_format,
-                                     constrain_tools)  # fmt: skip
+                                     constrain_tools)
     prompts = [encode_prompt(engine, d, tool_defs, tool_choice, tool_prompt_format, system_message_behavior)
-               for d in dialogs]  # fmt: skip
+               for d in dialogs]
     if any(f is not None for f in formats):
         sampling["response_format"] = formats
     return prompts, formats
@@ -172,7 +172,7 @@ def batch_chat_completion(
     Llama Stack does)."""
     prompts, formats = _batch_prompts(engine, "batch_chat_completion", dialogs, tools, tool_choice,
                                       tool_prompt_format, response_format, constrain_tools,
-                                      system_message_behavior, sampling)  # fmt: skip
+                                      system_message_behavior, sampling)
     if not prompts:
         return []
     completions = engine.batch_completion(prompts, **sampling)
@@ -196,7 +196,7 @@ def stream_batch_chat_completion(
     prompts and formats, each row's final chunk carrying its ChatCompletion (what the batch call returns)."""
     prompts, formats = _batch_prompts(engine, "stream_batch_chat_completion", dialogs, tools, tool_choice,
                                       tool_prompt_format, response_format, constrain_tools,
-                                      system_message_behavior, sampling)  # fmt: skip
+                                      system_message_behavior, sampling)
     stream = engine.stream_batch_completion(prompts, preemptible=preemptible, **sampling)
     stream.finish = lambda row, completion: to_chat_completion(engine, completion, formats[row])
     return stream
@@ -223,7 +223,7 @@ def chat_completion(
         if isinstance(response_format, (list, tuple)):
             raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
         dialogs, formats = reply_formats(engine, [messages], tool_defs, tool_choice, tool_prompt_format,
-                                         response_format, constrain_tools)  # fmt: skip
+                                         response_format, constrain_tools)
         prompt = encode_prompt(engine, dialogs[0], tool_defs, tool_choice, tool_prompt_format, system_message_behavior)
         if formats[0] is not None:
             sampling["response_format"] = formats[0]
@@ -232,7 +232,7 @@ def chat_completion(
         raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
     replies = batch_chat_completion(engine, [messages], tools, tool_choice, tool_prompt_format,
                                     response_format=response_format, constrain_tools=constrain_tools,
-                                    system_message_behavior=system_message_behavior, **sampling)  # fmt: skip
+                                    system_message_behavior=system_message_behavior, **sampling)
     return replies[0]
 
 

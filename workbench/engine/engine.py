@@ -52,7 +52,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
     """A loaded model with batch completion, chat and scoring APIs.  Build it with ``workbench.load``."""
 
     def __init__(self, *, runner: Any, tokenizer: Tokenizer, args: ModelArgs, settings: Any,
-                 model_id: str | None, load_seconds: float = 0.0) -> None:  # fmt: skip
+                 model_id: str | None, load_seconds: float = 0.0) -> None:
         self._runner = runner
         self.tokenizer = tokenizer
         self.args = args
@@ -86,7 +86,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
                 cross = (self.args.vision_chunk_size, self.args.vision_max_num_chunks)
                 model_id = model_id or LLAMA32_VISION_DEFAULT_NAME
             self._formatter = make_formatter(self.tokenizer, model_id, vision_args=self.args.vision_args,
-                                             cross_attention_tiles=cross)  # fmt: skip
+                                             cross_attention_tiles=cross)
         return self._formatter
 
     # ----------------------------------------------------------------------------- cancellation
@@ -104,7 +104,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
     @sampling_doc
     def completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
                    top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                   stop: str | Sequence[str] | None = None, response_format: Any = None) -> Completion:  # fmt: skip
+                   stop: str | Sequence[str] | None = None, response_format: Any = None) -> Completion:
         """Complete one prompt and return a :class:`~workbench.types.Completion` (text, tokens, stop reason).
 
         content: a string (encoded with a BOS token), a list of token ids used exactly as given, a list
@@ -115,7 +115,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
             raise FormatError("completion takes one response_format (a list is for batch_completion)")
         rows = self.batch_completion([content], max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                      top_k=top_k, seed=seed, logprobs=logprobs, stop=stop, progress=False,
-                                     response_format=response_format)  # fmt: skip
+                                     response_format=response_format)
         return rows[0]
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
@@ -123,7 +123,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
     def batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
                          temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                          logprobs: int = 0, stop: str | Sequence[str] | None = None,
-                         progress: bool | None = None, response_format: Any = None) -> list[Completion]:  # fmt: skip
+                         progress: bool | None = None, response_format: Any = None) -> list[Completion]:
         """Complete many prompts in one batch: one :class:`~workbench.types.Completion` per prompt, in order.
 
         Each row's result equals running that prompt alone (greedy, or sampled with a seed), so
@@ -137,18 +137,18 @@ class Engine(ScoringMixin, IntrospectionMixin):
         if isinstance(contents, str):
             raise InputError("batch_completion takes a list of prompts; for one string use completion()")
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
+                                       seed=seed, logprobs=logprobs, stop=stop)
         check_progress(progress)
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
         prompts = [ids for ids, _ in rows]
         formats = per_row_formats(response_format, len(prompts))
         return self.generate_tokens(prompts, params, progress=progress, formats=formats,
-                                    image_tiles=[tiles for _, tiles in rows])  # fmt: skip
+                                    image_tiles=[tiles for _, tiles in rows])
 
     def generate_tokens(self, prompts: list[list[int]], params: SamplingParams, *,
                         progress: bool | None = False,
                         formats: Sequence[OutputFormat | None] | None = None,
-                        image_tiles: Sequence[torch.Tensor | None] | None = None) -> list[Completion]:  # fmt: skip
+                        image_tiles: Sequence[torch.Tensor | None] | None = None) -> list[Completion]:
         """Run already-encoded prompts (validated here) and collect one Completion per prompt.
 
         ``image_tiles`` gives, per prompt, its images' preprocessed tiles (or None)."""
@@ -163,12 +163,12 @@ class Engine(ScoringMixin, IntrospectionMixin):
 
     def _collect(self, prompts: list[list[int]], params: SamplingParams, progress: bool | None,
                  formats: list[OutputFormat | None], constraints: list[Any],
-                 tiles: list[Any]) -> list[Completion]:  # fmt: skip
+                 tiles: list[Any]) -> list[Completion]:
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[TokenLogprob]] = [[] for _ in prompts]
         finals: list[Event | None] = [None] * len(prompts)
         requests = [Request(i, p, params, c, image_tiles=t)
-                    for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]  # fmt: skip
+                    for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
         if progress is None and len(prompts) == 1:
             progress = False  # automatic bars count rows: none for a single prompt
         rate = TokenRate()
@@ -193,28 +193,28 @@ class Engine(ScoringMixin, IntrospectionMixin):
         if any(f is None for f in finals):  # only a cancel ends the events early
             rows = enumerate(zip(tokens, logprobs, finals, prompts, formats))
             partial = [self._completion(t, lp, f or cancelled_event(i), params, len(p), fmt)
-                       for i, (t, lp, f, p, fmt) in rows]  # fmt: skip
+                       for i, (t, lp, f, p, fmt) in rows]
             raise GenerationCancelled(
                 f"generation was cancelled after {rate.tokens} tokens ({sum(f is not None for f in finals)} of "
                 f"{len(prompts)} rows finished); the partial results are in .partial",
                 partial=partial,
             )
         return [self._completion(t, lp, f, params, len(p), fmt)
-                for t, lp, f, p, fmt in zip(tokens, logprobs, finals, prompts, formats)]  # fmt: skip
+                for t, lp, f, p, fmt in zip(tokens, logprobs, finals, prompts, formats)]
 
     @llama_stack_spellings(content="content")
     @sampling_doc
     def stream_completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
                           top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
                           stop: str | Sequence[str] | None = None,
-                          response_format: Any = None) -> Iterator[StreamChunk]:  # fmt: skip
+                          response_format: Any = None) -> Iterator[StreamChunk]:
         """Yield :class:`~workbench.types.StreamChunk` text deltas of one completion as tokens arrive.
 
         The last chunk carries ``final``, the complete :class:`~workbench.types.Completion`.  Stop strings
         never leak: text that could be the start of a stop string is held back until it is decided.
         """
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
+                                       seed=seed, logprobs=logprobs, stop=stop)
         prompt, tiles = encode_row(self, content, 0)
         check_lengths(self, [prompt], [tiles])
         if isinstance(response_format, (list, tuple)):
@@ -227,7 +227,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
 
     def _stream(self, prompt: list[int], params: SamplingParams, me: list, fmt: OutputFormat | None = None,
                 constraint: Constraint | None = None,
-                tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:  # fmt: skip
+                tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:
         with self._gate.exclusive("stream_completion", stream=me[0]):  # held until the stream ends or is closed
             chunks = self._stream_locked(prompt, params, fmt, constraint, tiles)
             try:
@@ -239,7 +239,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
 
     def _stream_locked(self, prompt: list[int], params: SamplingParams, fmt: OutputFormat | None,
                        constraint: Constraint | None,
-                       tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:  # fmt: skip
+                       tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
         decoded, text, emitted = 0, "", 0  # tokens decoded into `text`; characters of `text` yielded
@@ -267,7 +267,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
             self._calls.end(call)
         partial = self._completion(tokens, logprobs, cancelled_event(0), params, len(prompt), fmt)
         raise GenerationCancelled(f"generation was cancelled after {len(tokens)} tokens; the text so far is in "
-                                  ".partial[0]", partial=[partial])  # fmt: skip
+                                  ".partial[0]", partial=[partial])
 
     def _events(self, call: int, requests: list[Request]) -> Iterator[Event]:
         """The runner's events until it is done or ``call`` is cancelled.
@@ -289,7 +289,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
 
     def _completion(self, tokens: list[int], logprobs: list[TokenLogprob], final: Event | None,
                     params: SamplingParams, prompt_len: int,
-                    fmt: OutputFormat | None = None) -> Completion:  # fmt: skip
+                    fmt: OutputFormat | None = None) -> Completion:
         assert final is not None and final.stop_reason is not None, "runner ended a request without a stop event"
         text = self.tokenizer.decode(tokens)
         if final.truncate_text_at is not None:
@@ -333,7 +333,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
                         max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                         seed: int | None = None, logprobs: int = 0, stop: str | Sequence[str] | None = None,
                         response_format: Any = None, constrain_tools: bool = False,
-                        system_message_behavior: str = "append") -> Any:  # fmt: skip
+                        system_message_behavior: str = "append") -> Any:
         """One assistant reply in the model's official prompt format (a :class:`~workbench.types.ChatCompletion`).
 
         messages: the dialog, :class:`~workbench.types.Message` objects or dicts like
@@ -357,7 +357,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
                                     tool_prompt_format=tool_prompt_format, stream=stream, max_tokens=max_tokens,
                                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
                                     stop=stop, response_format=response_format, constrain_tools=constrain_tools,
-                                    system_message_behavior=system_message_behavior)  # fmt: skip
+                                    system_message_behavior=system_message_behavior)
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
@@ -367,7 +367,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
                               top_k: int = 0, seed: int | None = None, logprobs: int = 0,
                               stop: str | Sequence[str] | None = None, progress: bool | None = None,
                               response_format: Any = None, constrain_tools: bool = False,
-                              system_message_behavior: str = "append") -> list[Any]:  # fmt: skip
+                              system_message_behavior: str = "append") -> list[Any]:
         """One reply per dialog, generated in one batch (per-row results equal single calls).
 
         dialogs: a list of dialogs (each a list of messages, or a bare string for one user message);
@@ -380,7 +380,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
                                           temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                           logprobs=logprobs, stop=stop, progress=progress,
                                           response_format=response_format, constrain_tools=constrain_tools,
-                                          system_message_behavior=system_message_behavior)  # fmt: skip
+                                          system_message_behavior=system_message_behavior)
 
     @llama_stack_spellings(chat=True)
     @sampling_doc
@@ -390,20 +390,20 @@ class Engine(ScoringMixin, IntrospectionMixin):
                                top_k: int = 0, seed: int | None = None, logprobs: int = 0,
                                stop: str | Sequence[str] | None = None, response_format: Any = None,
                                constrain_tools: bool = False,
-                               system_message_behavior: str = "append") -> Iterator[Any]:  # fmt: skip
+                               system_message_behavior: str = "append") -> Iterator[Any]:
         """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
         return self.chat_completion(messages, tools, tool_choice=tool_choice, tool_prompt_format=tool_prompt_format,
                                     stream=True, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                     top_k=top_k, seed=seed, logprobs=logprobs, stop=stop,
                                     response_format=response_format, constrain_tools=constrain_tools,
-                                    system_message_behavior=system_message_behavior)  # fmt: skip
+                                    system_message_behavior=system_message_behavior)
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
     def stream_batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
                                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                                 logprobs: int = 0, stop: str | Sequence[str] | None = None, response_format: Any = None,
-                                preemptible: bool = True) -> BatchStream:  # fmt: skip
+                                preemptible: bool = True) -> BatchStream:
         """Stream many prompts in one batch: ``(row, StreamChunk)`` pairs as tokens arrive (rows interleave).
 
         Each row's tokens equal ``batch_completion``'s; its last chunk carries ``final``.  ``stream.cancel(row)``
@@ -412,7 +412,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
             (a server draining it from its own thread); True (default) lets them close an abandoned stream.
         """
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)  # fmt: skip
+                                       seed=seed, logprobs=logprobs, stop=stop)
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
         prompts, tiles = [ids for ids, _ in rows], [t for _, t in rows]
         check_lengths(self, prompts, tiles)
@@ -427,7 +427,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
                                      top_k: int = 0, seed: int | None = None, logprobs: int = 0,
                                      stop: str | Sequence[str] | None = None, response_format: Any = None,
                                      constrain_tools: bool = False, preemptible: bool = True,
-                                     system_message_behavior: str = "append") -> BatchStream:  # fmt: skip
+                                     system_message_behavior: str = "append") -> BatchStream:
         """``batch_chat_completion`` streamed: ``(row, StreamChunk)`` pairs of raw reply text; each row's last
         chunk's ``final`` is its ChatCompletion (equal to ``batch_chat_completion``'s).  See
         ``stream_batch_completion`` for ``cancel(row)`` and ``preemptible``."""
@@ -436,7 +436,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
                                                  preemptible=preemptible,
                                                  system_message_behavior=system_message_behavior, max_tokens=max_tokens,
                                                  temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                                 logprobs=logprobs, stop=stop)  # fmt: skip
+                                                 logprobs=logprobs, stop=stop)
 
     # ----------------------------------------------------------------------------- images
     def load_vision(self) -> None:

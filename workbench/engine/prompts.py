@@ -32,7 +32,7 @@ def prepare_images(engine: Any, images: Sequence[Any], ids: list[int], row: int)
         raise ImageError(engine.formatter.chat.no_images_reason or "this model has no vision encoder")
     if any(im.layout.tile_size != vision.tile_size for im in images):
         raise InputError(f"prompt row {row} was tiled for another model; build it with this engine's "
-                         "formatter.encode_prompt")  # fmt: skip
+                         "formatter.encode_prompt")
     tiles = torch.cat([prepare_image(im.image, vision.tile_size, layout=im.layout).tiles for im in images])
     patches = ids.count(engine.tokenizer.special_tokens["<|patch|>"])
     if patches != tiles.shape[0] * vision.tokens_per_tile:
@@ -48,12 +48,12 @@ def prepare_cross_attention_images(engine: Any, images: Sequence[Any], ids: list
     chunk, max_chunks = engine.args.vision_chunk_size, engine.args.vision_max_num_chunks
     if any(im.layout.tile_size != chunk for im in images):
         raise InputError(f"prompt row {row} was tiled for another model; build it with this engine's "
-                         "formatter.encode_prompt")  # fmt: skip
+                         "formatter.encode_prompt")
     image_id = engine.tokenizer.special_tokens["<|image|>"]
     spans = image_spans(ids, image_id)
     if len(spans) != len(images):
         raise InputError(f"prompt row {row} has {len(spans)} <|image|> tokens but {len(images)} image(s); build "
-                         "image prompts with engine.formatter.encode_prompt")  # fmt: skip
+                         "image prompts with engine.formatter.encode_prompt")
     tiled = [tile_image(im.image, chunk, max_chunks) for im in images]
     return ImageSet([t.tiles for t in tiled], [t.aspect_ratio for t in tiled], spans)
 

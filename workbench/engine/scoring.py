@@ -30,7 +30,7 @@ class ScoringMixin:
         if isinstance(token_lists, (str, torch.Tensor)) or (token_lists and isinstance(token_lists[0], int)):
             raise InputError("logits() takes a list of token-id lists, e.g. engine.logits([[128000, 791, 6864]])")
         rows = [encode_row(self, t, i) if isinstance(t, Prompt) else (check_ids(self, list(t), i), None)
-                for i, t in enumerate(token_lists)]  # fmt: skip
+                for i, t in enumerate(token_lists)]
         prompts = [ids for ids, _ in rows]
         images = [tiles for _, tiles in rows]
         if not prompts:

@@ -18,4 +18,4 @@ from workbench.evals.unseen import unseen_cases
 __all__ = [
     "SETTING_KEYS", "EvalCase", "Turn", "call_key", "calls_match", "compare", "load_cases", "plot_summary",
     "run_cases", "save_cases", "summarize", "synthetic_cases", "unseen_cases",
-]  # fmt: skip
+]

@@ -22,7 +22,7 @@ from workbench import evals
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workbench.evals", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default=None, help="checkpoint folder or checkpoints.toml entry "
-                        "(default: the embedded demo model)")  # fmt: skip
+                        "(default: the embedded demo model)")
     parser.add_argument("--model", default=None, help="model id (selects the prompt format)")
     parser.add_argument("--cases-file", default=None, help="JSONL cases (see workbench.evals.cases)")
     parser.add_argument("--cases", type=int, default=150, help="number of synthetic cases when no file is given")
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                              "model never saw (names, parameters, phrasings and values; workbench.evals.unseen)")
     parser.add_argument("--seed", type=int, default=2024, help="seed of the synthetic cases")
     parser.add_argument("--quantization", nargs="*", default=None,
-                        help="modes to compare: none bf16 fp8_mixed int4_mixed")  # fmt: skip
+                        help="modes to compare: none bf16 fp8_mixed int4_mixed")
     parser.add_argument("--tool-prompt-format", nargs="*", default=None, help="formats to compare")
     parser.add_argument("--temperature", nargs="*", type=float, default=None, help="temperatures to compare")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = wb.load(args.checkpoint, model=args.model, max_batch_size=32)
     settings: list[dict] = [{}]
     for key, values in (("quantization", args.quantization), ("tool_prompt_format", args.tool_prompt_format),
-                        ("temperature", args.temperature)):  # fmt: skip
+                        ("temperature", args.temperature)):
         if values:
             values = [None if v in ("none", "None") else v for v in values]
             settings = [{**s, key: v} for s in settings for v in values]
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(summary.to_string(index=False))
     print(json.dumps({"cases": len(cases), "seconds": round(time.perf_counter() - started, 1),
-                      "summary": summary.to_dict(orient="records")}, default=str))  # fmt: skip
+                      "summary": summary.to_dict(orient="records")}, default=str))
     return 0
 
 

@@ -68,7 +68,7 @@ class EvalCase:
                 raise InputError(f"{where}: turns[{i}] gives {len(results)} tool_results "
                                  f"for {len(calls)} expected calls")
             parsed.append(Turn(t["user"], [dict(tool_name=c["tool_name"], arguments=dict(c.get("arguments") or {}))
-                                           for c in calls], results, t.get("answer_contains")))  # fmt: skip
+                                           for c in calls], results, t.get("answer_contains")))
         if not isinstance(data["tools"], list) or not all(isinstance(n, str) for n in data["tools"]):
             raise InputError(f"{where}: 'tools' must be a list of tool names")
         return cls(str(data["id"]), list(data["tools"]), parsed, str(data.get("kind", "")), data.get("system"))
@@ -99,7 +99,7 @@ def save_cases(cases: Iterable[EvalCase], path: str | Path) -> Path:
 
 
 def synthetic_cases(n: int = 200, *, split: str = "heldout", seed: int = 2024,
-                    kinds: Iterable[str] | None = None, values: str | None = None) -> list[EvalCase]:  # fmt: skip
+                    kinds: Iterable[str] | None = None, values: str | None = None) -> list[EvalCase]:
     """Cases drawn from the demo-model dialog generator (held-out templates and values by default).
 
     The kinds rotate (single, double, two_round, no_tool, small_talk) so every kind is represented.
@@ -119,6 +119,6 @@ def synthetic_cases(n: int = 200, *, split: str = "heldout", seed: int = 2024,
             if message.role == "user":
                 expected = next(calls) if dialog.kind in ("single", "double", "two_round") else []
                 turns.append(Turn(message.content, [dict(tool_name=c.tool_name, arguments=dict(c.arguments))
-                                                    for c in expected]))  # fmt: skip
+                                                    for c in expected]))
         cases.append(EvalCase(f"{split}-{seed}-{i}", list(dialog.tools), turns, dialog.kind))
     return cases

@@ -109,7 +109,7 @@ def run_cases(
         unknown = [n for n in case.tools if n not in registry]
         if unknown:
             raise InputError(f"case {case.id!r} offers unknown tool(s) {', '.join(unknown)}; "
-                             "pass tools={name: function} to the harness")  # fmt: skip
+                             "pass tools={name: function} to the harness")
         system = case.system if case.system is not None else system_prompt
         messages = [Message(role="system", content=system)] if system else []
         run = _Run(case, messages, Toolbox.create([registry[n] for n in case.tools]))
@@ -123,7 +123,7 @@ def run_cases(
         prompts = [engine.formatter.encode_dialog(r.messages, [registry[n] for n in r.case.tools],
                                                   tool_choice=tool_choice if r.replies_in_turn == 0 else "auto",
                                                   tool_prompt_format=tool_prompt_format)
-                   for r in active]  # fmt: skip
+                   for r in active]
         limit = getattr(engine, "max_seq_len", None)  # an engine stand-in may have no limit
         fits = [limit is None or len(p) < limit for p in prompts]
         for run, ok in zip(active, fits):
@@ -136,7 +136,7 @@ def run_cases(
         if not active:
             continue
         completions = engine.batch_completion(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                              progress=False)  # fmt: skip
+                                              progress=False)
         for run, completion in zip(active, completions):
             reply = to_chat_completion(engine, completion).message
             run.messages.append(reply)
@@ -202,7 +202,7 @@ def _score(run: _Run) -> dict[str, Any]:
     case = run.case
     name_ok, exact_ok, answer_ok, direct_ok, schema_ok = [], [], [], [], []
     schemas = {d.tool_name: (set(d.params), {n for n, p in d.params.items() if p.required})
-               for d in run.toolbox.definitions}  # fmt: skip
+               for d in run.toolbox.definitions}
     for i, turn in enumerate(case.turns):
         made = run.turn_calls[i] if i < len(run.turn_calls) else []
         answer = run.turn_answers[i] if i < len(run.turn_answers) else None
@@ -268,7 +268,7 @@ def summarize(results: pd.DataFrame, by: Iterable[str] | None = None) -> pd.Data
             "tokens_per_case": float(df["tokens"].mean()),
             **{f"ended_{reason}": int((df["stop_reason"] == reason).sum()) for reason in CASE_STOP_REASONS
                if "stop_reason" in df},
-        })  # fmt: skip
+        })
 
     if not by:
         return rates(results).to_frame().T
@@ -276,7 +276,7 @@ def summarize(results: pd.DataFrame, by: Iterable[str] | None = None) -> pd.Data
 
 
 def compare(engine: Any, cases: Sequence[EvalCase], settings: Sequence[Mapping[str, Any]],
-            **kwargs: Any) -> pd.DataFrame:  # fmt: skip
+            **kwargs: Any) -> pd.DataFrame:
     """Run ``cases`` under each setting (keys of :data:`SETTING_KEYS`; ``system_prompt`` may be a
     ``(label, text)`` pair) and return every scored row with the setting's columns.  A
     ``quantization`` setting re-loads the engine in that mode; the original mode is restored after."""

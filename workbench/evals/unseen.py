@@ -43,6 +43,6 @@ def unseen_cases(n: int = 150, *, seed: int = 2024, split: str = "heldout") -> t
             if message.role == "user":
                 expected = next(calls) if kind != "no_tool" else []
                 turns.append(Turn(message.content, [dict(tool_name=c.tool_name, arguments=dict(c.arguments))
-                                                    for c in expected]))  # fmt: skip
+                                                    for c in expected]))
         cases.append(EvalCase(f"unseen-{split}-{seed}-{i}", list(dialog.tools), turns, kind))
     return cases, gen.registry()

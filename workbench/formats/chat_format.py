@@ -30,7 +30,7 @@ _TOKENS = {
                "eot": "<|eot_id|>", "eom": "<|eom_id|>"},
     "llama4": {"header_start": "<|header_start|>", "header_end": "<|header_end|>",
                "eot": "<|eot|>", "eom": "<|eom|>"},
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -98,7 +98,7 @@ def content_text(content: Any, sep: str = "\n") -> str:
     items = content_items(content)
     if any(isinstance(i, _ImageRef) for i in items):
         raise InputError("images are not supported in this message (it is pasted into a tool prompt as text); "
-                         "put images in user messages")  # fmt: skip
+                         "put images in user messages")
     return sep.join(items)
 
 
@@ -106,7 +106,7 @@ class ChatFormat:
     """Encodes messages into token ids for one tokenizer family (``tokenizer.family``)."""
 
     def __init__(self, tokenizer: Any, image_tokens: ImageTokens | None = None, *,
-                 no_images_reason: str | None = None) -> None:  # fmt: skip
+                 no_images_reason: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.image_tokens = image_tokens
         self.no_images_reason = no_images_reason
@@ -176,7 +176,7 @@ class ChatFormat:
         return ids
 
     def encode_message(self, message: Message, tool_prompt_format: str,
-                       images: list[PromptImage] | None = None) -> list[int]:  # fmt: skip
+                       images: list[PromptImage] | None = None) -> list[int]:
         role = "tool" if message.role in ("tool", "ipython") else message.role
         ids = self.encode_header(role)
         calls = message.tool_calls if role == "assistant" else []

@@ -38,7 +38,7 @@ from workbench.types import Message, ToolCall
 _STOP_MARKERS = {
     "<|eot_id|>": "end_of_turn", "<|eot|>": "end_of_turn", "<|end_of_text|>": "end_of_turn",
     "<|eom_id|>": "end_of_message", "<|eom|>": "end_of_message",
-}  # fmt: skip
+}
 _HEADERS = ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|header_start|>assistant<|header_end|>\n\n")
 
 _NOT_IN_A_CALL = " \u2063"  # an invisible separator: no identifier, number or literal can take it in
@@ -138,7 +138,7 @@ def _calls_closed(body: str, result: ParseResult) -> bool:
         return False
     longer = parse_tool_calls(body + _NOT_IN_A_CALL)
     return longer.error is None and [(c.tool_name, c.arguments) for c in longer.tool_calls] == \
-        [(c.tool_name, c.arguments) for c in result.tool_calls]  # fmt: skip
+        [(c.tool_name, c.arguments) for c in result.tool_calls]
 
 
 def parse_tool_calls(text: str) -> ParseResult:

@@ -50,7 +50,7 @@ def llama3_special_tokens() -> list[str]:
         "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
         "<|finetune_right_pad_id|>", "<|step_id|>", "<|start_header_id|>", "<|end_header_id|>",
         "<|eom_id|>", "<|eot_id|>", "<|python_tag|>", "<|image|>",
-    ]  # fmt: skip
+    ]
     return named + [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(named))]
 
 
@@ -62,13 +62,13 @@ def llama4_special_tokens() -> list[str]:
         *_reserved("text_post_train", 6),
         "<|python_start|>", "<|python_end|>", "<|finetune_right_pad|>",
         *_reserved("text_post_train", 61, 8),
-    ]  # fmt: skip
+    ]
     vision = [
         "<|image_start|>", "<|image_end|>", "<|vision_reserved_special_token_0|>",
         "<|vision_reserved_special_token_1|>", "<|tile_x_separator|>", "<|tile_y_separator|>",
         *_reserved("vision", 4, 2), "<|image|>", "<|vision_reserved_special_token_6|>", "<|patch|>",
         *_reserved("vision", 1041, 7),
-    ]  # fmt: skip
+    ]
     reasoning = [*_reserved("reasoning", 8), "<|reasoning_thinking_start|>", "<|reasoning_thinking_end|>"]
     named = basic + post_train + vision + reasoning
     return named + [f"<|reserved_special_token_{i}|>" for i in range(2048 - len(named))]
@@ -92,9 +92,9 @@ def load_bpe_ranks(path: Path) -> dict[bytes, int]:
     """Read a tiktoken BPE file: one ``base64(token) rank`` pair per line (errors name the file and line)."""
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder, not a tokenizer file; tokenizer.model must be the tiktoken BPE "
-                              "file of the checkpoint")  # fmt: skip
+                              "file of the checkpoint")
     hint = ("is this a SentencePiece (Llama 2) tokenizer.model or a corrupted download? Llama 3/4 need the tiktoken "
-            "file (copy it from the checkpoint's original download)")  # fmt: skip
+            "file (copy it from the checkpoint's original download)")
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -104,7 +104,7 @@ def load_bpe_ranks(path: Path) -> dict[bytes, int]:
     except UnicodeDecodeError as exc:
         line_no = data.count(b"\n", 0, exc.start) + 1
         raise CheckpointError(f"{path}:{line_no} holds binary data (byte {exc.start}), not '<base64> <rank>' lines; "
-                              f"{hint}") from exc  # fmt: skip
+                              f"{hint}") from exc
     ranks: dict[bytes, int] = {}
     for line_no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -126,7 +126,7 @@ def load_bpe_ranks(path: Path) -> dict[bytes, int]:
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:  # byte-level BPE must be able to encode any byte (tiktoken panics otherwise)
         raise CheckpointError(f"{path} has no token for {len(missing)} single byte(s) (e.g. {bytes([missing[0]])!r}); "
-                              f"{hint}")  # fmt: skip
+                              f"{hint}")
     return ranks
 
 

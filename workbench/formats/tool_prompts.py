@@ -29,7 +29,7 @@ from workbench.types import Message
 _MONTHS = (
     "January", "February", "March", "April", "May", "June",
     "July", "August", "September", "October", "November", "December",
-)  # fmt: skip
+)
 
 TOOL_CHOICE_REQUIRED = "You MUST use one of the provided functions/tools to answer the user query."
 

@@ -28,7 +28,7 @@ _JSON_TYPES = {
     "list": "array", "array": "array", "tuple": "array",
     "dict": "object", "object": "object", "map": "object",
     "null": "null", "none": "null",
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -98,7 +98,7 @@ class ToolDefinition:
                 name: {"param_type": p.param_type, "description": p.description, "required": p.required,
                        "default": p.default}
                 for name, p in self.parameters.items()
-            }  # fmt: skip
+            }
         return out
 
 

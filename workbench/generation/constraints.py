@@ -56,7 +56,7 @@ def build_lltokenizer(tokenizer: Any) -> Any:
             _TOKENIZER_CACHE[key] = llguidance.LLTokenizer.from_tiktoken(
                 encoder=encoding._mergeable_ranks, special_tokens=specials, pattern=encoding._pat_str,
                 eos_token=tokenizer.eot_id, n_vocab=tokenizer.n_words,
-            )  # fmt: skip
+            )
         return _TOKENIZER_CACHE[key]
 
 
@@ -168,7 +168,7 @@ class GrammarRuntime:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-masks")
         if self._prefetch_buffer.shape[0] < len(states):
             self._prefetch_buffer = np.zeros((max(len(states), 2 * self._prefetch_buffer.shape[0]), self._words),
-                                             dtype=np.int32)  # fmt: skip
+                                             dtype=np.int32)
         keys = [(s, s.consumed) for s in states]
         self._pending = (keys, self._worker.submit(self._fill_into, list(states), self._prefetch_buffer))
 
@@ -210,7 +210,7 @@ class GrammarRuntime:
         return masks
 
     def mask_logits(self, logits: torch.Tensor, rows: Sequence[MaskRow],
-                    argmax: Sequence[int] | None = None) -> dict[int, int]:  # fmt: skip
+                    argmax: Sequence[int] | None = None) -> dict[int, int]:
         """Apply each constrained row's grammar to its logits ``[n, V]``; returns the tokens of argmax-only rows.
 
         A row that samples or reports logprobs gets the tokens its grammar forbids set to -inf (in place), so

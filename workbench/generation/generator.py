@@ -133,7 +133,7 @@ class Generator:
 
     def __init__(self, model: Transformer, *, stop_tokens: dict[int, StopReason], decode_text,
                  max_batch_size: int, max_seq_len: int, grammars: Any = None,
-                 share_prefixes: bool = True, image_token: int | None = None) -> None:  # fmt: skip
+                 share_prefixes: bool = True, image_token: int | None = None) -> None:
         self.model = model
         self.grammars = grammars  # structured.GrammarRuntime (token masks of constrained rows), or None
         self.image_token = image_token  # <|patch|>: where prefill places image embeddings
@@ -192,7 +192,7 @@ class Generator:
 
     @torch.inference_mode()
     def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
-               ) -> list[torch.Tensor]:  # fmt: skip
+               ) -> list[torch.Tensor]:
         """Teacher-forced float32 logits ``[len, V]`` of each sequence (batched, padded); ``images`` gives each
         row's images as its requests would (tiles, or a Llama 3.2 Vision ImageSet), or None."""
         out: list[torch.Tensor | None] = [None] * len(token_lists)
@@ -269,7 +269,7 @@ class Generator:
         return tokens.index(self.image_token) if self.image_token in tokens else len(tokens)
 
     def _fill(self, items: list[tuple[int, list[int]]],
-              images: list[torch.Tensor | None] | None = None) -> torch.Tensor:  # fmt: skip
+              images: list[torch.Tensor | None] | None = None) -> torch.Tensor:
         """Write the keys/values of ``items`` (slot, tokens) into their slots; last-token logits [n, V].
 
         Each item starts from the longest prefix any slot holds (copied into its own slot when it
@@ -311,7 +311,7 @@ class Generator:
                 tokens = torch.tensor([[t for j in group for t in items[j][1][starts[j] :]]], device=device)  # [1, N]
                 out[group] = self.model.forward_packed(tokens, [suffix_lengths[j] for j in group],
                                                        [starts[j] for j in group], self.cache,
-                                                       [items[j][0] for j in group])  # fmt: skip
+                                                       [items[j][0] for j in group])
             return out
         for group in self._prefill_groups(list(range(len(items))), suffix_lengths):
             tokens = self._padded([items[j][1][starts[j] :] for j in group])
@@ -322,7 +322,7 @@ class Generator:
             extra = {"images": tiles, "image_token": self.image_token} if any(t is not None for t in tiles) else {}
             logits = self.model.forward_full(tokens, cache=self.cache, cache_rows=rows, logit_index=last,
                                              starts=group_starts if any(group_starts) else None,
-                                             **extra)  # fmt: skip
+                                             **extra)
             out[group] = logits
         return out
 
@@ -394,7 +394,7 @@ class Generator:
                 for slot, prefix in shared:  # the slot now holds the prefix (a row that generated nothing)
                     self._resident[slot] = _Row(Request(-1, prefix, admitted[0][1].params), None)
         logits = self._fill([(slot, request.prompt) for slot, request in admitted],
-                            [request.image_tiles for _, request in admitted])  # [n, V]  # fmt: skip
+                            [request.image_tiles for _, request in admitted])  # [n, V]
         new_rows = []
         for slot, request in admitted:
             row = _Row(request, request.params.make_generator(), grammar=self._start_grammar(request))
@@ -429,7 +429,7 @@ class Generator:
         else:
             logits = self.model.forward_decode(torch.tensor(tokens, device=device),
                                                torch.tensor(positions, device=device),
-                                               self.cache, span=(low, high))  # [W, V]  # fmt: skip
+                                               self.cache, span=(low, high))  # [W, V]
         for i in live:
             slots[i].fed += 1  # type: ignore[union-attr]
         if len(live) < width:
@@ -437,7 +437,7 @@ class Generator:
         yield from self._advance_all([(i, slots[i]) for i in live], logits, slots, greedy)
 
     def _advance_all(self, rows: list[tuple[int, _Row]], logits: torch.Tensor, slots: list[_Row | None],
-                     argmax: torch.Tensor | None = None) -> Iterator[Event]:  # fmt: skip
+                     argmax: torch.Tensor | None = None) -> Iterator[Event]:
         """Pick every row's next token from ``logits`` [n, V] (one argmax for all greedy rows; ``argmax`` [n]
         when the step already took it on the device)."""
         chosen: dict[int, int] = {}  # rows whose grammar already decided their greedy token
@@ -461,7 +461,7 @@ class Generator:
             yield from self._advance(row, token, logits[k], slots, slot)
 
     def _advance(self, row: _Row, token: int, logits: torch.Tensor, slots: list[_Row | None],
-                 slot: int) -> Iterator[Event]:  # fmt: skip
+                 slot: int) -> Iterator[Event]:
         """Emit the row's new ``token`` and free the slot if the row is done."""
         params = row.request.params
         logprob = self._logprob(logits, token, params.logprobs) if params.logprobs else None
@@ -499,7 +499,7 @@ class Generator:
         return self.grammars.start(request.constraint)
 
     def _mask_grammars(self, rows: list[tuple[int, _Row]], logits: torch.Tensor, slots: list[_Row | None],
-                       argmax: list[int]) -> Generator_[Event, None, dict[int, int]]:  # fmt: skip
+                       argmax: list[int]) -> Generator_[Event, None, dict[int, int]]:
         """Apply every constrained row's token mask to its logits (one batched mask computation per step);
         returns the tokens it chose for greedy rows (see ``GrammarRuntime.mask_logits``).
 
@@ -507,7 +507,7 @@ class Generator:
         """
 
         constrained = [MaskRow(k, row.grammar, row.request.params.greedy and not row.request.params.logprobs)
-                       for k, (_, row) in enumerate(rows) if row.grammar is not None]  # fmt: skip
+                       for k, (_, row) in enumerate(rows) if row.grammar is not None]
         chosen = self.grammars.mask_logits(logits, constrained, argmax)
         for item in constrained:
             if item.state.dead:

@@ -34,7 +34,7 @@ class SamplingParams:
     @classmethod
     def create(cls, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                seed: int | None = None, logprobs: int | bool | None = 0,
-               stop: str | list[str] | tuple[str, ...] | None = None) -> SamplingParams:  # fmt: skip
+               stop: str | list[str] | tuple[str, ...] | None = None) -> SamplingParams:
         """Validate user keywords; each error names the keyword, the value and the allowed range."""
         if max_tokens is not None and (_not_int(max_tokens) or max_tokens < 1):
             raise SamplingError(f"max_tokens must be a positive integer or None (up to max_seq_len), got {max_tokens}")

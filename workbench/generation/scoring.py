@@ -33,7 +33,7 @@ SCORE_CHUNK_BYTES = 64 * 2**20
 
 @torch.inference_mode()
 def score(gen: _gen.Generator, sequences: Sequence[Sequence[int]],
-          starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:  # fmt: skip
+          starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Score ``sequences[i][starts[i]:]``, each token given every token before it, on ``gen``'s model and KV
     cache (the runners call this next to ``gen.generate`` / ``gen.logits``).
 
@@ -105,7 +105,7 @@ def _fill_hidden(gen: _gen.Generator, rows: list[tuple[int, list[int], int]]) ->
     for group in gen._packed_groups(lengths):
         tokens = torch.tensor([[t for j in group for t in rows[j][1][starts[j] :]]], device=gen.model.device)  # [1, N]
         h = gen.model.hidden_packed(tokens, [lengths[j] for j in group], [starts[j] for j in group], gen.cache,
-                                    [rows[j][0] for j in group])  # [N, D]  # fmt: skip
+                                    [rows[j][0] for j in group])  # [N, D]
         offset = 0
         for j in group:
             skip = rows[j][2] - starts[j]  # computed positions before the first scored one
@@ -116,7 +116,7 @@ def _fill_hidden(gen: _gen.Generator, rows: list[tuple[int, list[int], int]]) ->
 
 def _project(gen: _gen.Generator, sequences: Sequence[Sequence[int]], starts: Sequence[int],
              inputs: dict[tuple[int, ...], int], first: list[int],
-             hidden: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:  # fmt: skip
+             hidden: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Project the needed hidden states in chunks and reduce each chunk to its targets' log-probs."""
     offsets, total = [], 0
     for h in hidden:

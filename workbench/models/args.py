@@ -204,12 +204,12 @@ class ModelArgs:
             )
         if not path.is_file():
             raise ModelArgsError(f"{path} is a folder, not a file; params.json must be the checkpoint's JSON "
-                                 "file of model arguments — re-download it")  # fmt: skip
+                                 "file of model arguments — re-download it")
         try:
             params = json.loads(path.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise ModelArgsError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); params.json must be "
-                                 "a JSON file — re-download it") from exc  # fmt: skip
+                                 "a JSON file — re-download it") from exc
         except (json.JSONDecodeError, RecursionError) as exc:
             raise ModelArgsError(f"{path} is not valid JSON ({exc}); fix or re-download params.json") from exc
         except OSError as exc:
@@ -225,7 +225,7 @@ class ModelArgs:
             return ModelArgsError(f"{source}: {msg}")
 
         def check_range(name: str, value: float | int | None, low: float, high: float, *, low_open: bool = False,
-                        hint: str = "") -> None:  # fmt: skip
+                        hint: str = "") -> None:
             if value is None:
                 return
             if isinstance(value, float) and not math.isfinite(value):
@@ -241,7 +241,7 @@ class ModelArgs:
             check_range("vocab_size", self.vocab_size, 1, _MAX_VOCAB, hint=" (or -1: taken from the tokenizer)")
         check_range("multiple_of", self.multiple_of, 1, _MAX_DIM)
         for name in ("ffn_dim_multiplier", "ffn_exp", "norm_eps", "rope_theta", "rope_scaling_factor",
-                     "rope_high_freq_factor", "floor_scale"):  # fmt: skip
+                     "rope_high_freq_factor", "floor_scale"):
             check_range(name, getattr(self, name), 0.0, _MAX_FLOAT, low_open=True)
         check_range("attn_scale", self.attn_scale, -_MAX_FLOAT, _MAX_FLOAT)
         if self.n_kv_heads is not None:
@@ -273,11 +273,11 @@ class ModelArgs:
         sizes = [("the dense feed-forward hidden size", self.dense_hidden_dim(), "ffn_dim_multiplier, multiple_of")]
         if self.moe_args is not None:
             sizes.append(("the expert hidden size", self.moe_hidden_dim(),
-                          "ffn_exp, ffn_dim_multiplier, moe_args.capacity_factor, multiple_of"))  # fmt: skip
+                          "ffn_exp, ffn_dim_multiplier, moe_args.capacity_factor, multiple_of"))
         for what, size, fields_ in sizes:
             if not 1 <= size <= _MAX_HIDDEN:
                 raise bad(f"{what} computed from dim={self.dim} and {fields_} is {size}; it must be in "
-                          f"1..{_MAX_HIDDEN}")  # fmt: skip
+                          f"1..{_MAX_HIDDEN}")
 
 
 # Upper limits far above any published Llama (405B: dim 16384, 126 layers, 128 heads; vocab 202048) that keep

@@ -156,7 +156,7 @@ class Attention(nn.Module):
         return self.wo(out)
 
     def _attend_segments(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor,
-                         ctx: StepContext) -> torch.Tensor:  # fmt: skip
+                         ctx: StepContext) -> torch.Tensor:
         """Attention of a packed prefill, one row at a time: ``xq`` [1, N, Hq, D], ``xk``/``xv`` [1, N, Hkv, D]
         -> [1, N, Hq*D].  The linears ran on the N real tokens (no padding); only attention needs the
         rows apart, and each row attends to its own cached prefix and its own tokens."""
@@ -203,7 +203,7 @@ class TransformerBlock(nn.Module):
 
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs, *, max_seq_len: int, device: torch.device | str = "meta",
-                 dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+                 dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.args = args
         self.max_seq_len = max_seq_len
@@ -234,7 +234,7 @@ class Transformer(nn.Module):
         return KVCache.allocate(
             self.args.n_layers, batch, self.n_local_kv_heads(), seq_len, self.args.rope_head_dim,
             self.device, dtype or self.dtype,
-        )  # fmt: skip
+        )
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = positions.device
@@ -251,7 +251,7 @@ class Transformer(nn.Module):
         return scales[:, :, None, None]  # [B, T, 1, 1]
 
     def _extend_context(self, tokens: torch.Tensor, starts: list[int], cache: KVCache,
-                        cache_rows: torch.Tensor) -> StepContext:  # fmt: skip
+                        cache_rows: torch.Tensor) -> StepContext:
         """Masks and positions for rows that continue cached prefixes of lengths ``starts``."""
         bsz, seqlen = tokens.shape
         device = tokens.device
@@ -269,10 +269,10 @@ class Transformer(nn.Module):
         if chunk is not None and kv_len > chunk:
             local_mask = (causal & (key_pos // chunk == query_pos // chunk))[:, None]  # [B, 1, T, S]
         return StepContext(positions, cos, sin, causal[:, None], local_mask, self._temperature(positions), cache,
-                           cache_rows, decode=False, kv_len=kv_len, extend=True)  # fmt: skip
+                           cache_rows, decode=False, kv_len=kv_len, extend=True)
 
     def _packed_context(self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache,
-                        cache_rows: list[int]) -> StepContext:  # fmt: skip
+                        cache_rows: list[int]) -> StepContext:
         """Positions, RoPE tables and per-row masks of a packed prefill (``tokens`` [1, N])."""
         device = tokens.device
         chunk = self.args.attention_chunk_size
@@ -292,11 +292,11 @@ class Transformer(nn.Module):
         positions = torch.cat(pieces)[None]  # [1, N]
         cos, sin = self._rope(positions)
         return StepContext(positions, cos, sin, None, None, self._temperature(positions), cache, None,
-                           decode=False, segments=segments)  # fmt: skip
+                           decode=False, segments=segments)
 
     @torch.inference_mode()
     def forward_packed(self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache,
-                       cache_rows: list[int]) -> torch.Tensor:  # fmt: skip
+                       cache_rows: list[int]) -> torch.Tensor:
         """Prefill of rows laid end to end: ``tokens`` [1, N] (row ``b`` is ``lengths[b]`` tokens, to be
         placed at positions ``starts[b]..`` of cache slot ``cache_rows[b]``, whose positions
         ``0..starts[b]-1`` already hold its prefix) -> float32 logits of each row's last token [B, V].
@@ -312,7 +312,7 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def hidden_packed(self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache,
-                      cache_rows: list[int]) -> torch.Tensor:  # fmt: skip
+                      cache_rows: list[int]) -> torch.Tensor:
         """:meth:`forward_packed` without the output projection: final hidden states of every packed token
         [N, D] (keys/values written alike).  Scoring projects only the positions it needs (:meth:`project`)."""
         ctx = self._packed_context(tokens, lengths, starts, cache, cache_rows)
@@ -364,7 +364,7 @@ class Transformer(nn.Module):
         return encode_tiles(self.vision_embeddings, self.vision_projection, tiles.to(self.device))
 
     def _merge_images(self, h: torch.Tensor, tokens: torch.Tensor, images: Sequence[torch.Tensor | None],
-                      image_token: int) -> torch.Tensor:  # fmt: skip
+                      image_token: int) -> torch.Tensor:
         """Replace the embeddings of each row's ``image_token`` positions by its images' patch embeddings."""
         rows = [b for b, tiles in enumerate(images) if tiles is not None]
         feats = self.encode_images(torch.cat([images[b] for b in rows])).to(h.dtype)  # [N, P, D]
@@ -388,7 +388,7 @@ class Transformer(nn.Module):
     def forward_full(self, tokens: torch.Tensor, *, cache: KVCache | None = None,
                      cache_rows: torch.Tensor | None = None, logit_index: torch.Tensor | None = None,
                      images: Sequence[torch.Tensor | None] | None = None, image_token: int | None = None,
-                     starts: list[int] | None = None) -> torch.Tensor:  # fmt: skip
+                     starts: list[int] | None = None) -> torch.Tensor:
         """Whole sequences from position 0: ``tokens`` [B, T] -> float32 logits [B, T, V].
 
         With ``cache`` the keys/values are written to cache slots ``cache_rows`` [B] (prefill).
@@ -413,7 +413,7 @@ class Transformer(nn.Module):
                 local_mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] // chunk == idx[:, None] // chunk)
                 local_mask = local_mask[None, None]  # [1, 1, T, T]
             ctx = StepContext(positions, cos, sin, None, local_mask, self._temperature(positions), cache, cache_rows,
-                              decode=False)  # fmt: skip
+                              decode=False)
         h = self.embed(tokens)  # [B, T, D]
         if images is not None and any(tiles is not None for tiles in images):
             assert image_token is not None, "images need the <|patch|> token id"
@@ -426,7 +426,7 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward_decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                       span: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
+                       span: tuple[int, int] | None = None) -> torch.Tensor:
         """One token per cache slot 0..B-1: ``tokens``/``positions`` [B] -> float32 logits [B, V].
 
         ``span`` is (lowest, highest) position when the caller knows it (saves a device-to-host read);
@@ -454,7 +454,7 @@ class Transformer(nn.Module):
         return self._logits(h)[:, 0]  # [B, V]
 
     def forward_decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                              span: int) -> torch.Tensor:  # fmt: skip
+                              span: int) -> torch.Tensor:
         """A decode step with fixed shapes, as a CUDA graph needs (``workbench.generation.graphs``): ``tokens``
         [W], ``positions`` [W, 1] -> float32 logits [W, V].  Every row attends to keys ``0..span-1``, masked
         past its own position (and outside its chunk in chunked layers), so the shapes depend on ``W`` and
@@ -471,11 +471,11 @@ class Transformer(nn.Module):
 
     def _decode_layers(self, tokens: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        global_mask: torch.Tensor | None, local_mask: torch.Tensor | None, cache: KVCache, kv_len: int,
-                       local_start: int) -> torch.Tensor:  # fmt: skip
+                       local_start: int) -> torch.Tensor:
         """The transformer layers of one decode step (what ``compile_decode`` compiles): hidden states
         [B, 1, D].  The output projection stays outside: its packed CPU kernel is not traceable."""
         ctx = StepContext(positions, cos, sin, global_mask, local_mask, self._temperature(positions), cache, None,
-                          decode=True, kv_len=kv_len, local_start=local_start)  # fmt: skip
+                          decode=True, kv_len=kv_len, local_start=local_start)
         return self.run_layers(self.embed(tokens[:, None]), ctx)  # [B, 1, D]
 
     def compile_decode(self, enabled: bool = True) -> None:

@@ -47,7 +47,7 @@ THROUGHPUT_COLUMNS = (
     "mode", "prompt_len", "batch_size", "repeats", "generated_tokens", "total_s", "total_s_min", "total_s_max",
     "tok_s", "tok_s_min", "tok_s_max", "prefill_tok_s", "decode_tok_s", "ttft_s", "latency_p50_s",
     "latency_p90_s", "speedup_vs_batch1",
-)  # fmt: skip
+)
 
 
 def synthetic_prompts(engine: Any, n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -60,7 +60,7 @@ def synthetic_prompts(engine: Any, n: int, length: int, seed: int = 0) -> list[l
 
 def throughput(engine: Any, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_lens: Sequence[int] = (32,),
                max_tokens: int = 32, repeats: int = 3, warmup: int = 1, modes: Sequence[str | None] | None = None,
-               progress: bool | None = None) -> pd.DataFrame:  # fmt: skip
+               progress: bool | None = None) -> pd.DataFrame:
     """Tokens per second of ``batch_completion`` for every (mode, prompt length, batch size): one row each.
 
     Each cell is measured after ``warmup`` untimed calls, ``repeats`` times (medians, with min/max as the
@@ -117,7 +117,7 @@ def throughput(engine: Any, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt
                     "decode_tok_s": max(tokens - batch, 0) / max(total - first, 1e-9),
                     "latency_p50_s": float(np.percentile(totals, 50)),
                     "latency_p90_s": float(np.percentile(totals, 90)),
-                })  # fmt: skip
+                })
                 bar.update(1)
     finally:
         if engine.settings.quantization != original:
@@ -131,7 +131,7 @@ def throughput(engine: Any, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt
 
 def quantization(engine_or_settings: Any, prompts: Sequence[str | Sequence[int]], *,
                  modes: Sequence[str | None] = DEFAULT_MODES, max_tokens: int = 32,
-                 repeats: int = 1, progress: bool | None = None) -> pd.DataFrame:  # fmt: skip
+                 repeats: int = 1, progress: bool | None = None) -> pd.DataFrame:
     """One row per mode: memory, speed, and accuracy against the unquantized model (see module doc).
 
     ``engine_or_settings``: a loaded :class:`~workbench.engine.engine.Engine` (toggled through ``modes`` and
@@ -157,14 +157,14 @@ def quantization(engine_or_settings: Any, prompts: Sequence[str | Sequence[int]]
 
 
 def _measure(engine: Any, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
-             repeats: int, progress: bool | None = None) -> pd.DataFrame:  # fmt: skip
+             repeats: int, progress: bool | None = None) -> pd.DataFrame:
 
     with progress_bar(len(modes), desc="quantization modes", unit="mode", progress=progress) as bar:
         return _measure_modes(engine, prompts, modes, max_tokens, repeats, bar)
 
 
 def _measure_modes(engine: Any, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
-                   repeats: int, bar: Any) -> pd.DataFrame:  # fmt: skip
+                   repeats: int, bar: Any) -> pd.DataFrame:
     encoded = [engine.tokenizer.encode(p, bos=True) if isinstance(p, str) else list(p) for p in prompts]
     engine.set_quantization(None, progress=False)
     ref_runs = engine.batch_completion(encoded, max_tokens=max_tokens, temperature=0.0, progress=False)
@@ -206,7 +206,7 @@ def _measure_modes(engine: Any, prompts: Sequence[str | Sequence[int]], modes: l
             "top1_agreement": agree / positions,
             "mean_kl": kl_sum / positions,
             "greedy_match": matched / max(sum(len(r.tokens) for r in ref_runs), 1),
-        })  # fmt: skip
+        })
         bar.update(1)
     return pd.DataFrame(rows).set_index("mode")
 

@@ -68,7 +68,7 @@ def latency(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figure:
         line = ax.plot(group["batch_size"], group["latency_p50_s"], marker="o", label=f"{label} p50")[0]
         ax.plot(group["batch_size"], group["latency_p90_s"], ls="--", color=line.get_color(), label=f"{label} p90")
         ax.plot(group["batch_size"], group["ttft_s"], ls=":", marker="x", color=line.get_color(),
-                label=f"{label} first token")  # fmt: skip
+                label=f"{label} first token")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("seconds")
@@ -113,7 +113,7 @@ def show(fig: Figure) -> Any:
 
 
 def peers(results: dict[str, dict[str, Any]], *, baseline: str = "workbench", save: str | Path | None = None,
-          title: str | None = None) -> Figure:  # fmt: skip
+          title: str | None = None) -> Figure:
     """Tokens/s of each contender on the same prompts (the results of ``bench/peers.py``'s ``measure``:
     name -> {"tok_s", "seconds", ...}), with the ``baseline``'s speed-up over each peer written on its bar."""
     names = list(results)
@@ -128,7 +128,7 @@ def peers(results: dict[str, dict[str, Any]], *, baseline: str = "workbench", sa
         if name != baseline and base is not None:
             label += f"\n{baseline} {base / rate:.1f}×"
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                    fontsize=9)  # fmt: skip
+                    fontsize=9)
     ax.set_ylabel("generated tokens/s")
     ax.set_ylim(0, max(rates) * 1.3)
     ax.set_title(title or "the same prompts and weights, greedy")

@@ -53,7 +53,7 @@ MODES: tuple[str | None, ...] = (None, "bf16", "fp8_mixed", "int4_mixed")
 __all__ = [
     "MODES", "Fp8Weight", "Int4Weight", "QuantizedExperts", "QuantizedFeedForward", "QuantizedWeight", "Target",
     "check_mode", "check_supported", "load_options", "quantization_plan", "quantize_model", "summary",
-]  # fmt: skip
+]
 
 
 def check_mode(mode: object) -> str | None:
@@ -163,7 +163,7 @@ def quantize_model(model: Transformer, mode: str | None, *, settings: Any = None
 
 # ------------------------------------------------------------------------------------------ replacement
 def _replace(model: Transformer, target: Target, *, device: torch.device, kernel: str,
-             direct: dict[str, Pair]) -> None:  # fmt: skip
+             direct: dict[str, Pair]) -> None:
     parent_path, _, attr = f"layers.{target.layer}.{target.path}".rpartition(".")
     parent = model.get_submodule(parent_path)
     old = getattr(parent, attr)
@@ -195,7 +195,7 @@ def _replace(model: Transformer, target: Target, *, device: torch.device, kernel
         new = QuantizedFeedForward(w13, w2q, hidden=hidden, reduce=old.reduce)
     else:
         raise QuantizationError(f"layers.{target.layer}.{target.path} is a {type(old).__name__}, which cannot be "
-                                "quantized; it was already quantized — reload the checkpoint instead")  # fmt: skip
+                                "quantized; it was already quantized — reload the checkpoint instead")
     setattr(parent, attr, new)
 
 
@@ -263,7 +263,7 @@ def _apply_prequantized(model: Transformer, scales: dict[str, RowScales], fp8_ta
         dense = _dequantize_blocks(w, row_scales, key).to(param.dtype)  # [E?, N, K]
         module_path, _, name = key.rpartition(".")
         setattr(model.get_submodule(module_path), name,
-                nn.Parameter(_oriented(dense).contiguous(), requires_grad=False))  # fmt: skip
+                nn.Parameter(_oriented(dense).contiguous(), requires_grad=False))
     return direct
 
 
@@ -301,5 +301,5 @@ def summary(model: nn.Module) -> list[dict[str, Any]]:
             rows.append({
                 "name": name, "format": module.FORMAT, "kernel": module.kernel, "shape": list(module.shape),
                 "bytes": stored, "bf16_bytes": 2 * module.logical_numel(),
-            })  # fmt: skip
+            })
     return rows

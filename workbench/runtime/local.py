@@ -36,7 +36,7 @@ class LocalRunner:
             max_batch_size=self.settings.max_batch_size, max_seq_len=self.settings.max_seq_len,
             grammars=GrammarRuntime(self.tokenizer),
             image_token=image_token(self.tokenizer, self.args),
-        )  # fmt: skip
+        )
 
     def reload(self, settings: Settings) -> None:
         """Replace the model with one loaded under ``settings`` (old one freed first: one model resident)."""
@@ -72,11 +72,11 @@ class LocalRunner:
         return info
 
     def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
-               ) -> list[torch.Tensor]:  # fmt: skip
+               ) -> list[torch.Tensor]:
         return self.generator.logits(token_lists, images)
 
     def score(self, sequences: Sequence[Sequence[int]],
-              starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:  # fmt: skip
+              starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         return scoring.score(self.generator, sequences, starts)
 
     def parameter_count(self) -> int:

@@ -175,7 +175,7 @@ class ParallelRunner:
     """Runs the model in ``model_parallel_size`` worker processes; same interface as LocalRunner."""
 
     def __init__(self, settings: Settings, args: ModelArgs, tokenizer: Tokenizer, *,
-                 sync_timeout_s: float = SYNC_TIMEOUT_S) -> None:  # fmt: skip
+                 sync_timeout_s: float = SYNC_TIMEOUT_S) -> None:
         self.settings = settings
         self.args = args
         self.tokenizer = tokenizer
@@ -212,12 +212,12 @@ class ParallelRunner:
             self._vision_loaded = True  # the ranks load it at this request's first prefill
             # As numpy arrays (see rows.to_wire).
             requests = [r if r.image_tiles is None else replace(r, image_tiles=_to_wire(r.image_tiles))
-                        for r in requests]  # fmt: skip
+                        for r in requests]
         rid = self._send("generate", requests)
         yield from self._collect(rid, f"generating (request {rid})")
 
     def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
-               ) -> list[torch.Tensor]:  # fmt: skip
+               ) -> list[torch.Tensor]:
         lists = [list(t) for t in token_lists]
         if not lists:
             return []
@@ -235,7 +235,7 @@ class ParallelRunner:
                 return list(flat.split(lengths))
 
     def score(self, sequences: Sequence[Sequence[int]],
-              starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:  # fmt: skip
+              starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Every rank scores (same forwards); rank 0's flat log-probs, greedy flags and per-row counts."""
         if not sequences:
             return torch.empty(0), torch.empty(0, dtype=torch.bool), []
@@ -293,7 +293,7 @@ class ParallelRunner:
         world = settings.model_parallel_size
         backend = "nccl" if settings.device.startswith("cuda") else "gloo"
         self._store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=START_TIMEOUT_S),
-                                    wait_for_workers=False)  # fmt: skip
+                                    wait_for_workers=False)
         self._cancel = ctx.Value("q", 0, lock=False)
         procs: list[Any] = []
         conns: list[mp_connection.Connection] = []
@@ -307,9 +307,9 @@ class ParallelRunner:
                 parent_end, child_end = ctx.Pipe(duplex=True)
                 spec = WorkerSpec(rank=rank, world_size=world, store_port=self._store.port, backend=backend,
                                   settings=settings, threads=max(1, _cpu_count() // world),
-                                  parent_pid=os.getpid())  # fmt: skip
+                                  parent_pid=os.getpid())
                 proc = ctx.Process(target=worker_main, args=(spec, child_end, self._cancel),
-                                   name=f"workbench-rank{rank}", daemon=True)  # fmt: skip
+                                   name=f"workbench-rank{rank}", daemon=True)
                 proc.start()
                 child_end.close()  # only the worker holds it now: its death reads as EOF here
                 procs.append(proc)

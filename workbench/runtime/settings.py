@@ -24,7 +24,7 @@ _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}  # fmt: skip
+}
 
 
 # --------------------------------------------------------------------------------------------- sources
@@ -97,7 +97,7 @@ class Settings:
         return (
             str(self.checkpoint_dir), self.model_id, self.device, str(self.dtype), self.max_batch_size,
             self.max_seq_len, self.model_parallel_size, self.quantization,
-        )  # fmt: skip
+        )
 
     def source(self, name: str) -> Source:
         return self.sources.get(name, ARGUMENT)
@@ -138,7 +138,7 @@ def check_positive_int(value: object, name: str, source: Source | str = ARGUMENT
     low = 0 if allow_zero else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         what = "must be an integer >= 0 (0 = one rank per checkpoint shard)" if allow_zero else (
-            "must be a positive integer")  # fmt: skip
+            "must be a positive integer")
         raise _problem(name, value, src, what)
     return value
 
@@ -150,6 +150,6 @@ def check_quantization(mode: object, name: str = "quantization", source: Source 
         mode = None
     if mode not in QUANTIZATION_MODES:
         problem = _problem(name, mode, src, f"is not a quantization mode: use one of "
-                           f"{', '.join(repr(m) for m in QUANTIZATION_MODES)}")  # fmt: skip
+                           f"{', '.join(repr(m) for m in QUANTIZATION_MODES)}")
         raise QuantizationError(str(problem))
     return mode  # type: ignore[return-value]

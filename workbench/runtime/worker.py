@@ -116,7 +116,7 @@ class _Worker:
         spec = self.spec
         self.ctrl = init_worker_group(rank=spec.rank, world_size=spec.world_size, store_host="127.0.0.1",
                                       store_port=spec.store_port, backend=spec.backend,
-                                      timeout_s=COLLECTIVE_TIMEOUT_S)  # fmt: skip
+                                      timeout_s=COLLECTIVE_TIMEOUT_S)
         self.send("joined", spec.rank)
         settings = spec.settings
         if spec.backend == "nccl":
@@ -130,7 +130,7 @@ class _Worker:
             max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len,
             grammars=GrammarRuntime(tokenizer),  # every rank computes the same masks from the same tokens
             image_token=image_token(tokenizer, args),
-        )  # fmt: skip
+        )
         info = model_memory(model, self.generator.cache.nbytes())
         info["local_parameters"] = sum(p.numel() for p in model.parameters())
         info["pid"] = os.getpid()
@@ -172,7 +172,7 @@ class _Worker:
         rank0 = self.spec.rank == 0
         if kind == "generate":
             payload = [r if r.image_tiles is None else replace(r, image_tiles=_from_wire(r.image_tiles))
-                       for r in payload]  # fmt: skip
+                       for r in payload]
             for event in self.generator.generate(payload):
                 if rank0:
                     self.send("event", self.rid, event)
@@ -180,7 +180,7 @@ class _Worker:
         if kind == "logits":
             lists, images = payload if isinstance(payload, tuple) else (payload, None)
             out = self.generator.logits(lists, None if images is None else [
-                None if i is None else _from_wire(i) for i in images])  # fmt: skip
+                None if i is None else _from_wire(i) for i in images])
             return (torch.cat(out), [t.shape[0] for t in out]) if rank0 else None
         if kind == "score":
             out = scoring.score(self.generator, *payload)

@@ -41,16 +41,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, *, ready: threading.Event | None = None,
-         stop: threading.Event | None = None) -> int:  # fmt: skip
+         stop: threading.Event | None = None) -> int:
     """Serve until Ctrl-C (or ``stop`` is set: tests); ``ready`` is set once the endpoint answers."""
     args = parser().parse_args(argv)
     try:
         engine = load(args.checkpoint, model=args.model, device=args.device, dtype=args.dtype,
                       max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
                       model_parallel_size=args.model_parallel_size, quantization=args.quantization,
-                      compile=args.compile)  # fmt: skip
+                      compile=args.compile)
         srv = serve(engine, host=args.host, port=args.port, api_key=args.api_key,
-                    **({"model_id": args.model_id} if args.model_id else {}))  # fmt: skip
+                    **({"model_id": args.model_id} if args.model_id else {}))
     except WorkbenchError as exc:
         if args.debug:
             raise

@@ -27,7 +27,7 @@ from .gather import Row, StreamJob
 from .streams import sse
 
 ROUTES = ("/v1/inference/completion", "/v1/inference/chat-completion", "/v1/inference/batch-completion",
-          "/v1/inference/batch-chat-completion")  # fmt: skip
+          "/v1/inference/batch-chat-completion")
 # Body fields handed to the engine as they are (it reads Llama Stack's spellings); the rest are checked here.
 # ``seed`` is workbench's addition (Llama Stack has none): sampled rows are reproducible, as in-process.
 _CHAT_FIELDS = ("sampling_params", "tool_config", "tool_choice", "tool_prompt_format", "logprobs", "seed")
@@ -48,7 +48,7 @@ def model_fields(ctx: Any) -> dict[str, Any]:
 
 
 def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_rows: Callable,
-          start_stream: Callable) -> None:  # fmt: skip
+          start_stream: Callable) -> None:
     """Add the Llama Stack routes to ``app`` (the server's helpers are passed in: this module sits beside
     the app module and must not import it)."""
     from fastapi import Request
@@ -108,7 +108,7 @@ def check_model_id(body: dict[str, Any], served: str) -> None:
     if model is None or model == served:
         return
     raise APIError(f"the model {model!r:.80} is not served here; this server serves {served!r} (see GET /v1/models)",
-                   param="model_id", status=404, code="model_not_found")  # fmt: skip
+                   param="model_id", status=404, code="model_not_found")
 
 
 def _list(body: dict[str, Any], name: str) -> list[Any]:
@@ -217,7 +217,7 @@ class _ChatEvents:
         if item.tool_call is not None:
             call = item.tool_call
             payload: Any = {"call_id": call.call_id, "tool_name": call.tool_name, "arguments": call.arguments,
-                            "arguments_json": json.dumps(call.arguments, ensure_ascii=False)}  # fmt: skip
+                            "arguments_json": json.dumps(call.arguments, ensure_ascii=False)}
         else:
             payload = item.text
         delta = {"type": "tool_call", "tool_call": payload, "parse_status": item.parse_status}

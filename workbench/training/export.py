@@ -22,7 +22,7 @@ from workbench.training.forward import build_model, hidden_states
 
 
 def _fit_never_win_row(hidden: torch.Tensor, used: torch.Tensor,
-                       lowest: int = 8) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+                       lowest: int = 8) -> tuple[torch.Tensor, dict[str, float]]:
     """A row whose logit never exceeds the best used logit, for *any* hidden state, and is far below it
     on the model's own states.
 
@@ -46,7 +46,7 @@ def _fit_never_win_row(hidden: torch.Tensor, used: torch.Tensor,
         masses.append(unused * torch.exp(own - torch.logsumexp(logits, -1)))
     gap, mass = torch.cat(gaps), torch.cat(masses)
     return row, {"min_gap": float(gap.min()), "mean_gap": float(gap.mean()), "max_unused_mass": float(mass.max()),
-                 "states_checked": int(hidden.shape[0])}  # fmt: skip
+                 "states_checked": int(hidden.shape[0])}
 
 
 def export_compact(train_dir: str | Path, out: str | Path = ARTIFACT, *, sample_dialogs: int = 256) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def export_compact(train_dir: str | Path, out: str | Path = ARTIFACT, *, sample_
     embeddings = model.tok_embeddings.weight.detach()  # [V, D]
     never_win, check = _fit_never_win_row(hidden, embeddings)
     body = {k: v.detach().clone() for k, v in model.state_dict().items() if k not in ("tok_embeddings.weight",
-                                                                                      "output.weight")}  # fmt: skip
+                                                                                      "output.weight")}
     artifact = {
         "params": config["params"],
         "vocab": torch.tensor(vocab, dtype=torch.int32),

@@ -25,7 +25,7 @@ KV = tuple[torch.Tensor, torch.Tensor]
 
 
 def _attend(attn: Attention, model: Transformer, x: torch.Tensor, positions: torch.Tensor,
-            past: KV | None) -> tuple[torch.Tensor, KV]:  # fmt: skip
+            past: KV | None) -> tuple[torch.Tensor, KV]:
     """Attention of ``x`` [B, T, D] at ``positions`` [T] over ``past`` keys/values (batch 1) + its own."""
     bsz, seqlen, _ = x.shape
     xq = attn.wq(x).view(bsz, seqlen, attn.n_local_heads, attn.head_dim)  # [B, T, Hq, Dh]
@@ -56,7 +56,7 @@ def _attend(attn: Attention, model: Transformer, x: torch.Tensor, positions: tor
 
 
 def _layers(model: Transformer, h: torch.Tensor, positions: torch.Tensor,
-            pasts: list[KV] | None) -> tuple[torch.Tensor, list[KV]]:  # fmt: skip
+            pasts: list[KV] | None) -> tuple[torch.Tensor, list[KV]]:
     kvs = []
     for i, layer in enumerate(model.layers):
         out, kv = _attend(layer.attention, model, layer.attention_norm(h), positions, pasts[i] if pasts else None)
@@ -67,7 +67,7 @@ def _layers(model: Transformer, h: torch.Tensor, positions: torch.Tensor,
 
 
 def hidden_states(model: Transformer, tokens: torch.Tensor, shared_prefix: int = 0,
-                  embeddings: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                  embeddings: torch.Tensor | None = None) -> torch.Tensor:
     """Final-norm hidden states [B, T, D] of ``tokens`` [B, T] (right-padded; padding only sees itself
     and what precedes it).  The first ``shared_prefix`` tokens must be identical in every row; they are
     computed once.  ``embeddings`` [V, D] replaces the model's table (spelled embeddings).
@@ -81,10 +81,10 @@ def hidden_states(model: Transformer, tokens: torch.Tensor, shared_prefix: int =
     if shared_prefix > 0:
         prefix = tokens[:1, :shared_prefix]  # [1, P]
         h_prefix, pasts = _layers(model, embed(prefix), torch.arange(shared_prefix, device=device),
-                                  None)  # fmt: skip
+                                  None)
         suffix = tokens[:, shared_prefix:]  # [B, T-P]
         h_suffix, _ = _layers(model, embed(suffix), torch.arange(shared_prefix, seqlen, device=device),
-                              pasts)  # fmt: skip
+                              pasts)
         h = torch.cat([h_prefix.expand(bsz, -1, -1), h_suffix], dim=1)  # [B, T, D]
     else:
         h, _ = _layers(model, embed(tokens), torch.arange(seqlen, device=device), None)

@@ -59,7 +59,7 @@ class Batcher:
     def __init__(self, formatter: Any, to_compact: dict[int, int], unk: int, batch_size: int, seed: int,
                  curriculum_steps: int, synthetic: float = 0.35, aux_positions: int = 0,
                  copy_exercise: bool = False, shared_tools: bool = False, composed: float = 0.0,
-                 spell: float = 0.0, spelling: list[str] | None = None, generated: float = 0.0) -> None:  # fmt: skip
+                 spell: float = 0.0, spelling: list[str] | None = None, generated: float = 0.0) -> None:
         self.composed, self.spell, self.spelling = composed, spell, spelling or []
         self.generated = generated  # share of dialogs (or shared-tool batches) over generated tools
         self.formatter, self.to_compact, self.unk = formatter, to_compact, unk
@@ -76,7 +76,7 @@ class Batcher:
                 mix = spelling_mix(self.spell, self.copy_exercise)
             gen = DialogGenerator("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools,
                                   synthetic=self.synthetic, mix=mix, composed=self.composed,
-                                  spelling_words=self.spelling)  # fmt: skip
+                                  spelling_words=self.spelling)
             tools_gen = GeneratedDialogs("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools)
             coin = random.Random(self.seed * 104_729 + group)
 
@@ -161,7 +161,7 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
           shared_tools: bool = False, init_from: Path | None = None, warmup: int = 200,
           copy_weight: float = 1.0, composed: float = 0.0, spell: float = 0.0,
           spelled: bool = False, device: str = "cpu", workers: int = 0,
-          max_minutes: float | None = None, generated_tools: float = 0.0) -> dict[str, Any]:  # fmt: skip
+          max_minutes: float | None = None, generated_tools: float = 0.0) -> dict[str, Any]:
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
     ``stop_after`` ends the run early after that step (saving first), as an interruption would;
@@ -212,7 +212,7 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
             weights = {**weights, "tok_embeddings.weight": rows, "output.weight": rows}
         return _on_cpu({"model": weights, "optimizer": optimizer.state_dict(), "step": step, **extra})
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=lr, betas=(0.9, 0.95))  # fmt: skip
+                                  lr=lr, betas=(0.9, 0.95))
     state_path = out_dir / "state.pt"
     start = 0
     if init is not None and not state_path.exists():  # warm start: weights only, new optimizer and schedule
@@ -239,13 +239,13 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
                                                      "copy_weight": copy_weight, "composed": composed,
                                                      "spell": spell, "spelled": spelled,
                                                      "generated_tools": generated_tools,
-                                                     "init_from": str(init_from) if init_from else None}))  # fmt: skip
+                                                     "init_from": str(init_from) if init_from else None}))
     batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
                       batch_size, seed, curriculum_steps=steps // 5, synthetic=synthetic,
                       aux_positions=aux_positions if aux_weight > 0 else 0, copy_exercise=copy_exercise,
                       shared_tools=shared_tools, composed=composed, spell=spell,
                       spelling=spelling_words(tokenizer, vocab) if spell else None,
-                      generated=generated_tools)  # fmt: skip
+                      generated=generated_tools)
     log_path = out_dir / "log.jsonl"
     metrics: dict[str, Any] = {}
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
@@ -257,7 +257,7 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, steps, lr, warmup=min(warmup, steps // 10 + 1))
             tokens, targets, prefix, aux, copied = (t.to(device) if isinstance(t, torch.Tensor) else t
-                                                    for t in next(batches))  # fmt: skip
+                                                    for t in next(batches))
             rows = table()  # [V, D]
             h = hidden_states(model, tokens, prefix, rows)  # [B, T, D]
             where = targets != -100
@@ -282,11 +282,11 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
             if (step + 1) % log_every == 0 or step + 1 == steps:
                 metrics = {"step": step + 1, "loss": window_loss / window_n, "token_acc": window_acc / window_n,
                            "copy_acc": window_copy / window_n, "lr": optimizer.param_groups[0]["lr"],
-                           "s_per_step": (time.time() - t0) / window_n}  # fmt: skip
+                           "s_per_step": (time.time() - t0) / window_n}
                 with log_path.open("a") as f:
                     f.write(json.dumps(metrics) + "\n")
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['token_acc']:.3f}",
-                                copy=f"{metrics['copy_acc']:.3f}")  # fmt: skip
+                                copy=f"{metrics['copy_acc']:.3f}")
                 window_loss, window_acc, window_copy, window_n, t0 = 0.0, 0.0, 0.0, 0, time.time()
             if (step + 1) % save_every == 0 or step + 1 == steps:
                 tmp = state_path.with_suffix(".tmp")
@@ -336,7 +336,7 @@ def _batches(batcher: Batcher, start: int, steps: int, workers: int) -> Generato
     first = start // Batcher.GROUP
     queues = [ctx.Queue(maxsize=2 * Batcher.GROUP) for _ in range(workers)]
     procs = [ctx.Process(target=_batch_worker, args=(batcher, first + k, start, steps, workers, queues[k]), daemon=True)
-             for k in range(workers)]  # fmt: skip
+             for k in range(workers)]
     for proc in procs:
         proc.start()
     try:
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
                     warmup=args.warmup, copy_weight=args.copy_weight, stop_after=args.stop_after,
                     composed=args.composed, spell=args.spell, spelled=args.spelled, device=args.device,
                     workers=args.workers, max_minutes=args.max_minutes,
-                    generated_tools=args.generated_tools)  # fmt: skip
+                    generated_tools=args.generated_tools)
     print(json.dumps(metrics))
     if args.export is not None:
         check = export_compact(args.out, args.export, sample_dialogs=args.export_sample)

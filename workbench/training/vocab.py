@@ -18,7 +18,7 @@ from workbench.formats import make_formatter
 COMMON_IDS = 16000
 SAMPLE_DIALOGS = 1500
 SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>",
-            "<|python_start|>", "<|python_end|>", "<|finetune_right_pad|>")  # fmt: skip
+            "<|python_start|>", "<|python_end|>", "<|finetune_right_pad|>")
 
 
 def build_compact_vocab(tokenizer: Any, sample_dialogs: int = SAMPLE_DIALOGS) -> list[int]:
@@ -31,7 +31,7 @@ def build_compact_vocab(tokenizer: Any, sample_dialogs: int = SAMPLE_DIALOGS) ->
         for _ in range(sample_dialogs):
             ids.update(encode(formatter, gen.dialog()).tokens)
     for name in ("CITIES", "COUNTRIES", "FIRST_NAMES", "LAST_NAMES", "CURRENCIES", "UNITS", "LANGUAGES", "WORDS",
-                 "REMINDERS"):  # fmt: skip
+                 "REMINDERS"):
         for value in getattr(pools, name):
             value = value.replace("_", " ")
             for text in (value, " " + value, f'"{value}")', f"={value}", value.lower(), " " + value.lower()):

@@ -54,7 +54,7 @@ def split_tiles(canvas: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 def prepare_image(image: Any, tile_size: int, max_tiles: int = DEFAULT_MAX_TILES,
-                  layout: ImageLayout | None = None) -> PreparedImage:  # fmt: skip
+                  layout: ImageLayout | None = None) -> PreparedImage:
     """Tile one RGB PIL image (see the module docstring); ``layout`` skips recomputing the plan."""
     from PIL import Image
 

@@ -18,4 +18,4 @@ from .runner import DEFAULT_CATEGORIES, PROMPTS, encode_entry, plot, run, summar
 __all__ = [
     "AST_CATEGORIES", "DEFAULT_CATEGORIES", "PROMPTS", "RELEVANCE_CATEGORIES", "SUPPORTED_CATEGORIES", "BFCLError",
     "encode_entry", "plot", "run", "summarize", "to_openai_tool",
-]  # fmt: skip
+]

@@ -25,11 +25,11 @@ from .runner import DEFAULT_CATEGORIES, PROMPTS, plot, run, summarize
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workbench.evals.bfcl", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default=None, help="checkpoint folder or checkpoints.toml entry "
-                        "(default: the embedded demo model)")  # fmt: skip
+                        "(default: the embedded demo model)")
     parser.add_argument("--model", default=None, help="model id (selects the official prompt format)")
     parser.add_argument("--max-batch-size", type=int, default=None, help="engine batch rows")
     parser.add_argument("--categories", nargs="+", default=list(DEFAULT_CATEGORIES),
-                        help=f"BFCL categories (supported: {', '.join(SUPPORTED_CATEGORIES)})")  # fmt: skip
+                        help=f"BFCL categories (supported: {', '.join(SUPPORTED_CATEGORIES)})")
     parser.add_argument("--limit", type=int, default=None, help="first N entries of each category (default: all)")
     parser.add_argument(
         "--prompt",
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = load(args.checkpoint, model=args.model, max_batch_size=args.max_batch_size)
         started = time.perf_counter()
         frames = [run(engine, args.categories, limit=args.limit, prompt=p, max_tokens=args.max_tokens, progress=True)
-                  for p in args.prompt]  # fmt: skip
+                  for p in args.prompt]
     except WorkbenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     name = engine.model_id or args.checkpoint or "embedded default"
     print(json.dumps({"model": name, "entries": len(results), "limit": args.limit,
                       "seconds": round(time.perf_counter() - started, 1),
-                      "summary": summary.to_dict(orient="records")}, default=str))  # fmt: skip
+                      "summary": summary.to_dict(orient="records")}, default=str))
     return 0
 
 

@@ -37,7 +37,7 @@ _MODEL_CONFIG = "bfcl_eval.constants.model_config"
 AST_CATEGORIES = (
     "simple_python", "multiple", "parallel", "parallel_multiple",
     "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
-)  # fmt: skip
+)
 #: Categories scored on whether the reply holds a call at all (irrelevance: it must not; relevance: it must).
 RELEVANCE_CATEGORIES = ("irrelevance", "live_irrelevance", "live_relevance")
 SUPPORTED_CATEGORIES = AST_CATEGORIES + RELEVANCE_CATEGORIES
@@ -118,11 +118,11 @@ def check_categories(categories: Any) -> tuple[str, ...]:
             continue
         if isinstance(name, str) and name.startswith(("multi_turn", "memory", "web_search", "format_sensitivity")):
             raise BFCLError(f"BFCL category {name!r} is multi-turn or agentic (it executes BFCL's tool backends); "
-                            f"workbench runs the single-turn ones: {', '.join(SUPPORTED_CATEGORIES)}")  # fmt: skip
+                            f"workbench runs the single-turn ones: {', '.join(SUPPORTED_CATEGORIES)}")
         if name in ("simple_java", "simple_javascript"):
             raise BFCLError(f"BFCL category {name!r} scores Java/JavaScript source text, which BFCL decodes from the "
                             "model's raw reply with tree-sitter; workbench gives the checker parsed calls only. Run "
-                            f"the Python ones: {', '.join(SUPPORTED_CATEGORIES)}")  # fmt: skip
+                            f"the Python ones: {', '.join(SUPPORTED_CATEGORIES)}")
         raise BFCLError(f"unknown BFCL category {name!r}; choose from {', '.join(SUPPORTED_CATEGORIES)}")
     if len(set(out)) != len(out):
         raise BFCLError(f"categories {out!r} name a category twice")
@@ -148,7 +148,7 @@ def load_entries(category: str, limit: int | None) -> list[dict[str, Any]]:
     for entry in entries:
         if len(entry["question"]) != 1:
             raise BFCLError(f"BFCL entry {entry['id']} has {len(entry['question'])} turns; only single-turn "
-                            "categories are supported")  # fmt: skip
+                            "categories are supported")
         if category in AST_CATEGORIES and entry["id"] not in answers:
             raise BFCLError(f"BFCL entry {entry['id']} has no ground truth in the installed bfcl-eval")
         out.append({**entry, "ground_truth": answers.get(entry["id"]), "checker_function": checker_docs[entry["id"]]})
@@ -171,7 +171,7 @@ def check_calls(entry: dict[str, Any], category: str, calls: list[dict[str, Any]
     try:
         result = pkg.checker.ast_checker(copy.deepcopy(entry["checker_function"]), copy.deepcopy(calls),
                                          entry["ground_truth"], pkg.enums.Language.PYTHON, category,
-                                         CHECKER_MODEL_NAME)  # fmt: skip
+                                         CHECKER_MODEL_NAME)
     except Exception as exc:  # a reply the checker did not expect (BFCL's runner would stop): counted wrong
         return False, f"BFCL's checker failed on this reply: {type(exc).__name__}: {exc}"
     if result["valid"]:
@@ -236,7 +236,7 @@ def system_prompt(functions: list[dict[str, Any]]) -> str:
     ret, doc_format = config["ret_fmt"], config["func_doc_fmt"]
     if doc_format != "json":
         raise ConfigError(f"the installed bfcl-eval's default prompt shows function docs as {doc_format!r}; "
-                          "workbench reproduces the 'json' one: install bfcl-eval==2026.3.23")  # fmt: skip
+                          "workbench reproduces the 'json' one: install bfcl-eval==2026.3.23")
     style = p.PROMPT_STYLE_TEMPLATES[config["style"]]
     tag = config["tool_call_tag"] == "True"
     call_format = style["tool_call_with_tag" if tag else "tool_call_no_tag"].format(
@@ -246,7 +246,7 @@ def system_prompt(functions: list[dict[str, Any]]) -> str:
     return p.PROMPT_TEMPLATE_MAPPING[config["prompt_fmt"]].format(
         persona=style["persona"], task=style["task"], tool_call_format=call_format,
         multiturn_behavior=style["multiturn_behavior"], available_tools=tools,
-    )  # fmt: skip
+    )
 
 
 def bfcl_messages(messages: list[dict[str, Any]], functions: list[dict[str, Any]]) -> list[dict[str, str]]:

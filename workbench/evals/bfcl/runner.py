@@ -38,7 +38,7 @@ _CHAT_TOKENS = {
 
 def run(engine: Any, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit: int | None = None,
         prompt: Literal["official", "bfcl"] = "official", max_tokens: int = 512, temperature: float = 0.0,
-        seed: int | None = None, progress: bool | None = None) -> pd.DataFrame:  # fmt: skip
+        seed: int | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Answer BFCL entries with ``engine`` and score them; one row per entry, in BFCL's order per category.
 
     categories: BFCL single-turn category names (see ``SUPPORTED_CATEGORIES``).
@@ -56,7 +56,7 @@ def run(engine: Any, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit: i
     cats = check_categories(categories)
     if prompt not in PROMPTS:
         raise BFCLError(f"prompt must be 'official' (the model's own format) or 'bfcl' (BFCL's Llama handler "
-                        f"prompt), got {prompt!r}")  # fmt: skip
+                        f"prompt), got {prompt!r}")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise BFCLError(f"limit must be a positive number of entries per category (or None for all), got {limit!r}")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -66,7 +66,7 @@ def run(engine: Any, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit: i
     for category in cats:
         for entry in load_entries(category, limit):
             row = {"id": entry["id"], "category": category, "calls": [], "valid": False, "error": None,
-                   "prompt": prompt, "reply": None, "prompt_tokens": 0, "tokens": 0}  # fmt: skip
+                   "prompt": prompt, "reply": None, "prompt_tokens": 0, "tokens": 0}
             rows.append(row)
             try:
                 ids = encode_entry(engine, entry, prompt)
@@ -76,12 +76,12 @@ def run(engine: Any, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit: i
             row["prompt_tokens"] = len(ids)
             if len(ids) >= engine.max_seq_len:
                 row["error"] = (f"not generated: the prompt has {len(ids)} tokens but max_seq_len is "
-                                f"{engine.max_seq_len}; load with a larger max_seq_len")  # fmt: skip
+                                f"{engine.max_seq_len}; load with a larger max_seq_len")
                 continue
             work.append((row, entry, ids))
     if work:
         completions = engine.batch_completion([ids for _, _, ids in work], max_tokens=max_tokens,
-                                              temperature=temperature, seed=seed, progress=progress)  # fmt: skip
+                                              temperature=temperature, seed=seed, progress=progress)
         for (row, entry, _), completion in zip(work, completions):
             message = engine.formatter.decode_assistant(completion.text, completion.stop_reason)
             calls = [{call.tool_name: dict(call.arguments)} for call in message.tool_calls]
@@ -126,7 +126,7 @@ def summarize(results: pd.DataFrame, by: Sequence[str] | None = None) -> pd.Data
         by = ["prompt"] if "prompt" in results.columns and results["prompt"].nunique() > 1 else []
     keys = [*by, "category"]
     table = (results.assign(valid=results["valid"].astype(bool))
-             .groupby(keys, sort=False)["valid"].agg(entries="size", correct="sum").reset_index())  # fmt: skip
+             .groupby(keys, sort=False)["valid"].agg(entries="size", correct="sum").reset_index())
     table["accuracy"] = table["correct"] / table["entries"]
     # rows in the order the results first show each key (the order of the runs and of BFCL's categories)
     orders = {k: {v: i for i, v in enumerate(dict.fromkeys(results[k]))} for k in keys}

@@ -23,4 +23,4 @@ from .provider import UNSUPPORTED_CONFIG, InspectInputError, WorkbenchAPI, sampl
 __all__ = [
     "UNSUPPORTED_CONFIG", "BatchStats", "Batcher", "InspectInputError", "WorkbenchAPI", "sampling_kwargs",
     "to_messages", "to_tool",
-]  # fmt: skip
+]

@@ -73,7 +73,7 @@ class WorkbenchLM(TemplateLM):
     """
 
     def __init__(self, engine: wb.Engine | None = None, *, batch_size: int | str | None = None,
-                 max_gen_toks: int = 256, **load_kwargs: Any) -> None:  # fmt: skip
+                 max_gen_toks: int = 256, **load_kwargs: Any) -> None:
         super().__init__()
         if load_kwargs.get("device") == "auto":  # lm-eval's --device, left to workbench (see __main__)
             del load_kwargs["device"]
@@ -175,7 +175,7 @@ class WorkbenchLM(TemplateLM):
     # ----------------------------------------------------------------------------- scoring
     def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str] | None, list[int], list[int]]],
                               disable_tqdm: bool = False, desc: str = "Running loglikelihood requests",
-                              **kwargs: Any) -> list[tuple[float, bool]]:  # fmt: skip
+                              **kwargs: Any) -> list[tuple[float, bool]]:
         """Score each (key, context ids, continuation ids): log P(continuation | BOS + context), greedy flag."""
         rows: list[tuple[list[int], int]] = []
         for index, (key, context, continuation) in enumerate(requests):
@@ -227,7 +227,7 @@ class WorkbenchLM(TemplateLM):
                 windows.append((None, context, continuation))
                 owner.append(doc)
         scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm,
-                                            desc="Running loglikelihood_rolling requests")  # fmt: skip
+                                            desc="Running loglikelihood_rolling requests")
         totals = [0.0] * len(requests)
         for doc, (logprob, _) in zip(owner, scores):
             totals[doc] += logprob
@@ -251,14 +251,14 @@ class WorkbenchLM(TemplateLM):
                     "use fewer few-shot examples"
                 )
         collator = Collator(args, sort_fn=lambda a: (-len(encoded[a[0]]), a[0]), group_by="gen_kwargs",
-                            group_fn=lambda a: a[1])  # fmt: skip
+                            group_fn=lambda a: a[1])
         out: list[str] = []
         with tqdm(total=len(args), disable=disable_tqdm, desc="Running generate_until requests") as bar:
             for batch in collator.get_batched(n=self.batch_size or 0):
                 contexts = [context for context, _ in batch]
                 until, sampling = self._sampling(batch[0][1])
                 completions = self.engine.batch_completion([encoded[c] for c in contexts], stop=until or None,
-                                                           progress=False, **sampling)  # fmt: skip
+                                                           progress=False, **sampling)
                 for (context, gen_kwargs), completion in zip(batch, completions):
                     text = postprocess_generated_text(self._generated_text(completion.tokens), until, None)
                     out.append(text)
