@@ -19,7 +19,7 @@ from typing import Any
 
 from workbench.engine.outputs import cancelled_event, stop_prefix_overlap
 from workbench.errors import GenerationCancelled
-from workbench.generation.generator import Event, Request, RowCancel
+from workbench.generation import Event, Request, RowCancel
 from workbench.generation.sampling import SamplingParams
 from workbench.types import StreamChunk, TokenLogprob
 

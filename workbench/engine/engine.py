@@ -37,8 +37,8 @@ from workbench.errors import (
 )
 from workbench.formats import make_formatter
 from workbench.formats.tokenizer import Tokenizer
+from workbench.generation import Event, Request
 from workbench.generation.constraints import GrammarRuntime
-from workbench.generation.generator import Event, Request
 from workbench.generation.sampling import SamplingParams
 from workbench.models.args import ModelArgs
 from workbench.models.llama32_vision import LLAMA32_VISION_DEFAULT_NAME, is_cross_attention_vision

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workbench.generation.generator import Event
+from workbench.generation import Event
 from workbench.structured import OutputFormat
 
 

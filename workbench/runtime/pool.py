@@ -73,7 +73,7 @@ import torch.multiprocessing as torch_mp  # also registers torch's tensor reduct
 
 from workbench.errors import WorkbenchError, WorkerError
 from workbench.formats.tokenizer import Tokenizer
-from workbench.generation.generator import Event, Request
+from workbench.generation import Event, Request
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import ensure_model_parallel
 from workbench.models.transformer import Transformer
