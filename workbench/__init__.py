@@ -3,14 +3,15 @@
 The package face: what notebooks import (``import workbench as wb``).  Importing it also imports the
 notebook face (:mod:`workbench.notebook`), which registers the HTML cards and DataFrames that results
 display with.  What pulls heavy or optional dependencies loads on first use (PEP 562): ``wb.bench`` and
-``wb.plots`` (pandas, matplotlib), ``wb.serve`` (fastapi, uvicorn) and ``wb.cluster`` (Ray), so ``import
-workbench`` stays fast and works without the extras.
+``wb.plots`` (pandas, matplotlib), ``wb.serve`` (fastapi, uvicorn) and ``wb.cluster`` (Ray), and
+``wb.runs``'s browsing functions (pandas, inspect_ai), so ``import workbench`` stays fast and works without the
+extras.
 """
 
 import importlib
 from typing import Any
 
-from workbench import tools
+from workbench import runs, tools
 from workbench.engine import Engine, chat
 from workbench.errors import WorkbenchError
 from workbench.notebook import display
@@ -34,6 +35,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ChatCompletion", "Completion", "Engine", "Message", "StreamChunk", "TokenLogprob", "ToolCall",
     "Transcript", "WorkbenchError", "bench", "chat", "current", "display", "load", "plots", "show_prompt",
-    "to_frame", "tools", "unload",
+    "runs", "to_frame", "tools", "unload",
 ]
 __version__ = "0.1.0"

@@ -90,3 +90,16 @@ class InsufficientMemoryError(ConfigError):
 
 class CompileError(WorkbenchError, RuntimeError):
     """``torch.compile`` could not compile the decode step; the engine keeps decoding eagerly."""
+
+
+class StoreError(ConfigError):
+    """The run store file cannot be used: it is not a workbench run store, or a newer workbench wrote it.
+
+    The message names the file and the fix (another ``$WORKBENCH_STORE``, or upgrading workbench).  Failures
+    to *write* a usable store (a full disk, a read-only file) are never raised into a call: they warn once
+    (:class:`StoreWarning`) and the call returns all its results.
+    """
+
+
+class StoreWarning(UserWarning):
+    """The run store could not be read or written; results are computed and returned but not stored."""

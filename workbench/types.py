@@ -142,6 +142,9 @@ class Completion:
     prompt_tokens: int = 0
     parsed: Any = None  # response_format rows: the JSON value, or the pydantic object of a model class
     format_error: str | None = None  # response_format rows whose text does not conform: why
+    # True when a run store answered this row (``run=``) instead of the model; not part of equality, so a
+    # re-run's results equal an uninterrupted run's
+    cached: bool = field(default=False, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -293,6 +296,7 @@ class ChatCompletion:
     prompt_tokens: int = 0
     parsed: Any = None  # response_format replies: the JSON value, or the pydantic object of a model class
     format_error: str | None = None  # response_format replies whose text does not conform: why
+    cached: bool = field(default=False, compare=False, repr=False)  # answered by a run store (see Completion)
 
     @property
     def text(self) -> str:
@@ -422,13 +426,16 @@ class Transcript(list):
     """A dialog (list of :class:`Message`) that displays as cards; otherwise an ordinary list.
 
     ``stop_reason`` says why the tool loop ended it (one of :data:`TRANSCRIPT_STOP_REASONS`, None while it
-    runs or for a dialog the loop did not produce); ``generated_tokens`` counts the tokens of all its replies.
+    runs or for a dialog the loop did not produce); ``generated_tokens`` counts the tokens of all its replies;
+    ``cached`` is True when a run store answered it whole.
     """
 
-    def __init__(self, messages: Any = (), *, stop_reason: str | None = None, generated_tokens: int = 0) -> None:
+    def __init__(self, messages: Any = (), *, stop_reason: str | None = None, generated_tokens: int = 0,
+                 cached: bool = False) -> None:
         super().__init__(messages)
         self.stop_reason = stop_reason
         self.generated_tokens = generated_tokens
+        self.cached = cached
 
     def _repr_html_(self) -> str:
         return present("transcript_html", self)

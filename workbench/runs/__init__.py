@@ -1,0 +1,86 @@
+"""The run store: every result of a ``run="name"`` call remembered on disk, answered from there when the same
+work comes again, and traceable to the checkpoint, settings and seed that made it.
+
+Layer: below the engine (which stores and answers rows through it), above the runtime.  ``import workbench``
+imports this package; the browsing functions (pandas, and inspect_ai for :func:`to_inspect`) load on first use.
+
+For people (``wb.runs``)::
+
+    wb.runs.path()                       # the store file ($WORKBENCH_STORE, else runs.sqlite in the cache)
+    wb.runs.table()                      # DataFrame: one row per run
+    wb.runs.rows("sweep")                # DataFrame: one row per stored result, with provenance columns
+    wb.runs.compare("bf16", "int4")      # DataFrame: requests both answered whose outputs differ
+    wb.runs.export("sweep", "sweep.parquet")   # or .jsonl
+    wb.runs.to_inspect("sweep", "sweep.eval")  # an Inspect log: `inspect view` browses the transcripts
+    wb.runs.delete("sweep")
+
+For the engine and integrations (see :class:`Run`)::
+
+    store = wb.runs.store()
+    identity = store.checkpoint_identity(settings.checkpoint_dir)       # hashed once, remembered
+    run = store.open_run("sweep", Provenance.of(settings, identity, model=model_id))
+    keys = run.keys([RowRequest(prompt_ids, sampling, kind="chat"), ...])
+    found = run.lookup(keys)                                             # {key: StoredRow}
+    sampling, drawn = settle_seed(sampling)                              # rows computed: seed drawn if needed
+    run.put(keys[i], request=..., prompt_ids=..., output=result, sampling=sampling, seed_drawn=drawn,
+            timings=...)                                                 # never raises; True once committed
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from workbench.runs.codec import decode, dumps, encode, loads
+from workbench.runs.identity import CheckpointIdentity, checkpoint_identity
+from workbench.runs.keys import (
+    NUMERICS_VERSION,
+    SAMPLING_KEYS,
+    RowKey,
+    RowRequest,
+    cache_key,
+    canonical_sampling,
+    draw_seed,
+    image_digest,
+    load_fields,
+    needs_seed,
+    request_identity,
+    request_keys,
+    row_key,
+    settle_seed,
+)
+from workbench.runs.provenance import Provenance
+from workbench.runs.store import SCHEMA_VERSION, STORE_ENV, Run, Store, StoredRow, open_store, store_path
+
+store = open_store  # wb.runs.store(): the Store of $WORKBENCH_STORE (or of a given file)
+
+# browsing: imported on first use (pandas; inspect_ai for to_inspect)
+_LAZY = {"table": "workbench.runs.browse", "rows": "workbench.runs.browse", "compare": "workbench.runs.browse",
+         "export": "workbench.runs.browse", "to_inspect": "workbench.runs.inspect_log"}
+
+
+def path() -> Path:
+    """The run store file this process uses: ``$WORKBENCH_STORE``, else ``runs.sqlite`` in the workbench cache
+    (``$WORKBENCH_CACHE`` or ``~/.cache/workbench``)."""
+    return store_path()
+
+
+def delete(name: str, *, store: str | Path | Store | None = None) -> int:
+    """Delete run ``name`` (its rows and sessions) from the store; returns how many rows were deleted."""
+    return open_store(store).delete(name)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'workbench.runs' has no attribute {name!r}")
+
+
+__all__ = [
+    "NUMERICS_VERSION", "SAMPLING_KEYS", "SCHEMA_VERSION", "STORE_ENV", "CheckpointIdentity", "Provenance", "RowKey",
+    "RowRequest", "Run", "Store", "StoredRow", "cache_key", "canonical_sampling", "checkpoint_identity", "compare",
+    "decode", "delete", "draw_seed", "dumps", "encode", "export", "image_digest", "load_fields", "loads",
+    "needs_seed", "path", "request_identity", "request_keys", "row_key", "rows", "settle_seed", "store", "table",
+    "to_inspect",
+]
