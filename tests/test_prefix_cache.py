@@ -190,3 +190,4 @@ def test_an_interrupted_prefill_leaves_the_scheduler_ready(model, monkeypatch) -
     assert scheduler.stats["reused_tokens"] == reused  # computed whole, not taken from the overwritten slot
     assert _tokens(scheduler, a + b[:3]) == _tokens(fresh, a + b[:3])  # and now reused from A's record
     assert scheduler.stats["reused_tokens"] > reused
+    assert _tokens(scheduler, b) == expected_b  # the interrupted prompt itself runs as on a fresh scheduler
