@@ -5,7 +5,7 @@ through ``torch._scaled_mm``; int4_mixed: torch's CUDA int4 kernels) and each de
 Python-launched kernel per op), ``graphed`` (the step captured as CUDA graphs per batch bucket:
 ``workbench.generation.graphs``, what ``wb.load(cuda_graphs=True)`` runs) and, with ``--compiled``,
 ``compiled`` (``torch.compile`` of the step) — at batch 1, 8, 32 and 64: prefill 128-token prompts
-(prefill tok/s), then time ``--steps`` decode steps of the workbench generator (stop tokens ignored).
+(prefill tok/s), then time ``--steps`` decode steps of the workbench scheduler (stop tokens ignored).
 Reports tokens/s, step time, the bytes each step must read (weights used + the KV cache it attends to:
 up to each row's position eagerly, the whole span bucket when graphed), achieved bandwidth and its ratio
 to the GPU's data-sheet HBM peak (table below, or ``--peak-gbps``) and to a measured device copy, and the
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.generation.generator import Generator, Request
+from workbench.generation import Request, Scheduler
 from workbench.generation.sampling import SamplingParams
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import ensure_model_parallel
@@ -100,37 +100,37 @@ def build(shape: str, mode: str, device: torch.device, max_seq_len: int) -> Tran
     return model
 
 
-def step_bytes(model: Transformer, generator: Generator, kv_positions: int, batch: int) -> float:
+def step_bytes(model: Transformer, scheduler: Scheduler, kv_positions: int, batch: int) -> float:
     """Bytes a decode step reads: every weight but the embedding table (one row per token) + the KV cache
     of ``kv_positions`` positions per row."""
-    mem = model_memory(model, generator.cache.nbytes())
+    mem = model_memory(model, scheduler.cache.nbytes())
     embedding = mem["by_kind"].get("embedding", 0)
     weights = mem["weights_bytes"] - embedding + batch * embedding / model.args.vocab_size
-    kv_per_position = generator.cache.nbytes() / (generator.cache.batch_size * generator.cache.seq_len)
+    kv_per_position = scheduler.cache.nbytes() / (scheduler.cache.batch_size * scheduler.cache.seq_len)
     return weights + kv_per_position * kv_positions * batch
 
 
-def enable_path(model: Transformer, generator: Generator, path: str, device: torch.device) -> float | None:
-    """Switch ``generator`` to the decode ``path``; returns its setup seconds (capture, or compile on the
+def enable_path(model: Transformer, scheduler: Scheduler, path: str, device: torch.device) -> float | None:
+    """Switch ``scheduler`` to the decode ``path``; returns its setup seconds (capture, or compile on the
     first steps for ``compiled``: that one is timed by the warm-up instead)."""
     model.compile_decode(path == "compiled")
     if path == "graphed":
-        static = generator.use_static_decode(True, capture=device.type == "cuda")
+        static = scheduler.use_static_decode(True, capture=device.type == "cuda")
         return static.capture_s if static is not None else None
-    generator.use_static_decode(False)
+    scheduler.use_static_decode(False)
     return None
 
 
-def measure(model: Transformer, generator: Generator, device: torch.device, batch: int, steps: int,
+def measure(model: Transformer, scheduler: Scheduler, device: torch.device, batch: int, steps: int,
             path: str) -> dict:
     prompts = [[128000] + [(7919 * (r + 1) * (i + 1)) % 120000 for i in range(PROMPT_LEN - 1)] for r in range(batch)]
 
     def go(n: int) -> float:
         params = SamplingParams.create(max_tokens=n)
-        generator.forget_prefixes()  # every prompt prefilled whole (the prompts share their first token only)
+        scheduler.forget_prefixes()  # every prompt prefilled whole (the prompts share their first token only)
         sync(device)
         t0 = time.perf_counter()
-        for _ in generator.generate([Request(i, p, params) for i, p in enumerate(prompts)]):
+        for _ in scheduler.generate([Request(i, p, params) for i, p in enumerate(prompts)]):
             pass
         sync(device)
         return time.perf_counter() - t0
@@ -144,9 +144,9 @@ def measure(model: Transformer, generator: Generator, device: torch.device, batc
         raise ValueError(f"timing noise: {steps} steps took {total:.3f}s, prefill alone {prefill:.3f}s; more --steps")
     step_s = (total - prefill) / steps
     position = PROMPT_LEN + steps // 2
-    static = generator.static
+    static = scheduler.static
     kv = static.bucket(batch, position)[1] if static is not None else position
-    need = step_bytes(model, generator, kv, batch)
+    need = step_bytes(model, scheduler, kv, batch)
     return {"batch": batch, "tok_s": batch / step_s, "step_ms": step_s * 1e3,
             "prefill_tok_s": batch * PROMPT_LEN / prefill, "bytes_per_step": need,
             "achieved_GBps": need / step_s / 1e9, "warmup_s": warm_s}
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
             model = build(args.shape, mode, device, max_seq_len)
             sync(device)
             build_s = time.perf_counter() - t0
-            generator = Generator(model, stop_tokens={}, decode_text=lambda ids: "", max_batch_size=max(batches),
+            scheduler = Scheduler(model, stop_tokens={}, decode_text=lambda ids: "", max_batch_size=max(batches),
                                   max_seq_len=max_seq_len, share_prefixes=False)
         except Exception as exc:  # one mode failing (e.g. no fp8 on this GPU) must not lose the others
             print(f"  {mode}: failed to build: {type(exc).__name__}: {exc}", flush=True)
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
             if out_of_time():
                 break
             try:
-                setup_s = enable_path(model, generator, path, device)
+                setup_s = enable_path(model, scheduler, path, device)
             except Exception as exc:
                 print(f"  {mode} {path}: setup failed: {type(exc).__name__}: {exc}", flush=True)
                 results.append({"mode": mode, "path": path, "error": f"{type(exc).__name__}: {exc}"})
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
                 if out_of_time():
                     break
                 try:
-                    row = measure(model, generator, device, batch, args.steps, path)
+                    row = measure(model, scheduler, device, batch, args.steps, path)
                 except Exception as exc:
                     print(f"  {mode} {path} batch {batch}: failed: {type(exc).__name__}: {exc}", flush=True)
                     error = f"{type(exc).__name__}: {exc}"
@@ -257,15 +257,15 @@ def main(argv: list[str] | None = None) -> dict:
                 row = {"mode": mode, "path": path, **row, "capture_s": setup_s, "build_s": build_s, "kernels": kernels,
                        "of_peak": row["achieved_GBps"] / peak if peak else None,
                        "of_copy": row["achieved_GBps"] / copy}
-                if path == "graphed" and generator.static is not None:
-                    row["graphs"] = generator.static.captured
+                if path == "graphed" and scheduler.static is not None:
+                    row["graphs"] = scheduler.static.captured
                 results.append(row)
                 print(f"  {mode:>10} {path:>8} batch {batch:>3}: {row['tok_s']:9.1f} tok/s, {row['step_ms']:7.2f} "
                       f"ms/step, {row['achieved_GBps']:7.1f} GB/s ({row['of_copy']:.0%} of copy), prefill "
                       f"{row['prefill_tok_s']:.0f} tok/s", flush=True)
                 save()
-        generator.use_static_decode(False)
-        del model, generator
+        scheduler.use_static_decode(False)
+        del model, scheduler
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -164,7 +164,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for task in (mc_task, gen_task, gen3_task):
             for name, lm in (("workbench", ours), ("lm-eval-hf", theirs)):
-                engine._runner.generator.forget_prefixes()  # every run starts cold
+                engine._runner.scheduler.forget_prefixes()  # every run starts cold
                 out, spent = evaluate(lm, task)
                 slot = times.setdefault(f"{task['task']}/{name}", {"cpu": [], "process": [], "wall": []})
                 for clock_name, seconds in spent.items():

@@ -126,16 +126,16 @@ def batched(run: Callable[[list[list[int]], int], list[list[int]]], batch: int) 
 
 
 def workbench_runner(engine: wb.Engine, share: bool = True) -> Callable:
-    gen = engine._runner.generator
-    gen.stop_tokens = {}  # stop tokens ignored: every row generates exactly max_tokens
+    scheduler = engine._runner.scheduler
+    scheduler.stop_tokens = {}  # stop tokens ignored: every row generates exactly max_tokens
 
     def go(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-        gen.forget_prefixes()  # cold start every run: nothing resident from an earlier repeat
-        gen.share_prefixes = share
+        scheduler.forget_prefixes()  # cold start every run: nothing resident from an earlier repeat
+        scheduler.share_prefixes = share
         try:
             return [c.tokens for c in engine.batch_completion(prompts, max_tokens=max_tokens)]
         finally:
-            gen.share_prefixes = True
+            scheduler.share_prefixes = True
 
     return go
 

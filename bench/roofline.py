@@ -58,9 +58,9 @@ def bytes_per_step(engine: wb.Engine, position: int) -> dict[str, float]:
 
 def decode_seconds(engine: wb.Engine, prompt: list[int]) -> float:
     """Seconds per decode step at batch 1 (128-token run minus a prefill-only run, median of 3 pairs)."""
-    gen = engine._runner.generator
-    gen.stop_tokens = {}  # same work for every run: exactly NEW_TOKENS tokens
-    gen.share_prefixes = False  # time the whole prompt every run
+    scheduler = engine._runner.scheduler
+    scheduler.stop_tokens = {}  # same work for every run: exactly NEW_TOKENS tokens
+    scheduler.share_prefixes = False  # time the whole prompt every run
     engine.completion(prompt, max_tokens=4)  # warm-up
     steps = []
     for _ in range(3):

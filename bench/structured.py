@@ -64,17 +64,17 @@ class Timers:
 def timed(
     engine: wb.Engine, prompts: list[str], max_tokens: int, fmt: object, temperature: float
 ) -> tuple[float, list]:
-    gen = engine._runner.generator
-    stop_tokens = gen.stop_tokens
+    scheduler = engine._runner.scheduler
+    stop_tokens = scheduler.stop_tokens
     if fmt is None:  # unconstrained rows ignore their stop tokens, so both runs do every step for every row
-        gen.stop_tokens = {}
+        scheduler.stop_tokens = {}
     try:
         start = time.perf_counter()
         rows = engine.batch_completion(prompts, max_tokens=max_tokens, response_format=fmt, temperature=temperature,
                                        seed=0)
         return time.perf_counter() - start, rows
     finally:
-        gen.stop_tokens = stop_tokens
+        scheduler.stop_tokens = stop_tokens
 
 
 def main() -> None:

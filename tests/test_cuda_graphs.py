@@ -85,7 +85,7 @@ def test_cuda_graphs_are_refused_cleanly_where_they_cannot_run(llama3_dir, monke
     with pytest.raises(CompileError, match="capture failed.*keeps decoding eagerly"):
         engine.use_cuda_graphs()
     monkeypatch.undo()
-    assert engine.info()["cuda_graphs"] is None and engine._runner.generator.static is None
+    assert engine.info()["cuda_graphs"] is None and engine._runner.scheduler.static is None
     after = [r.tokens for r in engine.batch_completion([[1000, 1001], [1002]], max_tokens=4)]
     assert after == before
     engine.close()

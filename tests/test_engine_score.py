@@ -95,27 +95,27 @@ def test_shared_contexts_are_computed_once_with_the_same_numbers(engine: wb.Engi
     sequences, starts = rows_for(engine)
     context = starts[0]  # the five answers' rows need positions from context - 1 on: that much is shareable
     assert context - 1 >= 16  # long enough to be shared (MIN_SHARED_PREFIX)
-    generator = engine._runner.generator
-    generator.forget_prefixes()
-    generator.share_prefixes = False
+    scheduler = engine._runner.scheduler
+    scheduler.forget_prefixes()
+    scheduler.share_prefixes = False
     try:
-        before = generator.stats["prefill_tokens"]
+        before = scheduler.stats["prefill_tokens"]
         whole = engine.score(sequences, starts)
-        computed_whole = generator.stats["prefill_tokens"] - before
+        computed_whole = scheduler.stats["prefill_tokens"] - before
     finally:
-        generator.share_prefixes = True
+        scheduler.share_prefixes = True
     distinct = {tuple(s[:-1]) for s in sequences}  # " maybe", " B" and " C" are one token: one input
     assert computed_whole == sum(len(k) for k in distinct)
     with_context = [k for k in distinct if list(k[:context]) == sequences[0][:context]]
     assert len(with_context) == 3
-    generator.forget_prefixes()
-    before = generator.stats["prefill_tokens"]
+    scheduler.forget_prefixes()
+    before = scheduler.stats["prefill_tokens"]
     shared = engine.score(sequences, starts)
     # one input computes the context, the two others reuse it (in its wave or from its slot in a later one)
-    assert generator.stats["prefill_tokens"] - before <= computed_whole - 2 * (context - 1)
-    before = generator.stats["prefill_tokens"]
+    assert scheduler.stats["prefill_tokens"] - before <= computed_whole - 2 * (context - 1)
+    before = scheduler.stats["prefill_tokens"]
     again = engine.score(sequences[:5], starts[:5])  # still resident: reused across calls, by all three
-    assert generator.stats["prefill_tokens"] - before <= sum(len(k) for k in with_context) - 3 * (context - 1)
+    assert scheduler.stats["prefill_tokens"] - before <= sum(len(k) for k in with_context) - 3 * (context - 1)
     for a, b in zip(whole, shared):
         assert b.logprobs == pytest.approx(a.logprobs, abs=ATOL) and b.greedy == a.greedy
     for a, b in zip(shared[:5], again):
@@ -124,7 +124,7 @@ def test_shared_contexts_are_computed_once_with_the_same_numbers(engine: wb.Engi
 
 def test_generation_after_scoring_is_unchanged(engine: wb.Engine) -> None:
     prompts = [engine.tokenizer.encode("A shared context that every answer", bos=True), [engine.tokenizer.bos_id, 9]]
-    engine._runner.generator.forget_prefixes()
+    engine._runner.scheduler.forget_prefixes()
     fresh = [c.tokens for c in engine.batch_completion(prompts, max_tokens=5)]
     engine.score(*rows_for(engine))  # leaves its rows resident in the slots
     assert [c.tokens for c in engine.batch_completion(prompts, max_tokens=5)] == fresh

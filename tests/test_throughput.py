@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from workbench.checkpoints.factory import TINY_LLAMA4
-from workbench.generation.generator import MIN_SHARED_PREFIX, common_prefix
+from workbench.generation.prefix_cache import MIN_SHARED_PREFIX, common_prefix
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import ensure_model_parallel
 from workbench.models.feed_forward import MoE
@@ -33,20 +33,20 @@ def _ids(rng: random.Random, n: int) -> list[int]:
 
 def _alone(engine, prompts):
     """Each prompt by itself with prefix reuse off: the tokens every shared run must reproduce."""
-    gen = engine._runner.generator
-    gen.share_prefixes = False
+    scheduler = engine._runner.scheduler
+    scheduler.share_prefixes = False
     try:
         return [engine.completion(p, max_tokens=MAX_TOKENS).tokens for p in prompts]
     finally:
-        gen.share_prefixes = True
-        gen.forget_prefixes()
+        scheduler.share_prefixes = True
+        scheduler.forget_prefixes()
 
 
 def _shared(engine, prompts):
-    gen = engine._runner.generator
-    before = gen.stats["reused_tokens"]
+    scheduler = engine._runner.scheduler
+    before = scheduler.stats["reused_tokens"]
     rows = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
-    return rows, gen.stats["reused_tokens"] - before
+    return rows, scheduler.stats["reused_tokens"] - before
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def engines(llama3_dir, llama4_dir):
 def _fresh(engines, family: str):
     """The family's shared engine with no prefix resident from an earlier test."""
     engine = engines[family]
-    engine._runner.generator.forget_prefixes()
+    engine._runner.scheduler.forget_prefixes()
     return engine
 
 
@@ -132,11 +132,11 @@ def test_shared_prefixes_respect_sampling_seeds(engines):
     prompts = [prefix + _ids(rng, n) for n in (2, 9, 30)]
     kw = dict(max_tokens=MAX_TOKENS, temperature=0.9, top_k=50, seed=1234)
     shared = [r.tokens for r in engine.batch_completion(prompts, **kw)]
-    engine._runner.generator.share_prefixes = False
+    engine._runner.scheduler.share_prefixes = False
     try:
         alone = [engine.completion(p, **kw).tokens for p in prompts]
     finally:
-        engine._runner.generator.share_prefixes = True
+        engine._runner.scheduler.share_prefixes = True
     assert shared == alone
 
 
@@ -241,7 +241,7 @@ def test_a_failed_compile_leaves_the_engine_eager_and_usable(llama3_dir, monkeyp
 def test_packed_prefill_equals_each_row_alone(engines, family):
     """Rows laid end to end (no padding) give each row's own logits and keys/values, also when rows
     continue cached prefixes and cross Llama 4's 32-token attention chunks."""
-    model = engines[family]._runner.generator.model
+    model = engines[family]._runner.scheduler.model
     rng = random.Random(5)
     prompts = [_ids(rng, n) for n in (1, 7, 33, 70, 40)]
     alone = torch.stack([model.forward_full(torch.tensor([p]))[0, -1] for p in prompts])  # [B, V]
@@ -266,25 +266,25 @@ def test_packed_prefill_equals_each_row_alone(engines, family):
 
 def test_cpu_prefill_cut_into_small_forwards_gives_the_same_tokens(engines, monkeypatch):
     """The CPU activation budget cuts a wave's packed prefill into several forwards; tokens do not change."""
-    import workbench.generation.generator as generator_module
+    import workbench.generation.batching as batching_module
 
     engine = _fresh(engines, "llama3")
-    gen = engine._runner.generator
+    scheduler = engine._runner.scheduler
     rng = random.Random(11)
     prompts = [_ids(rng, n) for n in (9, 40, 3, 25, 60, 17)]
     whole = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
     calls = []
-    forward = gen.model.forward_packed
+    forward = scheduler.model.forward_packed
 
     def counted(tokens, *args):
         calls.append(tokens.shape[1])
         return forward(tokens, *args)
 
-    monkeypatch.setattr(gen.model, "forward_packed", counted)
-    monkeypatch.setattr(generator_module, "CPU_PREFILL_MIN_TOKENS", 1)
-    per_token = max(gen.model.args.dim, gen.model.args.dense_hidden_dim()) * 4
-    monkeypatch.setattr(generator_module, "CPU_PREFILL_ACTIVATION_BYTES", 64 * per_token)  # 64 tokens a forward
-    gen.forget_prefixes()
+    monkeypatch.setattr(scheduler.model, "forward_packed", counted)
+    monkeypatch.setattr(batching_module, "CPU_PREFILL_MIN_TOKENS", 1)
+    per_token = max(scheduler.model.args.dim, scheduler.model.args.dense_hidden_dim()) * 4
+    monkeypatch.setattr(batching_module, "CPU_PREFILL_ACTIVATION_BYTES", 64 * per_token)  # 64 tokens a forward
+    scheduler.forget_prefixes()
     cut = [r.tokens for r in engine.batch_completion(prompts, max_tokens=MAX_TOKENS)]
     assert cut == whole
     assert len(calls) > 1 and max(calls) <= 64

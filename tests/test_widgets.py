@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.errors import QuantizationError
-from workbench.generation.generator import Event
+from workbench.generation import Event
 from workbench.notebook import widgets
 from workbench.session import build_engine, resolve_settings
 

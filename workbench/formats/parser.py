@@ -17,8 +17,8 @@ When something looks like a call but cannot be parsed, the reply comes back as p
 same holds for a reply cut by ``max_tokens`` (stop reason ``out_of_tokens``) while writing a call.
 Unlike Meta's reference, which keeps only the first call, every call of the reply is returned.
 
-It runs a little over 500 lines: one module holds every call syntax's scanner, because they share the
-trigger scan, the budget and the repair rules, and a reply may mix syntaxes.
+Every call syntax's scanner lives here: they share the trigger scan, the budget and the repair rules, and
+a reply may mix syntaxes.
 """
 
 from __future__ import annotations

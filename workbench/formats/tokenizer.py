@@ -145,9 +145,12 @@ class Tokenizer:
         self.path = path
         specials = llama4_special_tokens() if family == "llama4" else llama3_special_tokens()
         self.special_tokens: dict[str, int] = {tok: n_base + i for i, tok in enumerate(specials)}
+        # the BPE table and split pattern, public for tools that build their own view of the vocabulary (llguidance)
+        self.bpe_ranks: dict[bytes, int] = ranks
+        self.pattern: str = LLAMA4_PATTERN if family == "llama4" else LLAMA3_PATTERN
         self._model = tiktoken.Encoding(
             name=f"{family}:{path.name}",
-            pat_str=LLAMA4_PATTERN if family == "llama4" else LLAMA3_PATTERN,
+            pat_str=self.pattern,
             mergeable_ranks=ranks,
             special_tokens=self.special_tokens,
         )

@@ -2,7 +2,7 @@
 
 One :class:`GrammarRuntime` per tokenizer (the engine's, and one per model-parallel worker: masks are
 deterministic functions of the grammar and the tokens, so every rank computes the same mask and takes the
-same step).  Per decode step the generator calls :meth:`GrammarRuntime.mask_logits` once for all
+same step).  Per decode step the scheduler calls :meth:`GrammarRuntime.mask_logits` once for all
 constrained rows: llguidance fills one bitmask per row (in parallel, off the GIL), and only the rows
 whose choice the mask can change get their logits rewritten.  Rows without a format are never touched.
 """
@@ -27,7 +27,7 @@ _GRAMMAR_CACHE_SIZE = 128
 _TOKENIZER_CACHE: dict[tuple[str, str, int], Any] = {}
 _TOKENIZER_LOCK = threading.Lock()
 # Compiled grammars (llguidance matchers in their initial state), per vocabulary and grammar, shared by every
-# runtime of the process: the engine's check and the generator's rows compile a schema once.
+# runtime of the process: the engine's check and the scheduler's rows compile a schema once.
 _TEMPLATES: OrderedDict[tuple[tuple[str, str, int], str], Any] = OrderedDict()
 
 
@@ -47,14 +47,13 @@ def build_lltokenizer(tokenizer: Any) -> Any:
     """
     import llguidance
 
-    encoding = tokenizer._model
     key = _tokenizer_key(tokenizer)
     with _TOKENIZER_LOCK:
         if key not in _TOKENIZER_CACHE:
             ends = {tokenizer.eot_id, tokenizer.eom_id, tokenizer.eos_id}
             specials = {name: i for name, i in tokenizer.special_tokens.items() if i in ends}
             _TOKENIZER_CACHE[key] = llguidance.LLTokenizer.from_tiktoken(
-                encoder=encoding._mergeable_ranks, special_tokens=specials, pattern=encoding._pat_str,
+                encoder=tokenizer.bpe_ranks, special_tokens=specials, pattern=tokenizer.pattern,
                 eos_token=tokenizer.eot_id, n_vocab=tokenizer.n_words,
             )
         return _TOKENIZER_CACHE[key]
@@ -217,7 +216,7 @@ class GrammarRuntime:
         temperature, top-k/top-p and logprobs all see the renormalized distribution.  A greedy row without
         logprobs is decided here instead, without rewriting its logits: its argmax when the grammar allows it
         (so such rows stay token-identical to unconstrained ones), else the best allowed token.  A row whose
-        grammar allows nothing is marked ``dead`` (the generator ends it).  ``argmax``: every row's argmax,
+        grammar allows nothing is marked ``dead`` (the scheduler ends it).  ``argmax``: every row's argmax,
         when the caller has it already.
         """
         if not rows:

@@ -19,7 +19,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 class SamplingParams:
     """How to pick tokens.  ``temperature == 0`` is greedy; ``top_k == 0`` and ``top_p == 1`` disable them.
 
-    ``seed`` makes sampling reproducible *per row*: every row gets its own generator seeded with
+    ``seed`` makes sampling reproducible *per row*: every row gets its own random stream seeded with
     ``seed``, so a prompt gives the same tokens alone or inside any batch.
     """
 
@@ -71,8 +71,8 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def make_generator(self) -> torch.Generator | None:
-        """A CPU generator for one row (None for greedy rows, which need no randomness)."""
+    def make_rng(self) -> torch.Generator | None:
+        """A CPU random stream for one row (None for greedy rows, which need no randomness)."""
         if self.greedy:
             return None
         seed = self.seed if self.seed is not None else random.SystemRandom().randrange(2**63)
@@ -128,7 +128,7 @@ def fast_argmax(logits: torch.Tensor) -> torch.Tensor:
     return starts + logits.gather(1, columns).argmax(dim=-1)
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def sample_token(logits: torch.Tensor, params: SamplingParams, rng: torch.Generator | None) -> int:
     """Pick one token from one row's float32 logits ``[V]``."""
     if params.greedy:
         return int(fast_argmax(logits[None])[0])
@@ -142,18 +142,18 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
         # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
         sorted_probs[(cumulative - sorted_probs) > params.top_p * cumulative[-1]] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return _draw(probs, generator)
+    return _draw(probs, rng)
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+def _draw(probs: torch.Tensor, rng: torch.Generator | None) -> int:
     """One token drawn from unnormalised ``probs`` [V] by inverting the cumulative distribution.
 
-    One uniform number from the row's own generator; a token of zero probability is never drawn (the
+    One uniform number from the row's own random stream; a token of zero probability is never drawn (the
     search lands on the first token whose cumulative mass exceeds the draw).  ``torch.multinomial`` does
     the same job about 25x slower on a 200k-token CPU row.
     """
     cumulative = torch.cumsum(probs.double(), dim=0)  # [V]
-    target = torch.rand(1, generator=generator, dtype=torch.float64) * cumulative[-1]  # [1]
+    target = torch.rand(1, generator=rng, dtype=torch.float64) * cumulative[-1]  # [1]
     index = int(torch.searchsorted(cumulative, target, right=True))
     if index >= probs.numel():  # the draw rounded up to the total: the last token with any mass
         index = int(torch.nonzero(probs > 0)[-1])

@@ -3,7 +3,7 @@
 Meta's checkpoint names it ``text_model.*`` (``tok_embeddings``, ``learnable_embedding``, ``layers``,
 ``cross_attention_layers``, ``norm``, ``output``) next to ``vision_model.*``.  This module *is* the text model
 (the loader strips the ``text_model.`` prefix, exactly as the Llama 4 loader renames fused keys), so everything
-that drives a :class:`Transformer` — the generator's packed/padded prefill and decode, the KV cache, prefix
+that drives a :class:`Transformer` — the scheduler's packed/padded prefill and decode, the KV cache, prefix
 reuse, compilation, memory reports — drives it unchanged.  The vision model (``vision_model.*``) is loaded on
 the first image, as for Llama 4, and registered as ``vision_model``.
 
@@ -132,7 +132,7 @@ class CrossAttentionTextModel(Transformer):
         """As :meth:`Transformer.forward_full`; ``images`` holds one :class:`ImageSet` (or None) per row.  With
         ``cache_rows`` the rows' image states stay with their cache slots for the decode steps that follow."""
         if image_token is not None:
-            self.image_token = image_token  # the generator's <|image|> id
+            self.image_token = image_token  # the scheduler's <|image|> id
         states = None
         if images is not None and any(row is not None for row in images):
             for row in images:

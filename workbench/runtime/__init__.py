@@ -1,6 +1,6 @@
-"""The runtime: who owns the model and runs the generator.  :class:`LocalRunner` runs it in this process
+"""The runtime: who owns the model and runs the scheduler.  :class:`LocalRunner` runs it in this process
 (model_parallel_size 1); :class:`ParallelRunner` runs one worker process per model-parallel rank (see
-:mod:`.pool` for the protocol).  Both have the same interface (``generate``, ``logits``, ``memory``,
+:mod:`.wire` for the protocol).  Both have the same interface (``generate``, ``logits``, ``memory``,
 ``reload``, ``close``), so the Engine works unchanged at any model-parallel size.  Also here: the
 resolved :class:`~.settings.Settings` record they are built from, the per-rank model loading
 (:mod:`.loading`) and the guarded subprocess tree for model-written code (:mod:`.proctree`).

@@ -1,4 +1,4 @@
-"""In-process model runner: owns the model and the generator when model_parallel_size == 1."""
+"""In-process model runner: owns the model and the scheduler when model_parallel_size == 1."""
 
 from __future__ import annotations
 
@@ -9,15 +9,14 @@ from typing import Any
 import torch
 
 from workbench.formats.tokenizer import Tokenizer
-from workbench.generation import scoring
+from workbench.generation import Event, Request, Scheduler
 from workbench.generation.constraints import GrammarRuntime
-from workbench.generation.generator import Event, Generator, Request
 from workbench.models.args import ModelArgs
 from workbench.models.transformer import Transformer
 from workbench.runtime.loading import load_model_for_rank
 from workbench.runtime.memory import model_memory
-from workbench.runtime.rows import image_token, stop_token_reasons
 from workbench.runtime.settings import Settings
+from workbench.runtime.token_ids import image_token, stop_token_reasons
 
 
 class LocalRunner:
@@ -31,7 +30,7 @@ class LocalRunner:
 
     def _start(self, model: Transformer) -> None:
         self.model = model
-        self.generator = Generator(
+        self.scheduler = Scheduler(
             model, stop_tokens=stop_token_reasons(self.tokenizer), decode_text=self.tokenizer.decode,
             max_batch_size=self.settings.max_batch_size, max_seq_len=self.settings.max_seq_len,
             grammars=GrammarRuntime(self.tokenizer),
@@ -47,7 +46,7 @@ class LocalRunner:
         self._start(load_model_for_rank(settings, self.args, progress=None))
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
-        return self.generator.generate(requests)
+        return self.scheduler.generate(requests)
 
     def load_vision(self) -> None:
         """Load the vision encoder now instead of at the first image."""
@@ -63,7 +62,7 @@ class LocalRunner:
     def use_cuda_graphs(self, enabled: bool = True) -> dict[str, Any] | None:
         """Fixed-shape decode steps, captured as CUDA graphs on a GPU (uncaptured elsewhere); their info."""
         on_gpu = self.model.device.type == "cuda"
-        static = self.generator.use_static_decode(enabled, capture=on_gpu)
+        static = self.scheduler.use_static_decode(enabled, capture=on_gpu)
         if static is None:
             return None
         info = static.info()
@@ -73,17 +72,17 @@ class LocalRunner:
 
     def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
                ) -> list[torch.Tensor]:
-        return self.generator.logits(token_lists, images)
+        return self.scheduler.logits(token_lists, images)
 
     def score(self, sequences: Sequence[Sequence[int]],
               starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        return scoring.score(self.generator, sequences, starts)
+        return self.scheduler.score(sequences, starts)
 
     def parameter_count(self) -> int:
         return self.model.parameter_count()
 
     def memory(self) -> dict[str, Any]:
-        return model_memory(self.model, self.generator.cache.nbytes())
+        return model_memory(self.model, self.scheduler.cache.nbytes())
 
     @property
     def alive(self) -> bool:
@@ -93,18 +92,14 @@ class LocalRunner:
         """Drop the model and cache *and* free their storage.
 
         Freeing the storage (parameters and buffers moved to the meta device) matters in a notebook:
-        after an interrupted or failed cell, ``sys.last_traceback`` keeps the generator's and the
+        after an interrupted or failed cell, ``sys.last_traceback`` keeps the scheduler's and the
         model's frames alive, so merely dropping our references would not return the memory.
         """
-        generator, model = self.generator, self.model
-        self.generator = None  # type: ignore[assignment]
+        scheduler, model = self.scheduler, self.model
+        self.scheduler = None  # type: ignore[assignment]
         self.model = None  # type: ignore[assignment]
-        if generator is not None:
-            if generator.cache is not None:
-                generator.cache.keys.clear()  # the cache object may be referenced from old frames too
-                generator.cache.values.clear()
-            generator.model = None  # type: ignore[assignment]
-            generator.cache = None  # type: ignore[assignment]
+        if scheduler is not None:
+            scheduler.close()
         if model is not None:
             try:
                 model.to("meta")

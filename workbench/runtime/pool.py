@@ -6,48 +6,14 @@ kernel keeps the tokenizer and the Engine, and :class:`ParallelRunner` — the E
 ``model_parallel_size`` workers with the ``spawn`` method (never ``fork``: the kernel holds torch
 threads) and talks to them over one pipe per rank.
 
-Protocol
---------
-* **Start-up.**  The kernel hosts a ``TCPStore`` on a port the OS picks (bind to port 0: no port
-  race) and starts the workers.  Each worker ignores SIGINT (Ctrl-C belongs to the kernel, and
-  Jupyter and terminals signal the whole process group), joins the process group (NCCL on CUDA,
-  gloo on CPU) plus a gloo *control* group, says ``joined``, loads only its slices
-  (``loading.load_model_for_rank``) and says ``ready`` with its memory use, or ``failed`` with its
-  exception.  Every wait has a deadline and watches the processes, so a worker that crashes or
-  hangs is reported by rank instead of hanging the kernel.
-* **Requests.**  Every command carries a request id ``rid`` (1, 2, 3, ...) and goes to every rank,
-  the same pickled bytes, in the same order, while SIGINT is deferred — so all ranks see the same
-  command sequence.  All ranks run the same :class:`~workbench.generation.generator.Generator` over
-  the same requests; rows that sample get a concrete per-row seed in the kernel first, and the
-  logits every rank samples from are the all-gathered (identical) vocabulary-parallel outputs, so
-  every rank takes the same decisions and runs the same forwards.  Rank 0 streams its events back
-  as ``("event", rid, event)``; every rank ends each request with ``("end", rid, rank, status,
-  payload)``.
-* **Cancellation.**  The kernel never waits on a request it has given up on.  When the consumer
-  stops early (Ctrl-C, an exception in a callback, an abandoned stream), the kernel stores ``rid``
-  in a shared "cancel every request up to" counter.  Before every forward pass, each rank reads the
-  counter and the ranks all-reduce (MAX) the verdict over the control group, so they all stop at the
-  *same* forward — no rank is left alone inside a collective.  The next call first *settles*: it
-  waits (with a deadline) until every rank has ended every earlier request, discarding their stale
-  events, and only then sends the new command.  A request interrupted at any point (even a second
-  Ctrl-C during settling) therefore leaves the workers in step, and the next call returns exactly
-  what a fresh engine would.
-* **Failures.**  An exception raised on every rank (e.g. the same bad input) ends the request on
-  every rank and is re-raised in the kernel with its type and the worker's traceback; the engine
-  stays usable.  A worker that dies (its pipe closes or its process sentinel fires), or ranks that do
-  not finish within ``sync_timeout_s`` after a failure or a cancel, stop the whole pool and raise
-  :class:`~workbench.errors.WorkerError` naming the rank and the fix (reload).  Workers exit on
-  their own when the kernel goes away (pipe EOF, or their parent pid changes), so a killed kernel
-  leaves no orphans.
+The protocol (start-up, requests, cancellation, failures) is described in :mod:`.wire`; this module is
+its kernel side.
 
 Time limits: ``WORKBENCH_WORKER_START_TIMEOUT`` (seconds for every rank to spawn, import and join,
 default 180) and ``WORKBENCH_LOAD_TIMEOUT`` (seconds to load the slices, default 4 hours); the
 liveness of every worker is watched throughout, so a crash is reported at once, not at the limit.
 
 The kernel side: :class:`ParallelRunner` starts the workers, sends them commands and collects results.
-
-It runs a little over 500 lines, a tenth of them the protocol above: the kernel side of every command
-(start-up, requests, settling, cancel, failures) must read as one state machine.
 """
 
 from __future__ import annotations
@@ -79,20 +45,9 @@ from workbench.models.distributed import ensure_model_parallel
 from workbench.models.transformer import Transformer
 from workbench.runtime.limits import LOAD_TIMEOUT_S, POLL_S, START_TIMEOUT_S, STOP_TIMEOUT_S, SYNC_TIMEOUT_S
 from workbench.runtime.memory import merge_memory
-from workbench.runtime.rows import to_wire as _to_wire
 from workbench.runtime.settings import Settings
+from workbench.runtime.wire import RemoteTraceback, images_to_wire
 from workbench.runtime.worker import WorkerSpec, worker_main
-
-
-class _RemoteTraceback(Exception):
-    """Carries a worker's traceback text as the ``__cause__`` of the error raised in the kernel."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
 
 
 @contextlib.contextmanager
@@ -210,8 +165,7 @@ class ParallelRunner:
             return
         if any(r.image_tiles is not None for r in requests):
             self._vision_loaded = True  # the ranks load it at this request's first prefill
-            # As numpy arrays (see rows.to_wire).
-            requests = [r if r.image_tiles is None else replace(r, image_tiles=_to_wire(r.image_tiles))
+            requests = [r if r.image_tiles is None else replace(r, image_tiles=images_to_wire(r.image_tiles))
                         for r in requests]
         rid = self._send("generate", requests)
         yield from self._collect(rid, f"generating (request {rid})")
@@ -223,7 +177,7 @@ class ParallelRunner:
             return []
         if images is not None and any(i is not None for i in images):
             self._vision_loaded = True
-            rid = self._send("logits", (lists, [None if i is None else _to_wire(i) for i in images]))
+            rid = self._send("logits", (lists, [None if i is None else images_to_wire(i) for i in images]))
         else:
             rid = self._send("logits", lists)
         results = self._collect(rid, f"scoring (request {rid})")
@@ -356,7 +310,7 @@ class ParallelRunner:
             with contextlib.suppress(Exception):
                 error = type(original)(f"model-parallel worker rank {rank} could not load the model: {original}")
                 self._fail(str(error))
-                error.__cause__ = _RemoteTraceback(info["traceback"])
+                error.__cause__ = RemoteTraceback(info["traceback"])
                 return error
         error = self._fail(
             f"model-parallel worker rank {rank} failed to start: {info['type']}: {info['message']}. The workers were "
@@ -513,7 +467,7 @@ class ParallelRunner:
                 f"model-parallel worker rank {rank} raised {info['type']}: {info['message']} (the request was "
                 "abandoned on every rank; the engine is still usable)"
             )
-        error.__cause__ = _RemoteTraceback(f"raised on model-parallel worker rank {rank}:\n{info['traceback']}")
+        error.__cause__ = RemoteTraceback(f"raised on model-parallel worker rank {rank}:\n{info['traceback']}")
         return error
 
     @staticmethod

@@ -1,13 +1,11 @@
-"""The worker side: one spawned process per rank that loads its slices and runs the Generator in step."""
+"""The worker side: one spawned process per rank that loads its slices and runs the Scheduler in step."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import sys
-import traceback
 from dataclasses import dataclass, replace
 from multiprocessing import connection as mp_connection
 from typing import Any
@@ -18,17 +16,16 @@ import torch.distributed as dist
 from workbench.checkpoints.load import check_vocab
 from workbench.errors import WorkbenchError, WorkerError
 from workbench.formats.tokenizer import Tokenizer
-from workbench.generation import scoring
+from workbench.generation import Scheduler
 from workbench.generation.constraints import GrammarRuntime
-from workbench.generation.generator import Generator
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import init_worker_group, shutdown_worker_group
 from workbench.runtime.limits import COLLECTIVE_TIMEOUT_S, POLL_S
 from workbench.runtime.loading import load_model_for_rank
 from workbench.runtime.memory import model_memory
-from workbench.runtime.rows import from_wire as _from_wire
-from workbench.runtime.rows import image_token, stop_token_reasons
 from workbench.runtime.settings import Settings
+from workbench.runtime.token_ids import image_token, stop_token_reasons
+from workbench.runtime.wire import exception_to_wire, images_from_wire
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,7 @@ class RanksDivergedError(WorkerError):
 
 
 class _CheckedModel:
-    """The rank's model as the Generator sees it, with the collective cancel check before each forward."""
+    """The rank's model as the Scheduler sees it, with the collective cancel check before each forward."""
 
     def __init__(self, model: torch.nn.Module, worker: _Worker) -> None:
         self._model = model
@@ -79,21 +76,6 @@ class _CheckedModel:
         return self._model.forward_decode(tokens, *args, **kwargs)
 
 
-def _describe(exc: BaseException) -> dict[str, Any]:
-    """An exception as plain data (plus the pickled exception when it survives a round trip)."""
-    try:
-        blob: bytes | None = pickle.dumps(exc)
-        pickle.loads(blob)
-    except Exception:
-        blob = None
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        "pickled": blob,
-    }
-
-
 class _Worker:
     def __init__(self, spec: WorkerSpec, conn: mp_connection.Connection, cancel: Any) -> None:
         self.spec = spec
@@ -103,7 +85,7 @@ class _Worker:
         self.forwards = 0
         self.fault: dict[str, Any] | None = None
         self.ctrl: Any = None
-        self.generator: Generator | None = None
+        self.scheduler: Scheduler | None = None
 
     def send(self, *message: Any) -> None:
         self.conn.send(message)
@@ -125,13 +107,13 @@ class _Worker:
         tokenizer = Tokenizer.for_checkpoint(settings.checkpoint_dir, args.family)
         check_vocab(args, tokenizer.n_words, str(settings.checkpoint_dir / "params.json"))
         model = load_model_for_rank(settings, args, spec.rank)
-        self.generator = Generator(
+        self.scheduler = Scheduler(
             _CheckedModel(model, self), stop_tokens=stop_token_reasons(tokenizer), decode_text=tokenizer.decode,
             max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len,
             grammars=GrammarRuntime(tokenizer),  # every rank computes the same masks from the same tokens
             image_token=image_token(tokenizer, args),
         )
-        info = model_memory(model, self.generator.cache.nbytes())
+        info = model_memory(model, self.scheduler.cache.nbytes())
         info["local_parameters"] = sum(p.numel() for p in model.parameters())
         info["pid"] = os.getpid()
         if spec.backend == "nccl":
@@ -168,28 +150,28 @@ class _Worker:
             raise _Cancelled
 
     def run(self, kind: str, payload: Any) -> Any:
-        assert self.generator is not None
+        assert self.scheduler is not None
         rank0 = self.spec.rank == 0
         if kind == "generate":
-            payload = [r if r.image_tiles is None else replace(r, image_tiles=_from_wire(r.image_tiles))
+            payload = [r if r.image_tiles is None else replace(r, image_tiles=images_from_wire(r.image_tiles))
                        for r in payload]
-            for event in self.generator.generate(payload):
+            for event in self.scheduler.generate(payload):
                 if rank0:
                     self.send("event", self.rid, event)
             return None
         if kind == "logits":
             lists, images = payload if isinstance(payload, tuple) else (payload, None)
-            out = self.generator.logits(lists, None if images is None else [
-                None if i is None else _from_wire(i) for i in images])
+            out = self.scheduler.logits(lists, None if images is None else [
+                None if i is None else images_from_wire(i) for i in images])
             return (torch.cat(out), [t.shape[0] for t in out]) if rank0 else None
         if kind == "score":
-            out = scoring.score(self.generator, *payload)
+            out = self.scheduler.score(*payload)
             return out if rank0 else None
         if kind == "load_vision":
-            self.generator.model.ensure_vision()
+            self.scheduler.model.ensure_vision()
             return None
         if kind == "compile_decode":
-            self.generator.model.compile_decode(payload)
+            self.scheduler.model.compile_decode(payload)
             return None
         if kind == "fault":
             self.fault = payload if self.spec.rank in payload["ranks"] else None
@@ -214,7 +196,7 @@ class _Worker:
             except _Cancelled:
                 status, result = "cancelled", None
             except Exception as exc:
-                status, result = "error", _describe(exc)
+                status, result = "error", exception_to_wire(exc)
             if kind != "fault":
                 self.fault = None  # a test fault is armed for one request only
             self.send("end", rid, self.spec.rank, status, result)
@@ -232,7 +214,7 @@ def worker_main(spec: WorkerSpec, conn: mp_connection.Connection, cancel: Any) -
         worker.start()
     except BaseException as exc:
         with contextlib.suppress(Exception):
-            conn.send(("failed", spec.rank, _describe(exc)))
+            conn.send(("failed", spec.rank, exception_to_wire(exc)))
         shutdown_worker_group()
         sys.exit(1)
     try:

@@ -1,4 +1,4 @@
-"""What a caller may pass as ``response_format``, turned into one grammar the generator can enforce.
+"""What a caller may pass as ``response_format``, turned into one grammar the scheduler can enforce.
 
 Accepted (per row of a batch):
 
@@ -37,7 +37,7 @@ _TYPES = "'json_schema', 'json_object', 'grammar' or 'regex'"
 
 @dataclass(frozen=True)
 class Constraint:
-    """One row's grammar as the generator sees it.
+    """One row's grammar as the scheduler sees it.
 
     ``grammar`` is an llguidance grammar (serialized); ``end_tokens`` are the token ids that may end the row
     once the grammar is complete (``<|eot|>`` for response formats; tool calls may also end with ``<|eom|>``);

@@ -1,15 +1,10 @@
-"""Tokenizer facts every runner hands its generator: which tokens end a row and why, and where image
-embeddings go.  Shared by the in-process runner and the model-parallel workers, which must agree on them."""
+"""The token ids every runner hands its scheduler: which tokens end a row and why, and where image embeddings
+go.  Shared by the in-process runner and the model-parallel workers, which must agree on them."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
 from workbench.formats.tokenizer import Tokenizer
 from workbench.models.args import ModelArgs
-from workbench.models.cross_attention import ImageSet
 from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.types import StopReason
 
@@ -26,14 +21,3 @@ def image_token(tokenizer: Tokenizer, args: ModelArgs | None = None) -> int | No
     if args is not None and is_cross_attention_vision(args):
         return special.get("<|image|>")
     return special.get("<|patch|>")
-
-
-def to_wire(images: Any) -> Any:
-    """A row's images for the model-parallel workers, as numpy arrays: pickled by value.  torch tensors would
-    travel as shared-memory handles, which only one receiver can open, and the same bytes go to every rank."""
-    return images.to_numpy() if isinstance(images, ImageSet) else images.cpu().numpy()
-
-
-def from_wire(images: Any) -> Any:
-    """The inverse of :func:`to_wire`, on a worker."""
-    return images.to_torch() if isinstance(images, ImageSet) else torch.from_numpy(images)
