@@ -59,7 +59,7 @@ class Engine(IntrospectionMixin):
         self.load_seconds = load_seconds
         self._formatter: ChatFormatter | None = None
         self._calls = Calls()  # numbers the generation calls, so that cancel() hits the running one
-        self._grammars: Any = None  # structured.GrammarRuntime, built on the first response_format
+        self._grammars: GrammarRuntime | None = None  # built on the first response_format
         self._gate = CallGate()  # one call at a time: the runner's KV cache rows are shared
         self._vision_eager = False  # load_vision() was asked for: keep it loaded across re-loads
         self.compile_seconds: float | None = None  # set by compile_decode(); kept across re-loads
