@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from workbench.engine import chat
-from workbench.engine.accumulator import RowAccumulator
+from workbench.engine.accumulator import FinishHook, RowAccumulator
 from workbench.engine.batch_stream import BatchStream
 from workbench.engine.calls import CallGate, Calls
 from workbench.engine.chat import PromptRow
@@ -151,12 +151,14 @@ class Engine(IntrospectionMixin):
     def generate_tokens(self, prompts: list[list[int]], params: SamplingParams, *,
                         progress: bool | None = False,
                         formats: Sequence[OutputFormat | None] | None = None,
-                        image_tiles: Sequence[torch.Tensor | None] | None = None) -> list[Completion]:
+                        image_tiles: Sequence[torch.Tensor | None] | None = None,
+                        on_finish: FinishHook | None = None) -> list[Completion]:
         """Run already-encoded prompts and collect one Completion per prompt: the path every batch call takes.
 
         Checks the lengths (the ids are taken as they are), compiles the rows' grammars, holds the engine for the
         call and feeds the runner's events to a :class:`~.accumulator.RowAccumulator`.  ``image_tiles`` gives,
-        per prompt, its images' preprocessed tiles (or None)."""
+        per prompt, its images' preprocessed tiles (or None); ``on_finish(row, completion)`` is called the moment
+        each row ends."""
         if not prompts:
             return []
         tiles = list(image_tiles) if image_tiles is not None else [None] * len(prompts)
@@ -173,6 +175,8 @@ class Engine(IntrospectionMixin):
             rate.tokens = rows.generated
             bar.set_postfix_str(str(rate), refresh=False)
             bar.update(1)
+            if on_finish is not None:
+                on_finish(row, completion)
 
         rows = RowAccumulator(self.tokenizer, prompts, params, formats, on_finish=finished)
         with self._gate.exclusive("batch_completion"):
@@ -210,11 +214,12 @@ class Engine(IntrospectionMixin):
         return self._open_stream([prompt], [tiles], params, formats, what="stream_completion").chunks()
 
     def _open_stream(self, prompts: list[list[int]], tiles: list[Any], params: SamplingParams,
-                     formats: list[OutputFormat | None], *, what: str, preemptible: bool = True) -> BatchStream:
+                     formats: list[OutputFormat | None], *, what: str, preemptible: bool = True,
+                     on_finish: FinishHook | None = None) -> BatchStream:
         """A stream over already-encoded prompts (lengths and grammars checked now, before the first ``next``)."""
         check_lengths(self, prompts, tiles)
         constraints = self._constraints(formats)
-        rows = RowAccumulator(self.tokenizer, prompts, params, formats, stream=True)
+        rows = RowAccumulator(self.tokenizer, prompts, params, formats, stream=True, on_finish=on_finish)
         requests = [Request(i, p, params, c, image_tiles=t, cancel=rows.cancels[i])
                     for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
         return BatchStream(self._runner, self._gate, self._calls, requests, rows, what=what, preemptible=preemptible)
