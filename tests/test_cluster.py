@@ -142,7 +142,7 @@ def test_a_job_reports_progress_and_cancels_on_every_replica(pool, engine):
     assert job.result() and job.done and job.stats()["rows_done"] == len(rows)
     assert set(job.stats()["per_replica"]) == {0, 1}
 
-    for r in pool._slots:  # every chunk now waits a little inside the replica: the cancel lands mid-job
+    for r in pool.fleet.slots:  # every chunk now waits a little inside the replica: the cancel lands mid-job
         ray.get(r.handle.set_delay.remote(0.5))
     try:
         job = pool.submit_batch_completion(rows, **kwargs)
@@ -152,7 +152,7 @@ def test_a_job_reports_progress_and_cancels_on_every_replica(pool, engine):
         with pytest.raises(GenerationCancelled) as stopped:
             job.result(timeout=60)
     finally:
-        for r in pool._slots:
+        for r in pool.fleet.slots:
             ray.get(r.handle.set_delay.remote(0.0))
     assert job.done and len(stopped.value.partial) == len(rows)
     reference = engine.batch_completion(rows, **kwargs)
@@ -167,8 +167,8 @@ def test_a_job_reports_progress_and_cancels_on_every_replica(pool, engine):
 def test_a_replica_killed_mid_call_loses_no_row(pool, engine):
     rows = PROMPTS * 2
     reference = engine.batch_completion(rows, max_tokens=10)
-    victim = pool._slots[1]
-    for r in pool._slots:
+    victim = pool.fleet.slots[1]
+    for r in pool.fleet.slots:
         ray.get(r.handle.set_delay.remote(1.0))
     try:
         job = pool.submit_batch_completion(rows, max_tokens=10)
@@ -177,7 +177,7 @@ def test_a_replica_killed_mid_call_loses_no_row(pool, engine):
         os.kill(victim.info["pid"], signal.SIGKILL)
         got = job.result(timeout=300)
     finally:
-        for r in pool._slots:
+        for r in pool.fleet.slots:
             try:
                 ray.get(r.handle.set_delay.remote(0.0), timeout=60)
             except Exception:  # the replacement may still be loading
@@ -242,7 +242,7 @@ def test_model_parallel_replicas_share_a_node_and_leave_nothing(pool, llama3_dir
 
 def test_shutdown_leaves_no_actor_or_process_and_stops_its_ray(pool):
     pids = pool.pids()
-    handles = [s.handle for s in pool._slots]
+    handles = [s.handle for s in pool.fleet.slots]
     assert pids and all(_alive(p) for p in pids)
     for handle in handles:
         assert ray.get(handle.where.remote())["pid"] in pids

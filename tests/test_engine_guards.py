@@ -109,9 +109,11 @@ def test_a_call_from_a_callback_inside_a_call_is_refused(engine: wb.Engine) -> N
     def tool_calling_back() -> None:
         engine.completion("Hi", max_tokens=2)
 
-    with engine._exclusive("batch_completion"):  # what a running call holds
-        with pytest.raises(EngineBusyError, match="from inside another call"):
-            tool_calling_back()
+    stream = engine.stream_batch_completion(["Hi"], max_tokens=4, preemptible=False)
+    next(stream)  # the stream's call is running (it holds the engine until it ends)
+    with pytest.raises(EngineBusyError, match="from inside another call"):
+        tool_calling_back()
+    stream.close()
     assert engine.completion("Hi", max_tokens=2).tokens
 
 

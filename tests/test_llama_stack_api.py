@@ -196,19 +196,19 @@ def test_disagreeing_spellings_and_bad_values_raise(engine):
 
 # ------------------------------------------------------------------------------------------- system message
 def _prompt_through_chat(engine, dialog, tools, **kwargs) -> list[int]:
-    """The prompt Engine.chat_completion hands to the engine (captured on its way to batch_completion)."""
+    """The prompt Engine.chat_completion hands to the engine (captured on its way to generate_tokens)."""
     captured = []
-    original = engine.batch_completion
+    original = engine.generate_tokens
 
-    def spy(prompts, **sampling):
+    def spy(prompts, params, **options):
         captured.extend(prompts)
-        return original(prompts, **sampling)
+        return original(prompts, params, **options)
 
-    engine.batch_completion = spy
+    engine.generate_tokens = spy
     try:
         engine.chat_completion(dialog, tools, max_tokens=1, **kwargs)
     finally:
-        del engine.batch_completion
+        del engine.generate_tokens
     return list(captured[0])
 
 

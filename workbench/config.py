@@ -40,11 +40,11 @@ from workbench.runtime.settings import (
     DEFAULT,
     Settings,
     Source,
-    _problem,
     check_positive_int,
     check_quantization,
     resolve_device,
     resolve_dtype,
+    setting_problem,
 )
 
 if sys.version_info >= (3, 11):
@@ -85,7 +85,7 @@ def check_model_id(model_id: str, source: Source = ARGUMENT) -> str:
     try:
         resolve_model(model_id)
     except InputError as exc:
-        raise _problem("model", model_id, source, f"is not a model name workbench knows ({exc})") from None
+        raise setting_problem("model", model_id, source, f"is not a model name workbench knows ({exc})") from None
     return model_id
 
 
@@ -266,49 +266,10 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
         "model": model, "device": device, "dtype": dtype, "max_batch_size": max_batch_size,
         "max_seq_len": max_seq_len, "model_parallel_size": model_parallel_size, "quantization": quantization,
     }
-    entry: dict[str, tuple[Any, Source]] = {}
-    chosen: tuple[Any, Source] | None = None  # the checkpoint folder and where it came from
-
-    if isinstance(checkpoint, Path):
-        chosen = (checkpoint, ARGUMENT)
-    elif isinstance(checkpoint, str):
-        if not checkpoint.strip():
-            raise _problem("checkpoint", checkpoint, ARGUMENT, "is empty: give a folder or an entry name")
-        catalog = None if _looks_like_path(checkpoint) else Catalog.discover(environ)
-        found = catalog.find(checkpoint) if catalog is not None else None
-        if found is not None:  # an entry name wins over a same-named folder in the working folder
-            entry = check_entry(checkpoint, found[0], found[1].path)
-            chosen = entry.pop("checkpoint")
-        elif catalog is not None and not Path(checkpoint).exists():
-            known = catalog.names()
-            close = difflib.get_close_matches(checkpoint, known, n=1)
-            raise ConfigError(
-                f"checkpoint={checkpoint!r} (from argument) is neither a folder nor a checkpoints.toml entry"
-                f"{f'; did you mean {close[0]!r}' if close else ''}; known entries: {known or 'none'} "
-                f"({catalog.where()}). Pass a folder path, or add [{checkpoint}] to a checkpoints.toml "
-                "(see checkpoints.example.toml)"
-            )
-        else:
-            chosen = (checkpoint, ARGUMENT)
-    elif checkpoint is not None:
-        raise _problem("checkpoint", checkpoint, ARGUMENT, "must be a folder path or an entry name (a string)")
-    elif (env_dir := _env_value(environ, "checkpoint")) is not None:
-        chosen = (env_dir, Source("environment", ENV_VARS["checkpoint"]))
-    else:
-        default = Catalog.discover(environ).default()
-        if default is not None:
-            name, raw, file = default
-            entry = check_entry(name, raw, file.path)
-            chosen = entry.pop("checkpoint")
+    chosen, entry = _choose_checkpoint(checkpoint, environ)
 
     def pick(name: str) -> tuple[Any, Source]:
-        if args.get(name) is not None:
-            return args[name], ARGUMENT
-        if name in ENV_VARS and (value := _env_value(environ, name)) is not None:
-            return value, Source("environment", ENV_VARS[name])
-        if name in entry:
-            return entry[name]
-        return None, DEFAULT
+        return _pick(name, args.get(name), environ, entry)
 
     sources: dict[str, Source] = {}
     if chosen is None:
@@ -316,7 +277,8 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
     folder, sources["checkpoint"] = chosen
     model_id, sources["model"] = pick("model")
     if model_id is not None and (not isinstance(model_id, str) or not model_id.strip()):
-        raise _problem("model", model_id, sources["model"], "must be a model name such as 'Llama3.2-3B-Instruct'")
+        raise setting_problem("model", model_id, sources["model"],
+                              "must be a model name such as 'Llama3.2-3B-Instruct'")
     if model_id is not None:
         check_model_id(model_id, sources["model"])
     raw_device, sources["device"] = pick("device")
@@ -340,6 +302,78 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
         quantization=check_quantization(raw_quant, "quantization", sources["quantization"]),
         sources=sources,
     )
+
+
+def _choose_checkpoint(checkpoint: str | Path | None, environ: Mapping[str, str]
+                       ) -> tuple[tuple[Any, Source] | None, dict[str, tuple[Any, Source]]]:
+    """The checkpoint folder asked for and where it came from (None: the embedded default), and the settings of
+    its checkpoints.toml entry when it is one."""
+    entry: dict[str, tuple[Any, Source]] = {}
+    chosen: tuple[Any, Source] | None = None
+    if isinstance(checkpoint, Path):
+        chosen = (checkpoint, ARGUMENT)
+    elif isinstance(checkpoint, str):
+        if not checkpoint.strip():
+            raise setting_problem("checkpoint", checkpoint, ARGUMENT, "is empty: give a folder or an entry name")
+        catalog = None if _looks_like_path(checkpoint) else Catalog.discover(environ)
+        found = catalog.find(checkpoint) if catalog is not None else None
+        if found is not None:  # an entry name wins over a same-named folder in the working folder
+            entry = check_entry(checkpoint, found[0], found[1].path)
+            chosen = entry.pop("checkpoint")
+        elif catalog is not None and not Path(checkpoint).exists():
+            known = catalog.names()
+            close = difflib.get_close_matches(checkpoint, known, n=1)
+            raise ConfigError(
+                f"checkpoint={checkpoint!r} (from argument) is neither a folder nor a checkpoints.toml entry"
+                f"{f'; did you mean {close[0]!r}' if close else ''}; known entries: {known or 'none'} "
+                f"({catalog.where()}). Pass a folder path, or add [{checkpoint}] to a checkpoints.toml "
+                "(see checkpoints.example.toml)"
+            )
+        else:
+            chosen = (checkpoint, ARGUMENT)
+    elif checkpoint is not None:
+        raise setting_problem("checkpoint", checkpoint, ARGUMENT,
+                              "must be a folder path or an entry name (a string)")
+    elif (env_dir := _env_value(environ, "checkpoint")) is not None:
+        chosen = (env_dir, Source("environment", ENV_VARS["checkpoint"]))
+    else:
+        default = Catalog.discover(environ).default()
+        if default is not None:
+            name, raw, file = default
+            entry = check_entry(name, raw, file.path)
+            chosen = entry.pop("checkpoint")
+    return chosen, entry
+
+
+def _pick(name: str, argument: Any, environ: Mapping[str, str],
+          entry: dict[str, tuple[Any, Source]]) -> tuple[Any, Source]:
+    """A setting's value and source: the argument, else the environment, else the entry, else (None, default)."""
+    if argument is not None:
+        return argument, ARGUMENT
+    if name in ENV_VARS and (value := _env_value(environ, name)) is not None:
+        return value, Source("environment", ENV_VARS[name])
+    if name in entry:
+        return entry[name]
+    return None, DEFAULT
+
+
+def resolve_model_parallel_size(checkpoint: str | Path | None = None, model_parallel_size: int | None = None, *,
+                                environ: Mapping[str, str] | None = None) -> int:
+    """The model-parallel size ``workbench.load(checkpoint, model_parallel_size=...)`` resolves to (argument,
+    then ``MODEL_PARALLEL_SIZE``, then the checkpoints.toml entry, then 1; 0 means one rank per shard of the
+    checkpoint), for whoever places the ranks before anything loads (the Ray pool reserves GPUs per replica)."""
+    environ = os.environ if environ is None else environ
+    chosen, entry = _choose_checkpoint(checkpoint, environ)
+    value, source = _pick("model_parallel_size", model_parallel_size, environ, entry)
+    mp = DEFAULT_MODEL_PARALLEL_SIZE if value is None else check_positive_int(
+        value, "model_parallel_size", source, allow_zero=True)
+    if mp == 0:  # one rank per saved shard
+        folder = Path(chosen[0] if chosen is not None else default_checkpoint_dir()).expanduser()
+        mp = len(list(folder.glob("consolidated.*.pth")))
+        if mp == 0:
+            raise setting_problem("model_parallel_size", 0, source,
+                                  f"means one rank per shard, and {str(folder)!r} holds no consolidated.NN.pth")
+    return mp
 
 
 # --------------------------------------------------------------------------------------------- checkpoint checks
@@ -383,7 +417,7 @@ def check_settings(settings: Settings, *, reclaimable_bytes: int = 0) -> Setting
     mp_src = settings.source("model_parallel_size")
 
     def misfit(what: str) -> ConfigError:
-        return _problem("model_parallel_size", mp, mp_src, f"does not fit {where}: {what}")
+        return setting_problem("model_parallel_size", mp, mp_src, f"does not fit {where}: {what}")
 
     try:
         source_shards_for_rank(n_shards, mp, 0)
@@ -404,7 +438,7 @@ def check_settings(settings: Settings, *, reclaimable_bytes: int = 0) -> Setting
             raise misfit(f"the {label} {size} is not divisible by it")
     if settings.device.startswith("cuda") and mp > 1:
         if settings.device != "cuda":
-            raise _problem("device", settings.device, settings.source("device"),
+            raise setting_problem("device", settings.device, settings.source("device"),
                            f"names one GPU but model_parallel_size={mp} uses GPUs 0..{mp - 1} (one per rank): "
                            "use device='cuda' and CUDA_VISIBLE_DEVICES to choose the GPUs")
         if torch.cuda.device_count() < mp:

@@ -27,6 +27,7 @@ import torch
 from workbench.checkpoints.load import check_vocab
 from workbench.config import Settings, check_settings, resolve_settings, unknown_setting_error
 from workbench.engine.engine import Engine
+from workbench.engine.interfaces import Runner
 from workbench.formats.tokenizer import Tokenizer
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import ensure_model_parallel
@@ -62,7 +63,7 @@ def _unload_at_exit() -> None:
 
 def _usable(engine: Engine) -> bool:
     """False once the engine was closed or its model-parallel workers failed."""
-    return not engine.closed and bool(getattr(engine._runner, "alive", True))
+    return not engine.closed and bool(getattr(engine.runner, "alive", True))
 
 
 def _resident_bytes(engine: Engine) -> int:
@@ -86,7 +87,7 @@ def build_engine(settings: Settings) -> Engine:
     args = ModelArgs.from_checkpoint(settings.checkpoint_dir)
     tokenizer = Tokenizer.for_checkpoint(settings.checkpoint_dir, args.family)
     check_vocab(args, tokenizer.n_words, str(settings.checkpoint_dir / "params.json"))
-    runner: object
+    runner: Runner
     if settings.model_parallel_size == 1:
 
         ensure_model_parallel(1)

@@ -184,12 +184,14 @@ def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device,
               "vision_projection."))} for i in picked]
     state = reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
     model = VisionModel(args, device="meta", dtype=dtype)
-    _assign(model, state, ckpt_dir, mp_size, device, what="vision encoder")
+    assign_state(model, state, ckpt_dir, mp_size, device, what="vision encoder")
     return model.eval()
 
 
-def _assign(model: torch.nn.Module, state: dict[str, torch.Tensor], ckpt_dir: str | Path, mp_size: int,
-            device: torch.device, what: str) -> None:
+def assign_state(model: torch.nn.Module, state: dict[str, torch.Tensor], ckpt_dir: str | Path, mp_size: int,
+                 device: torch.device, what: str) -> None:
+    """Check ``state`` against ``model``'s own keys and shapes (errors name the checkpoint and the fix), then
+    assign it on ``device``."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     if missing:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from workbench.checkpoints.files import read_shard, shard_paths, source_shards_for_rank
-from workbench.checkpoints.load import _assign, reshard
+from workbench.checkpoints.load import assign_state, reshard
 from workbench.errors import CheckpointError
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import ensure_model_parallel
@@ -111,5 +111,5 @@ def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device,
               for i in picked]
     state = reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
     model = CrossAttentionVision(dims, args.dim, device="meta", dtype=dtype)
-    _assign(model, state, ckpt_dir, mp_size, device, what="vision encoder")
+    assign_state(model, state, ckpt_dir, mp_size, device, what="vision encoder")
     return model.eval()

@@ -9,7 +9,8 @@
     table = wbc.sweep([{"quantization": None}, {"quantization": "int4_mixed"}], dialogs, checkpoint=...)
     pool.shutdown()
 
-Modules: :mod:`.pool` (the pool, ``load``), :mod:`.replica` (the actor holding one engine),
+Modules: :mod:`.pool` (the pool, ``load``), :mod:`.fleet` (the replicas' life cycle: start, death and
+replacement, shutdown), :mod:`.replica` (the actor holding one engine),
 :mod:`.placement` (placement groups; impossible requests fail at once), :mod:`.jobs` (chunks, progress,
 cancel, re-runs after a replica dies), :mod:`.sweep` (a grid of load settings over the same dialogs),
 :mod:`.connect` (joining or starting Ray).  Needs ``pip install 'workbench[cluster]'``.

@@ -11,7 +11,8 @@ per row), so a re-run row is the row it would have been.
 
 ``job.cancel()`` asks every replica to stop the job: chunks not started return at once, the running one
 stops at its next decode step (the replica engine's ``cancel()``); rows finished by then are kept in
-``job.partial()``.
+``job.partial()``.  A chat job's rows are Completions of prompts the pool rendered; its ``to_results`` parses
+them (``chat.finish``) when they are asked for, so no dialog is rendered twice.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from typing import Any
 from ..errors import FormatError, GenerationCancelled, InputError, WorkerError
 from ..progress import TokenRate, progress_bar
 from ..types import Completion
+from .fleet import Fleet
 
-__all__ = ["Job", "JobEngine", "MAX_ATTEMPTS", "PIPELINE", "Replay", "dispatch"]
+__all__ = ["Job", "MAX_ATTEMPTS", "PIPELINE", "chunk_size"]
 
 PIPELINE = 2  # chunks queued per replica
 MAX_ATTEMPTS = 3  # runs of one chunk (the first and the re-runs after replica deaths)
@@ -55,26 +57,33 @@ class Job:
     ``job.done`` (finished, failed or cancelled), ``job.result()`` (waits; raises the job's error or
     GenerationCancelled), ``job.cancel()``, ``job.partial()`` (finished rows, None for the others),
     ``job.stats()`` (rows, tokens and tokens/s per replica).
+
+    The pool builds it with the rows, the engine method and keywords each chunk runs with, and ``to_results``
+    (``(row indices, Completions) -> results``, for chat jobs), then :meth:`start` s it.
     """
 
-    def __init__(self, pool: Any, kind: str, n_rows: int, progress: bool | None) -> None:
+    def __init__(self, fleet: Fleet, kind: str, method: str, rows: list[Any], kwargs: dict[str, Any],
+                 progress: bool | None, *, chunk_rows: Callable[[int], int],
+                 to_results: Callable[[list[int], list[Any]], list[Any]] | None = None) -> None:
         if progress not in (None, True, False):
             raise InputError(f"progress must be True, False or None (automatic), got {progress!r}")
         self.id = next(_job_ids)
         self.kind = kind
-        self.n_rows = n_rows
-        self._pool = pool
+        self.n_rows = len(rows)
+        self._fleet = fleet
+        self._method, self._inputs, self._kwargs = method, rows, kwargs
+        self._chunk_rows = chunk_rows
         self._progress = progress
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self._dispatching = threading.Event()  # set once rows go out (or the job ended before that)
         self._cancel = threading.Event()
         self._began = False  # rows were handed to the dispatcher (input checks passed)
-        self._rows: list[Any] = [None] * n_rows  # finished rows (Completions), by input position
+        self._rows: list[Any] = [None] * self.n_rows  # finished rows (Completions), by input position
         self._cut: dict[int, Any] = {}  # rows stopped by a cancel (stop_reason "cancelled")
         self._result: list[Any] | None = None
         self._error: BaseException | None = None
-        self._to_results: Callable[[list[Any]], list[Any]] | None = None  # chat jobs: Completions -> replies
+        self._to_results = to_results
         self._bar: Any = None
         self._start = time.perf_counter()
         self._end: float | None = None
@@ -110,7 +119,7 @@ class Job:
         if self.done:
             return False
         self._cancel.set()
-        self._pool._cancel_job(self.id)
+        self._fleet.cancel_job(self.id)
         return True
 
     def partial(self) -> list[Any]:
@@ -120,7 +129,7 @@ class Job:
         if self._to_results is None:
             return rows
         done = [i for i, r in enumerate(rows) if r is not None]
-        converted = self._to_results(done) if done else []
+        converted = self._to_results(done, [rows[i] for i in done]) if done else []
         out: list[Any] = [None] * len(rows)
         for i, r in zip(done, converted):
             out[i] = r
@@ -141,13 +150,14 @@ class Job:
             "cancelled" if isinstance(self._error, GenerationCancelled) else "failed" if self.done else "running")
         return f"Job({self.id}, {self.kind}, {state}: {self.rows_done}/{self.n_rows} rows, {self.tokens} tokens)"
 
-    # ----------------------------------------------------------------------------- used by the pool
-    def _run(self, body: Callable[[], list[Any]]) -> None:
-        """Run the job's body in a thread; ``result()`` returns or raises what it did."""
+    def start(self) -> Job:
+        """Run the job in a thread; returns once its rows go out to the replicas, so that bad input (a
+        ``response_format`` list of the wrong length) raises here, in the caller."""
 
         def main() -> None:
             try:
-                self._result = body()
+                rows = self._dispatch()
+                self._result = self._to_results(list(range(len(rows))), rows) if self._to_results else rows
             except BaseException as exc:  # noqa: BLE001  (handed to result(), in the caller's thread)
                 self._error = exc
             finally:
@@ -157,7 +167,14 @@ class Job:
                 self._finished.set()
 
         threading.Thread(target=main, name=f"workbench-cluster-job{self.id}", daemon=True).start()
+        self._dispatching.wait()
+        if not self._began:
+            self._finished.wait()
+            if self._error is not None:
+                raise self._error
+        return self
 
+    # ----------------------------------------------------------------------------- internals
     def _store(self, chunk: _Chunk, rows: Sequence[Any], replica: int, seconds: float) -> None:
         tokens = sum(len(r.tokens) for r in rows if r is not None)
         with self._lock:
@@ -185,7 +202,7 @@ class Job:
                 return
             self._rate = TokenRate()
             self._rate.start = self._start
-            self._bar = progress_bar(self.n_rows, desc=f"{self.kind} on {self._pool.live} replicas", unit="row",
+            self._bar = progress_bar(self.n_rows, desc=f"{self.kind} on {self._fleet.live} replicas", unit="row",
                                      progress=True, rate=self._rate)
             self._bar.start = self._start  # its closing summary counts the seconds since the job began
         self._rate.tokens = self.tokens
@@ -206,6 +223,100 @@ class Job:
             f"the job was cancelled after {self.tokens} tokens ({self.rows_done} of {n} rows finished); the partial "
             "results are in .partial (and job.partial())", partial=partial)
 
+    def _dispatch(self) -> list[Any]:
+        """Run the job's method over its rows on the fleet's replicas; the rows' results in input order."""
+        import ray
+        from ray.exceptions import RayError, RayTaskError
+
+        method, rows, kwargs, fleet = self._method, self._inputs, self._kwargs, self._fleet
+        n = len(rows)
+        formats = kwargs.get("response_format")
+        per_row = isinstance(formats, (list, tuple))
+        if per_row and len(formats) != n:
+            raise FormatError(f"response_format has {len(formats)} entries for {n} prompts; give one format for all "
+                              "rows or one entry (None for unconstrained) per row")
+        self._began = True
+        self._dispatching.set()
+        if n == 0:
+            return []
+        size = self._chunk_rows(n)
+        queue = _chunks(n, size)
+        inflight: dict[Any, tuple[Any, Any, _Chunk]] = {}  # ref -> (slot, handle, chunk)
+        try:
+            while queue or inflight:
+                if self._cancel.is_set():
+                    break
+                while queue:
+                    room = fleet.slots_with_room(PIPELINE)  # the least busy live replica first
+                    if not room:
+                        break
+                    slot, chunk = room[0], queue.popleft()
+                    chunk_kwargs = dict(kwargs)
+                    if per_row:
+                        chunk_kwargs["response_format"] = list(formats[chunk.start:chunk.stop])
+                    ref = slot.handle.run.remote(self.id, method, rows[chunk.start:chunk.stop], chunk_kwargs)
+                    slot.inflight += 1
+                    inflight[ref] = (slot, slot.handle, chunk)
+                starting = fleet.starting_refs()
+                if not inflight and not starting:
+                    raise WorkerError(f"no replica is left to run the job ({fleet.failure_summary()}); "
+                                      "shut the pool down and load it again")
+                ready, _ = ray.wait([*inflight, *starting], num_returns=1, timeout=POLL_S)
+                self._draw()
+                for ref in ready:
+                    if ref not in inflight:
+                        fleet.finish_start(ref)
+                        continue
+                    slot, handle, chunk = inflight.pop(ref)
+                    slot.inflight -= 1
+                    try:
+                        status, payload, seconds = ray.get(ref)
+                    except RayTaskError:
+                        raise
+                    except RayError as exc:  # the replica died with the chunk: put it back for the others
+                        fleet.replica_died(slot, handle, exc)
+                        chunk.attempts += 1
+                        if chunk.attempts >= MAX_ATTEMPTS:
+                            raise WorkerError(
+                                f"rows {chunk.start}..{chunk.stop - 1} were running on a replica that died "
+                                f"{chunk.attempts} times ({type(exc).__name__}); one of them probably exhausts a "
+                                "replica's memory: run them alone on an engine to see"
+                            ) from exc
+                        self.rerun_chunks += 1
+                        queue.appendleft(chunk)
+                        continue
+                    if status == "error":
+                        error, remote_tb = payload
+                        raise _renumbered(error, chunk.start) from WorkerError(f"on replica {slot.index}:\n{remote_tb}")
+                    self._store(chunk, payload, slot.index, seconds)
+                    if status == "cancelled":
+                        self._cancel.set()  # someone cancelled the replica's engine: the job stops as a whole
+        except BaseException:
+            self._cancel.set()
+            fleet.cancel_job(self.id)
+            raise
+        if self._cancel.is_set():
+            fleet.cancel_job(self.id)
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            while inflight and time.monotonic() < deadline:
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+                for ref in ready:
+                    slot, _handle, chunk = inflight.pop(ref)
+                    slot.inflight -= 1
+                    try:
+                        status, payload, seconds = ray.get(ref)
+                    except RayError:
+                        continue
+                    if status != "error":
+                        self._store(chunk, payload, slot.index, seconds)
+            raise self._cancelled_error(n)
+        with self._lock:
+            results = list(self._rows)
+        missing = [i for i, r in enumerate(results) if r is None]
+        if missing:  # cannot happen: every chunk either stored its rows or raised
+            raise WorkerError(f"rows {missing[:5]} came back empty; this is a workbench bug — please report it")
+        return results
+
 
 def _renumbered(exc: BaseException, start: int) -> BaseException:
     """A replica's error about "row k" of its chunk, renumbered to the row of the whole batch."""
@@ -224,134 +335,9 @@ def _chunks(n: int, size: int) -> deque[_Chunk]:
     return deque(_Chunk(start, min(n, start + size)) for start in range(0, n, size))
 
 
-def dispatch(pool: Any, job: Job, method: str, rows: list[Any], kwargs: dict[str, Any]) -> list[Any]:
-    """Run ``method`` over ``rows`` on the pool's replicas; the rows' results in input order."""
-    import ray
-    from ray.exceptions import RayError, RayTaskError
-
-    n = len(rows)
-    formats = kwargs.get("response_format")
-    per_row = isinstance(formats, (list, tuple))
-    if per_row and len(formats) != n:
-        raise FormatError(f"response_format has {len(formats)} entries for {n} prompts; give one format for all "
-                          "rows or one entry (None for unconstrained) per row")
-    job._began = True
-    job._dispatching.set()
-    if n == 0:
-        return []
-    size = pool._chunk_size(n)
-    queue = _chunks(n, size)
-    inflight: dict[Any, tuple[Any, Any, _Chunk]] = {}  # ref -> (slot, handle, chunk)
-    try:
-        while queue or inflight:
-            if job._cancel.is_set():
-                break
-            while queue:
-                room = pool._slots_with_room(PIPELINE)  # the least busy live replica first
-                if not room:
-                    break
-                slot, chunk = room[0], queue.popleft()
-                chunk_kwargs = dict(kwargs)
-                if per_row:
-                    chunk_kwargs["response_format"] = list(formats[chunk.start:chunk.stop])
-                ref = slot.handle.run.remote(job.id, method, rows[chunk.start:chunk.stop], chunk_kwargs)
-                slot.inflight += 1
-                inflight[ref] = (slot, slot.handle, chunk)
-            starting = pool._starting_refs()
-            if not inflight and not starting:
-                raise WorkerError(f"no replica is left to run the job ({pool._failure_summary()}); "
-                                  "shut the pool down and load it again")
-            ready, _ = ray.wait([*inflight, *starting], num_returns=1, timeout=POLL_S)
-            job._draw()
-            for ref in ready:
-                if ref not in inflight:
-                    pool._finish_start(ref)
-                    continue
-                slot, handle, chunk = inflight.pop(ref)
-                slot.inflight -= 1
-                try:
-                    status, payload, seconds = ray.get(ref)
-                except RayTaskError:
-                    raise
-                except RayError as exc:  # the replica died with the chunk: put it back for the others
-                    pool._replica_died(slot, handle, exc)
-                    chunk.attempts += 1
-                    if chunk.attempts >= MAX_ATTEMPTS:
-                        raise WorkerError(
-                            f"rows {chunk.start}..{chunk.stop - 1} were running on a replica that died "
-                            f"{chunk.attempts} times ({type(exc).__name__}); one of them probably exhausts a "
-                            "replica's memory: run them alone on an engine to see"
-                        ) from exc
-                    job.rerun_chunks += 1
-                    queue.appendleft(chunk)
-                    continue
-                if status == "error":
-                    error, remote_tb = payload
-                    raise _renumbered(error, chunk.start) from WorkerError(f"on replica {slot.index}:\n{remote_tb}")
-                job._store(chunk, payload, slot.index, seconds)
-                if status == "cancelled":
-                    job._cancel.set()  # someone cancelled the replica's engine: the job stops as a whole
-    except BaseException:
-        job._cancel.set()
-        pool._cancel_job(job.id)
-        raise
-    if job._cancel.is_set():
-        pool._cancel_job(job.id)
-        deadline = time.monotonic() + CANCEL_WAIT_S
-        while inflight and time.monotonic() < deadline:
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            for ref in ready:
-                slot, _handle, chunk = inflight.pop(ref)
-                slot.inflight -= 1
-                try:
-                    status, payload, seconds = ray.get(ref)
-                except RayError:
-                    continue
-                if status != "error":
-                    job._store(chunk, payload, slot.index, seconds)
-        raise job._cancelled_error(n)
-    with job._lock:
-        results = list(job._rows)
-    missing = [i for i, r in enumerate(results) if r is None]
-    if missing:  # cannot happen: every chunk either stored its rows or raised
-        raise WorkerError(f"rows {missing[:5]} came back empty; this is a workbench bug — please report it")
-    return results
-
-
 def chunk_size(n_rows: int, live: int, max_batch_size: int, chunk_rows: int | None) -> int:
     """Rows per chunk: ``chunk_rows`` if set, else two batches' worth (a replica's slots stay full while the chunk
     runs), smaller when that would leave replicas idle."""
     if chunk_rows is not None:
         return chunk_rows
     return max(1, min(2 * max_batch_size, math.ceil(n_rows / max(1, live))))
-
-
-class JobEngine:
-    """The pool as an engine for the chat layer, inside one job: ``batch_completion`` feeds that job."""
-
-    def __init__(self, pool: Any, job: Job) -> None:
-        self._pool, self._job = pool, job
-        self.tokenizer, self.formatter = pool.tokenizer, pool.formatter
-        self.max_seq_len, self.family, self.model_id = pool.max_seq_len, pool.family, pool.model_id
-
-    def __getattr__(self, name: str) -> Any:  # anything else the chat layer reads (args, settings...): the pool's
-        return getattr(self._pool, name)
-
-    def batch_completion(self, prompts: list[Any], progress: bool | None = None, **kwargs: Any) -> list[Any]:
-        self._job.n_rows = len(prompts)
-        self._job._rows = [None] * len(prompts)
-        return dispatch(self._pool, self._job, "batch_completion", list(prompts), kwargs)
-
-
-class Replay:
-    """An engine whose ``batch_completion`` returns rows already generated (turns them into chat replies)."""
-
-    def __init__(self, pool: Any, completions: list[Any]) -> None:
-        self.tokenizer, self.formatter, self.max_seq_len = pool.tokenizer, pool.formatter, pool.max_seq_len
-        self._completions, self._pool = completions, pool
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-    def batch_completion(self, prompts: list[Any], **kwargs: Any) -> list[Any]:
-        return list(self._completions)

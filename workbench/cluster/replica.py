@@ -69,7 +69,7 @@ class Replica:
 
     def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
-        self.engine: Any = None
+        self.engine: wb.Engine | None = None
         self._lock = threading.Lock()  # one chunk at a time, and we know whose
         self._state = threading.Lock()
         self._current: int | None = None  # job id of the chunk inside the engine now

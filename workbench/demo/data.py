@@ -186,7 +186,7 @@ class DialogGenerator:
                         Message(role="assistant", content=answer, stop_reason="end_of_turn")]
             return Dialog(kind, fixed or self._offer([]), messages, [])
         if kind == "repeat":
-            words = " ".join(self.pools._made_up(self.rng.random() < 0.5) if self.rng.random() < 0.6
+            words = " ".join(self.pools.made_up(self.rng.random() < 0.5) if self.rng.random() < 0.6
                              else self.pools.word() for _ in range(self.rng.randint(2, 8)))
             template = self.rng.choice(REPEAT_TRAIN if self.split == "train" else REPEAT_HELDOUT)
             messages = [Message(role="user", content=template.format(words=words)),

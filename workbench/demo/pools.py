@@ -108,13 +108,14 @@ class ValuePools:
         self.words = _split(WORDS, split)
         self.reminders = _split(REMINDERS, split)
 
-    def _made_up(self, capital: bool = True) -> str:
+    def made_up(self, capital: bool = True) -> str:
+        """A pronounceable word no pool holds (names and places the model has never seen)."""
         word = "".join(self.rng.choice(_SYLLABLES) for _ in range(self.rng.randint(2, 4)))
         return word.capitalize() if capital else word
 
     def _choose(self, pool: list[str], capital: bool = True) -> str:
         if self.synthetic and self.rng.random() < self.synthetic:
-            return self._made_up(capital)
+            return self.made_up(capital)
         return self.rng.choice(pool)
 
     def city(self) -> str:
@@ -125,7 +126,7 @@ class ValuePools:
 
     def person(self) -> str:
         if self.synthetic and self.rng.random() < self.synthetic:
-            return f"{self._made_up()} {self._made_up()}"
+            return f"{self.made_up()} {self.made_up()}"
         return f"{self.rng.choice(self.first)} {self.rng.choice(self.last)}"
 
     def currency(self) -> str:
@@ -144,7 +145,7 @@ class ValuePools:
 
     def reminder(self) -> str:
         if self.synthetic and self.rng.random() < self.synthetic:
-            return f"{self.rng.choice(('call', 'email', 'visit', 'thank'))} {self._made_up()}"
+            return f"{self.rng.choice(('call', 'email', 'visit', 'thank'))} {self.made_up()}"
         return self.rng.choice(self.reminders)
 
     def symbol(self) -> str:

@@ -1,14 +1,14 @@
 """The Engine: the batch APIs over one loaded model (a thin façade, nano-vllm style).
 
-The engine validates and encodes requests, hands them to a *runner* (the in-process
-:class:`~workbench.runtime.local.LocalRunner`, or the model-parallel worker pool) and turns the runner's
-token events into result dataclasses.  It holds no per-request state between calls, which is what makes
-it safe to interrupt.  The work is done beside it: prompt checks (:mod:`.prompts`), chat rendering and
-parsing (:mod:`.chat`), batched streams (:mod:`.batch_stream`), result building (:mod:`.outputs`), one call
-at a time (:mod:`.calls`), scoring (:mod:`.scoring`), introspection (:mod:`.introspection`), decode
-compilation (:mod:`.compile`), Llama Stack's keyword spellings (:mod:`.llama_stack`).  It runs a little over
-500 lines because each of its eight completion and chat methods spells out its full keyword signature and
-docstring, which is what Shift+Tab shows in a notebook.
+The engine validates and encodes requests, hands them to a *runner* (:class:`~.interfaces.Runner`: the
+in-process :class:`~workbench.runtime.local.LocalRunner`, or the model-parallel worker pool) and feeds the
+runner's token events to a :class:`~.accumulator.RowAccumulator`, which builds the results.  It holds no
+per-request state between calls, which is what makes it safe to interrupt.  The work is done beside it: prompt
+checks (:mod:`.prompts`), the chat layer's rendering and parsing (:mod:`.chat`: ``prepare`` before generation,
+``finish`` after), batched streams (:mod:`.batch_stream`), one call at a time and cancellation (:mod:`.calls`),
+scoring's row checks (:mod:`.scoring`), introspection (:mod:`.introspection`), decode compilation
+(:mod:`.compile`), Llama Stack's keyword spellings (:mod:`.llama_stack`).  A chat call is one straight path:
+``prepare`` -> :meth:`Engine.generate_tokens` -> ``finish``.
 """
 
 from __future__ import annotations
@@ -19,39 +19,36 @@ from typing import Any
 import torch
 
 from workbench.engine import chat
+from workbench.engine.accumulator import FinishHook, RowAccumulator
 from workbench.engine.batch_stream import BatchStream
 from workbench.engine.calls import CallGate, Calls
+from workbench.engine.chat import PromptRow
 from workbench.engine.compile import compile_and_warm_up, use_cuda_graphs
 from workbench.engine.docs import sampling_doc
+from workbench.engine.interfaces import ChatFormatter, Runner
 from workbench.engine.introspection import IntrospectionMixin
 from workbench.engine.llama_stack import llama_stack_spellings
-from workbench.engine.outputs import cancelled_event, close_events, parse_output, stop_prefix_overlap
-from workbench.engine.prompts import Content, check_lengths, encode_row
-from workbench.engine.scoring import ScoringMixin
-from workbench.errors import (
-    FormatError,
-    GenerationCancelled,
-    ImageError,
-    InputError,
-    WorkbenchError,
-)
+from workbench.engine.outputs import close_events
+from workbench.engine.prompts import Content, check_lengths, encode_row, prompt_row
+from workbench.engine.scoring import logits_rows, score_rows, scored_rows
+from workbench.errors import FormatError, ImageError, InputError, WorkbenchError
 from workbench.formats import make_formatter
 from workbench.formats.tokenizer import Tokenizer
-from workbench.generation import Event, Request
+from workbench.generation import Request, SamplingParams
 from workbench.generation.constraints import GrammarRuntime
-from workbench.generation.sampling import SamplingParams
 from workbench.models.args import ModelArgs
 from workbench.models.llama32_vision import LLAMA32_VISION_DEFAULT_NAME, is_cross_attention_vision
 from workbench.progress import TokenRate, check_progress, progress_bar
 from workbench.quantization import check_supported
+from workbench.runtime.settings import Settings
 from workbench.structured import Constraint, OutputFormat, per_row_formats
-from workbench.types import Completion, StreamChunk, TokenLogprob
+from workbench.types import ChatCompletion, Completion, ScoredRow, StreamChunk
 
 
-class Engine(ScoringMixin, IntrospectionMixin):
+class Engine(IntrospectionMixin):
     """A loaded model with batch completion, chat and scoring APIs.  Build it with ``workbench.load``."""
 
-    def __init__(self, *, runner: Any, tokenizer: Tokenizer, args: ModelArgs, settings: Any,
+    def __init__(self, *, runner: Runner, tokenizer: Tokenizer, args: ModelArgs, settings: Settings,
                  model_id: str | None, load_seconds: float = 0.0) -> None:
         self._runner = runner
         self.tokenizer = tokenizer
@@ -60,9 +57,9 @@ class Engine(ScoringMixin, IntrospectionMixin):
         self.model_id = model_id
         self.family = args.family
         self.load_seconds = load_seconds
-        self._formatter = None
-        self._calls = Calls()
-        self._grammars: Any = None  # structured.GrammarRuntime, built on the first response_format
+        self._formatter: ChatFormatter | None = None
+        self._calls = Calls()  # numbers the generation calls, so that cancel() hits the running one
+        self._grammars: GrammarRuntime | None = None  # built on the first response_format
         self._gate = CallGate()  # one call at a time: the runner's KV cache rows are shared
         self._vision_eager = False  # load_vision() was asked for: keep it loaded across re-loads
         self.compile_seconds: float | None = None  # set by compile_decode(); kept across re-loads
@@ -78,7 +75,12 @@ class Engine(ScoringMixin, IntrospectionMixin):
         return self.settings.max_batch_size
 
     @property
-    def formatter(self) -> Any:
+    def runner(self) -> Runner:
+        """What runs this engine's model: the in-process runner, or the model-parallel worker pool."""
+        return self._runner
+
+    @property
+    def formatter(self) -> ChatFormatter:
         """Chat-prompt renderer and reply parser for this model's prompt format."""
         if self._formatter is None:
             cross, model_id = None, self.model_id
@@ -113,10 +115,11 @@ class Engine(ScoringMixin, IntrospectionMixin):
         """
         if isinstance(response_format, (list, tuple)):
             raise FormatError("completion takes one response_format (a list is for batch_completion)")
-        rows = self.batch_completion([content], max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                     top_k=top_k, seed=seed, logprobs=logprobs, stop=stop, progress=False,
-                                     response_format=response_format)
-        return rows[0]
+        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=seed, logprobs=logprobs, stop=stop)
+        prompt, tiles = encode_row(self, content, 0)
+        formats = per_row_formats(response_format, 1)
+        return self.generate_tokens([prompt], params, progress=False, formats=formats, image_tiles=[tiles])[0]
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
@@ -148,59 +151,48 @@ class Engine(ScoringMixin, IntrospectionMixin):
     def generate_tokens(self, prompts: list[list[int]], params: SamplingParams, *,
                         progress: bool | None = False,
                         formats: Sequence[OutputFormat | None] | None = None,
-                        image_tiles: Sequence[torch.Tensor | None] | None = None) -> list[Completion]:
-        """Run already-encoded prompts (validated here) and collect one Completion per prompt.
+                        image_tiles: Sequence[torch.Tensor | None] | None = None,
+                        on_finish: FinishHook | None = None) -> list[Completion]:
+        """Run already-encoded prompts and collect one Completion per prompt: the path every batch call takes.
 
-        ``image_tiles`` gives, per prompt, its images' preprocessed tiles (or None)."""
+        Checks the lengths (the ids are taken as they are), compiles the rows' grammars, holds the engine for the
+        call and feeds the runner's events to a :class:`~.accumulator.RowAccumulator`.  ``image_tiles`` gives,
+        per prompt, its images' preprocessed tiles (or None); ``on_finish(row, completion)`` is called the moment
+        each row ends."""
         if not prompts:
             return []
         tiles = list(image_tiles) if image_tiles is not None else [None] * len(prompts)
         check_lengths(self, prompts, tiles)
         formats = list(formats) if formats is not None else [None] * len(prompts)
         constraints = self._constraints(formats)
-        with self._gate.exclusive("batch_completion"):
-            return self._collect(prompts, params, progress, formats, constraints, tiles)
-
-    def _collect(self, prompts: list[list[int]], params: SamplingParams, progress: bool | None,
-                 formats: list[OutputFormat | None], constraints: list[Any],
-                 tiles: list[Any]) -> list[Completion]:
-        tokens: list[list[int]] = [[] for _ in prompts]
-        logprobs: list[list[TokenLogprob]] = [[] for _ in prompts]
-        finals: list[Event | None] = [None] * len(prompts)
         requests = [Request(i, p, params, c, image_tiles=t)
                     for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
         if progress is None and len(prompts) == 1:
             progress = False  # automatic bars count rows: none for a single prompt
         rate = TokenRate()
-        bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress, rate=rate)
-        call = self._calls.begin()
-        events = self._events(call, requests)
-        try:
-            for event in events:
-                if event.token is not None:
-                    tokens[event.index].append(event.token)
-                    rate.add()
-                    if event.logprob is not None:
-                        logprobs[event.index].append(event.logprob)
-                if event.stop_reason is not None:
-                    finals[event.index] = event
-                    bar.set_postfix_str(str(rate), refresh=False)
-                    bar.update(1)
-        finally:
-            events.close()
-            self._calls.end(call)
-            bar.close()
-        if any(f is None for f in finals):  # only a cancel ends the events early
-            rows = enumerate(zip(tokens, logprobs, finals, prompts, formats))
-            partial = [self._completion(t, lp, f or cancelled_event(i), params, len(p), fmt)
-                       for i, (t, lp, f, p, fmt) in rows]
-            raise GenerationCancelled(
-                f"generation was cancelled after {rate.tokens} tokens ({sum(f is not None for f in finals)} of "
-                f"{len(prompts)} rows finished); the partial results are in .partial",
-                partial=partial,
-            )
-        return [self._completion(t, lp, f, params, len(p), fmt)
-                for t, lp, f, p, fmt in zip(tokens, logprobs, finals, prompts, formats)]
+
+        def finished(row: int, completion: Completion) -> None:
+            rate.tokens = rows.generated
+            bar.set_postfix_str(str(rate), refresh=False)
+            bar.update(1)
+            if on_finish is not None:
+                on_finish(row, completion)
+
+        rows = RowAccumulator(self.tokenizer, prompts, params, formats, on_finish=finished)
+        with self._gate.exclusive("batch_completion"):
+            bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress, rate=rate)
+            call = self._calls.begin()
+            events = self._runner.generate(requests)
+            try:
+                # the cancel flag is read before each event is pulled: no forward pass starts after a cancel
+                while not self._calls.cancelled(call) and (event := next(events, None)) is not None:
+                    rows.add(event)
+            finally:
+                close_events(events)  # stops the runner (on every rank) when the call ends early
+                self._calls.end(call)
+                rate.tokens = rows.generated
+                bar.close()
+        return rows.completions()
 
     @llama_stack_spellings(content="content")
     @sampling_doc
@@ -216,94 +208,26 @@ class Engine(ScoringMixin, IntrospectionMixin):
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                        seed=seed, logprobs=logprobs, stop=stop)
         prompt, tiles = encode_row(self, content, 0)
-        check_lengths(self, [prompt], [tiles])
         if isinstance(response_format, (list, tuple)):
             raise FormatError("stream_completion takes one response_format (a list is for batch_completion)")
-        fmt = per_row_formats(response_format, 1)[0]
-        me: list[Iterator[StreamChunk]] = []
-        stream = self._stream(prompt, params, me, fmt, self._constraints([fmt])[0], tiles)
-        me.append(stream)
-        return stream
+        formats = per_row_formats(response_format, 1)
+        return self._open_stream([prompt], [tiles], params, formats, what="stream_completion").chunks()
 
-    def _stream(self, prompt: list[int], params: SamplingParams, me: list, fmt: OutputFormat | None = None,
-                constraint: Constraint | None = None,
-                tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:
-        with self._gate.exclusive("stream_completion", stream=me[0]):  # held until the stream ends or is closed
-            chunks = self._stream_locked(prompt, params, fmt, constraint, tiles)
-            try:
-                for chunk in chunks:
-                    yield chunk
-                    self._gate.progress += 1  # resumed: its reader is alive, other threads wait for it
-            finally:
-                chunks.close()
+    def _open_stream(self, prompts: list[list[int]], tiles: list[Any], params: SamplingParams,
+                     formats: list[OutputFormat | None], *, what: str, preemptible: bool = True,
+                     on_finish: FinishHook | None = None) -> BatchStream:
+        """A stream over already-encoded prompts (lengths and grammars checked now, before the first ``next``)."""
+        check_lengths(self, prompts, tiles)
+        constraints = self._constraints(formats)
+        rows = RowAccumulator(self.tokenizer, prompts, params, formats, stream=True, on_finish=on_finish)
+        requests = [Request(i, p, params, c, image_tiles=t, cancel=rows.cancels[i])
+                    for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
+        return BatchStream(self._runner, self._gate, self._calls, requests, rows, what=what, preemptible=preemptible)
 
-    def _stream_locked(self, prompt: list[int], params: SamplingParams, fmt: OutputFormat | None,
-                       constraint: Constraint | None,
-                       tiles: torch.Tensor | None = None) -> Iterator[StreamChunk]:
-        tokens: list[int] = []
-        logprobs: list[TokenLogprob] = []
-        decoded, text, emitted = 0, "", 0  # tokens decoded into `text`; characters of `text` yielded
-        call = self._calls.begin()
-        events = self._events(call, [Request(0, prompt, params, constraint, image_tiles=tiles)])
-        try:
-            for event in events:
-                if event.token is not None:
-                    tokens.append(event.token)
-                    if event.logprob is not None:
-                        logprobs.append(event.logprob)
-                if event.stop_reason is not None:
-                    final = self._completion(tokens, logprobs, event, params, len(prompt), fmt)
-                    yield StreamChunk(token=event.token, text=final.text[emitted:], final=final)
-                    return
-                piece = self.tokenizer.decode(tokens[decoded:])  # only the new tokens: no re-decoding per step
-                if piece.endswith("\ufffd"):  # hold back a half-decoded UTF-8 character
-                    continue
-                text, decoded = text + piece, len(tokens)
-                safe = len(text) - stop_prefix_overlap(text, params.stop)  # never leak the start of a stop string
-                delta, emitted = text[emitted:safe], max(emitted, safe)
-                yield StreamChunk(token=event.token, text=delta)
-        finally:
-            events.close()  # an abandoned stream stops the runner too
-            self._calls.end(call)
-        partial = self._completion(tokens, logprobs, cancelled_event(0), params, len(prompt), fmt)
-        raise GenerationCancelled(f"generation was cancelled after {len(tokens)} tokens; the text so far is in "
-                                  ".partial[0]", partial=[partial])
-
-    def _events(self, call: int, requests: list[Request]) -> Iterator[Event]:
-        """The runner's events until it is done or ``call`` is cancelled.
-
-        The cancel flag is read before each event is pulled, so no forward pass starts after a cancel;
-        closing the runner's iterator stops it (on every rank, with model-parallel workers).  An
-        abandoned consumer (a stream dropped half-way, Ctrl-C) closes it the same way.
-        """
-        events = self._runner.generate(requests)
-        try:
-            while not self._calls.cancelled(call):
-                try:
-                    event = next(events)
-                except StopIteration:
-                    return
-                yield event
-        finally:
-            close_events(events)
-
-    def _completion(self, tokens: list[int], logprobs: list[TokenLogprob], final: Event | None,
-                    params: SamplingParams, prompt_len: int,
-                    fmt: OutputFormat | None = None) -> Completion:
-        assert final is not None and final.stop_reason is not None, "runner ended a request without a stop event"
-        text = self.tokenizer.decode(tokens)
-        if final.truncate_text_at is not None:
-            text = text[: final.truncate_text_at]
-        parsed, format_error = parse_output(fmt, text, final.stop_reason) if fmt is not None else (None, None)
-        return Completion(
-            text=text,
-            tokens=list(tokens),
-            stop_reason=final.stop_reason,
-            logprobs=logprobs[: len(tokens)] if params.logprobs else None,
-            prompt_tokens=prompt_len,
-            parsed=parsed,
-            format_error=format_error,
-        )
+    def _rendered(self, prompts: Sequence[PromptRow]) -> tuple[list[list[int]], list[Any]]:
+        """The chat layer's prompts as token ids and image tiles (ids as the formatter built them)."""
+        rows = [prompt_row(self, p, i) for i, p in enumerate(prompts)]
+        return [ids for ids, _ in rows], [tiles for _, tiles in rows]
 
     def _constraints(self, formats: Sequence[OutputFormat | None]) -> list[Constraint | None]:
         """Each row's grammar, compiled (and cached) now so a bad one fails before any generation."""
@@ -353,11 +277,20 @@ class Engine(ScoringMixin, IntrospectionMixin):
         A JSON-schema ``response_format`` also appends Llama Stack's "Please respond in JSON format with the
         schema: ..." user message, as the reference does.
         """
-        return chat.chat_completion(self, messages, tools=tools, tool_choice=tool_choice,
-                                    tool_prompt_format=tool_prompt_format, stream=stream, max_tokens=max_tokens,
-                                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
-                                    stop=stop, response_format=response_format, constrain_tools=constrain_tools,
-                                    system_message_behavior=system_message_behavior)
+        if isinstance(response_format, (list, tuple)):
+            raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
+        if stream:
+            return self._chat_stream(messages, tools, tool_choice, tool_prompt_format, response_format, constrain_tools,
+                                     system_message_behavior, max_tokens=max_tokens, temperature=temperature,
+                                     top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs, stop=stop)
+        prompts, formats = chat.prepare(self.formatter, [messages], tools, tool_choice, tool_prompt_format,
+                                        response_format=response_format, constrain_tools=constrain_tools,
+                                        system_message_behavior=system_message_behavior)
+        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=seed, logprobs=logprobs, stop=stop)
+        ids, tiles = self._rendered(prompts)
+        completions = self.generate_tokens(ids, params, progress=False, formats=formats, image_tiles=tiles)
+        return chat.finish_row(completions[0], formats[0], self.formatter)
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
@@ -367,7 +300,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
                               top_k: int = 0, seed: int | None = None, logprobs: int = 0,
                               stop: str | Sequence[str] | None = None, progress: bool | None = None,
                               response_format: Any = None, constrain_tools: bool = False,
-                              system_message_behavior: str = "append") -> list[Any]:
+                              system_message_behavior: str = "append") -> list[ChatCompletion]:
         """One reply per dialog, generated in one batch (per-row results equal single calls).
 
         dialogs: a list of dialogs (each a list of messages, or a bare string for one user message);
@@ -375,12 +308,17 @@ class Engine(ScoringMixin, IntrospectionMixin):
         progress: a progress bar of dialogs done and tokens/s; None (default) shows it once the call
             has run for a couple of seconds, True at once, False never.
         """
-        return chat.batch_chat_completion(self, dialogs, tools=tools, tool_choice=tool_choice,
-                                          tool_prompt_format=tool_prompt_format, max_tokens=max_tokens,
-                                          temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                          logprobs=logprobs, stop=stop, progress=progress,
-                                          response_format=response_format, constrain_tools=constrain_tools,
-                                          system_message_behavior=system_message_behavior)
+        prompts, formats = chat.prepare(self.formatter, dialogs, tools, tool_choice, tool_prompt_format,
+                                        response_format=response_format, constrain_tools=constrain_tools,
+                                        system_message_behavior=system_message_behavior)
+        if not prompts:
+            return []
+        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=seed, logprobs=logprobs, stop=stop)
+        check_progress(progress)
+        ids, tiles = self._rendered(prompts)
+        completions = self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles)
+        return chat.finish(completions, formats, self.formatter)
 
     @llama_stack_spellings(chat=True)
     @sampling_doc
@@ -392,11 +330,22 @@ class Engine(ScoringMixin, IntrospectionMixin):
                                constrain_tools: bool = False,
                                system_message_behavior: str = "append") -> Iterator[Any]:
         """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
-        return self.chat_completion(messages, tools, tool_choice=tool_choice, tool_prompt_format=tool_prompt_format,
-                                    stream=True, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                    top_k=top_k, seed=seed, logprobs=logprobs, stop=stop,
-                                    response_format=response_format, constrain_tools=constrain_tools,
-                                    system_message_behavior=system_message_behavior)
+        if isinstance(response_format, (list, tuple)):
+            raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
+        return self._chat_stream(messages, tools, tool_choice, tool_prompt_format, response_format, constrain_tools,
+                                 system_message_behavior, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                 top_k=top_k, seed=seed, logprobs=logprobs, stop=stop)
+
+    def _chat_stream(self, messages: Sequence[Any], tools: Sequence[Any] | None, tool_choice: str,
+                     tool_prompt_format: str | None, response_format: Any, constrain_tools: bool,
+                     system_message_behavior: str, **sampling: Any) -> Iterator[chat.StreamItem]:
+        prompts, formats = chat.prepare(self.formatter, [messages], tools, tool_choice, tool_prompt_format,
+                                        response_format=response_format, constrain_tools=constrain_tools,
+                                        system_message_behavior=system_message_behavior)
+        params = SamplingParams.create(**sampling)
+        ids, tiles = self._rendered(prompts)
+        stream = self._open_stream(ids, tiles, params, formats, what="stream_completion")
+        return chat.finish_stream(stream.chunks(), formats[0], self.formatter)
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
@@ -415,9 +364,9 @@ class Engine(ScoringMixin, IntrospectionMixin):
                                        seed=seed, logprobs=logprobs, stop=stop)
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
         prompts, tiles = [ids for ids, _ in rows], [t for _, t in rows]
-        check_lengths(self, prompts, tiles)
         formats = per_row_formats(response_format, len(prompts))
-        return BatchStream(self, prompts, tiles, params, formats, self._constraints(formats), preemptible=preemptible)
+        return self._open_stream(prompts, tiles, params, formats, what="stream_batch_completion",
+                                 preemptible=preemptible)
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
@@ -431,12 +380,51 @@ class Engine(ScoringMixin, IntrospectionMixin):
         """``batch_chat_completion`` streamed: ``(row, StreamChunk)`` pairs of raw reply text; each row's last
         chunk's ``final`` is its ChatCompletion (equal to ``batch_chat_completion``'s).  See
         ``stream_batch_completion`` for ``cancel(row)`` and ``preemptible``."""
-        return chat.stream_batch_chat_completion(self, dialogs, tools, tool_choice, tool_prompt_format,
-                                                 response_format=response_format, constrain_tools=constrain_tools,
-                                                 preemptible=preemptible,
-                                                 system_message_behavior=system_message_behavior, max_tokens=max_tokens,
-                                                 temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                                 logprobs=logprobs, stop=stop)
+        prompts, formats = chat.prepare(self.formatter, dialogs, tools, tool_choice, tool_prompt_format,
+                                        response_format=response_format, constrain_tools=constrain_tools,
+                                        system_message_behavior=system_message_behavior)
+        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=seed, logprobs=logprobs, stop=stop)
+        ids, tiles = self._rendered(prompts)
+        stream = self._open_stream(ids, tiles, params, formats, what="stream_batch_completion",
+                                   preemptible=preemptible)
+        formatter = self.formatter
+        stream.finish = lambda row, completion: chat.finish_row(completion, formats[row], formatter)
+        return stream
+
+    # ----------------------------------------------------------------------------- scoring
+    def logits(self, token_lists: Sequence[Sequence[int] | Any]) -> list[torch.Tensor]:
+        """Teacher-forced float32 logits ``[len, vocab]`` for each token list (likelihood evaluation).
+
+        A row may also be a ``Prompt`` with images (``formatter.encode_prompt(messages)``): its logits are
+        computed with its images, as generation would see them."""
+        prompts, images = logits_rows(self, token_lists)
+        if not prompts:
+            return []
+        with self._gate.exclusive("logits"):
+            if any(tiles is not None for tiles in images):
+                return self._runner.logits(prompts, images)
+            return self._runner.logits(prompts)
+
+    def score(self, sequences: Sequence[Sequence[int]], starts: Sequence[int] | int = 1) -> list[ScoredRow]:
+        """Log-probabilities of ``sequences[i][starts[i]:]`` (each token given all before it) and whether each
+        token is the greedy choice: one :class:`~workbench.types.ScoredRow` per sequence.
+
+        Why not :meth:`logits`: scoring needs one number per scored token, and full logits are float32
+        ``[len, vocab]`` per row (1 GiB per 2,048 tokens at a 128k vocabulary) with the output projection run
+        over every context position.  Here only the scored positions are projected, a chunk at a time;
+        rows are packed without padding and shared prefixes (a few-shot preamble, one context with several
+        answers) are computed once.  Numbers equal :meth:`logits`' log-softmax up to float rounding.
+
+        ``starts``: one int for all rows or one per row, ``1 <= start < len(sequence)`` (1 scores every token
+        after the first); ``len(sequence) - 1`` tokens (the last is only predicted) must fit ``max_seq_len``.
+        """
+        rows, firsts = score_rows(self, sequences, starts)
+        if not rows:
+            return []
+        with self._gate.exclusive("score"):
+            logprobs, greedy, counts = self._runner.score(rows, firsts)
+        return scored_rows(logprobs, greedy, counts)
 
     # ----------------------------------------------------------------------------- images
     def load_vision(self) -> None:
@@ -457,7 +445,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
         attended span vary without recompiling.  Kept across ``set_quantization``.
         """
         with self._gate.exclusive("compile_decode"):
-            self.compile_seconds = compile_and_warm_up(self)
+            self.compile_seconds = compile_and_warm_up(self._runner, self.tokenizer.bos_id)
         return self.compile_seconds
 
     def use_cuda_graphs(self) -> dict[str, Any]:
@@ -470,7 +458,7 @@ class Engine(ScoringMixin, IntrospectionMixin):
         seconds, buckets).  Kept across ``set_quantization`` (captured again).
         """
         with self._gate.exclusive("use_cuda_graphs"):
-            self.cuda_graphs = use_cuda_graphs(self)
+            self.cuda_graphs = use_cuda_graphs(self._runner)
         return self.cuda_graphs
 
     # ----------------------------------------------------------------------------- quantization
@@ -494,13 +482,9 @@ class Engine(ScoringMixin, IntrospectionMixin):
             if self._vision_eager:
                 self._runner.load_vision()
             if self.compile_seconds is not None:
-                self.compile_seconds = compile_and_warm_up(self)
+                self.compile_seconds = compile_and_warm_up(self._runner, self.tokenizer.bos_id)
             if self.cuda_graphs is not None:
-                self.cuda_graphs = use_cuda_graphs(self)
-
-    def _exclusive(self, what: str, stream: Any = None) -> Any:
-        """The engine's one-call-at-a-time gate, as a context manager (see :class:`~.calls.CallGate`)."""
-        return self._gate.exclusive(what, stream)
+                self.cuda_graphs = use_cuda_graphs(self._runner)
 
     @property
     def closed(self) -> bool:

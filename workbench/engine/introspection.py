@@ -8,23 +8,33 @@ from typing import Any
 import torch
 
 from workbench.demo.artifact import DEFAULT_MODEL_NAME
+from workbench.engine.interfaces import ModelIdentity, Runner
+from workbench.models.args import ModelArgs
 from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.reports import InfoReport, MemoryReport
+from workbench.runtime.settings import Settings
 from workbench.types import present
 
 
 class IntrospectionMixin:
-    """The Engine's introspection methods (they read its runner, settings and compile state)."""
+    """The Engine's introspection methods (they read its public runner, settings and compile state)."""
 
-    _runner: Any
-    settings: Any
-    args: Any
+    runner: Runner
+    settings: Settings
+    args: ModelArgs
+    model_id: str | None
+    family: str
+    load_seconds: float
+    compile_seconds: float | None
+    cuda_graphs: dict[str, Any] | None
     closed: bool
+    max_batch_size: int
+    max_seq_len: int
 
     def _vision_state(self) -> str | None:
         if self.args.vision_args is None and not is_cross_attention_vision(self.args):
             return None
-        return "loaded" if getattr(self._runner, "vision_loaded", False) else "not loaded"
+        return "loaded" if getattr(self.runner, "vision_loaded", False) else "not loaded"
 
     def info(self) -> dict[str, Any]:
         """Model id, family, sizes, dtype, device, parallelism, quantization and memory.
@@ -32,12 +42,12 @@ class IntrospectionMixin:
         A dict of raw numbers (``info()["weights_bytes"]`` is an int) that displays with human sizes;
         ``.readable()`` gives the human strings.
         """
-        memory = self._runner.memory()
+        memory = self.runner.memory()
         return InfoReport({
             "model_id": self.model_id,
             "family": self.family,
             "checkpoint": str(self.settings.checkpoint_dir),
-            "parameters": self._runner.parameter_count(),
+            "parameters": self.runner.parameter_count(),
             "dtype": self._compute_dtype(),
             "device": str(self.settings.device),
             "model_parallel_size": self.settings.model_parallel_size,
@@ -63,7 +73,7 @@ class IntrospectionMixin:
 
         A dict of raw byte counts that displays in KiB/MiB/GiB (``.readable()`` for the strings).
         """
-        return MemoryReport(self._runner.memory())
+        return MemoryReport(self.runner.memory())
 
     def __repr__(self) -> str:
         if self.closed:
@@ -88,7 +98,7 @@ def _fmt_bytes(n: int) -> str:
     return f"{n}B"
 
 
-def model_label(engine: Any) -> str:
+def model_label(engine: ModelIdentity) -> str:
     """What the engine runs, in words: its model id, or what the embedded default is."""
     settings = engine.settings
     source = getattr(settings, "sources", {}).get("checkpoint")

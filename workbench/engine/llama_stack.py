@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from workbench.demo.artifact import DEFAULT_MODEL_NAME
+from workbench.engine.interfaces import ModelIdentity
 from workbench.errors import InputError, SamplingError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -97,7 +98,7 @@ def _doc(batch: tuple[str, str] | None, chat: bool) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- translation
-def to_native(engine: Any, given: dict[str, Any], extra: dict[str, Any], *,
+def to_native(engine: ModelIdentity, given: dict[str, Any], extra: dict[str, Any], *,
               content: str | None = None) -> dict[str, Any]:
     """The native keywords of a call: ``given`` (the native keywords the caller wrote) with Llama Stack's
     ``extra`` keywords (``sampling_params``, ``tool_config``, ``model_id``) mapped in, ``logprobs`` configs
@@ -310,7 +311,7 @@ def _key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.strip().split("/")[-1].lower())
 
 
-def loaded_model_ids(engine: Any) -> list[str]:
+def loaded_model_ids(engine: ModelIdentity) -> list[str]:
     """The names a ``model_id`` may give for this engine: its model id, else its checkpoint folder (and the
     embedded default's name)."""
     names = [str(engine.model_id)] if getattr(engine, "model_id", None) else []
@@ -324,7 +325,7 @@ def loaded_model_ids(engine: Any) -> list[str]:
     return names
 
 
-def check_model_id(engine: Any, model_id: Any) -> None:
+def check_model_id(engine: ModelIdentity, model_id: Any) -> None:
     """Refuse a ``model_id`` of another model (Llama Stack routes by it; here one model is loaded)."""
     if model_id is None:
         return

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workbench.generation import Event
 from workbench.structured import OutputFormat
 
 
@@ -14,10 +13,6 @@ def close_events(events: Any) -> None:
     close = getattr(events, "close", None)
     if close is not None:
         close()
-
-
-def cancelled_event(index: int) -> Event:
-    return Event(index, None, stop_reason="cancelled")
 
 
 def parse_output(fmt: OutputFormat, text: str, stop_reason: str) -> tuple[Any, str | None]:

@@ -1,11 +1,11 @@
 """Run tool-calling cases through an engine, batched, and score every case.
 
-Each model step is one ``engine.batch_completion`` over every dialog still running; a dialog is
-rendered with its own offered tools by the engine's formatter, so cases with different tools share
-a batch.  The loop is the tool loop's: calls are executed by :class:`workbench.tools.Toolbox` (or
-answered with the case's fixed ``tool_results``), results go back as tool messages, and a reply
-without calls ends the turn.  Scoring compares the calls of each turn with the expected ones,
-order-insensitive, and checks that the final answer restates what the tools returned.
+The loop is the tool loop's (:func:`workbench.tools.complete_turn`): each model step is one batch over every
+case still running, each case's dialog rendered with its own offered tools, so cases with different tools share
+a batch; calls are answered by the case's :class:`workbench.tools.Toolbox` (or with the case's fixed
+``tool_results``), and a reply without calls ends the turn (the next question, if the case has one, follows).
+Scoring compares the calls of each turn with the expected ones, order-insensitive, and checks that the final
+answer restates what the tools returned.
 """
 
 from __future__ import annotations
@@ -15,17 +15,26 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 
 from workbench.demo.tools import DEMO_TOOLS
-from workbench.engine.chat import to_chat_completion
+from workbench.engine.interfaces import CompletionEngine
 from workbench.errors import InputError
 from workbench.evals.cases import EvalCase
 from workbench.progress import progress_bar
-from workbench.tools import Toolbox
-from workbench.types import Message, ToolCall
+from workbench.tools import Dialog, Toolbox, complete_turn
+from workbench.tools.loop import LoopEngine
+from workbench.types import Message, ToolCall, Transcript
+
+
+class EvalEngine(CompletionEngine, Protocol):
+    """An engine :func:`compare` can switch between quantization modes (an Engine, a replica pool)."""
+
+    settings: Any
+
+    def set_quantization(self, mode: str | None, *, progress: bool | None = None) -> None: ...
 
 
 def _canonical(value: Any) -> Any:
@@ -61,8 +70,7 @@ CASE_STOP_REASONS = ("answered", "max_turns", "prompt_too_long", "out_of_tokens"
 @dataclass
 class _Run:
     case: EvalCase
-    messages: list[Message]
-    toolbox: Toolbox
+    dialog: Dialog
     turn: int = 0
     replies_in_turn: int = 0
     done: bool = False
@@ -79,8 +87,9 @@ class _Run:
             self.stop_reason = reason
 
 
-def _start_turn(run: _Run) -> None:
-    run.messages.append(Message(role="user", content=run.case.turns[run.turn].user))
+def _start_turn(run: _Run, tool_choice: str) -> None:
+    run.dialog.transcript.append(Message(role="user", content=run.case.turns[run.turn].user))
+    run.dialog.tool_choice = tool_choice  # the first reply of a turn; the replies after tool results: "auto"
     run.turn_calls.append([])
     run.turn_results.append([])
     run.turn_answers.append(None)
@@ -88,7 +97,7 @@ def _start_turn(run: _Run) -> None:
 
 
 def run_cases(
-    engine: Any,
+    engine: LoopEngine,
     cases: Sequence[EvalCase],
     *,
     tools: Mapping[str, Callable[..., Any]] | None = None,
@@ -112,58 +121,44 @@ def run_cases(
                              "pass tools={name: function} to the harness")
         system = case.system if case.system is not None else system_prompt
         messages = [Message(role="system", content=system)] if system else []
-        run = _Run(case, messages, Toolbox.create([registry[n] for n in case.tools]))
-        _start_turn(run)
+        run = _Run(case, Dialog(Transcript(messages), Toolbox.create([registry[n] for n in case.tools])))
+        _start_turn(run, tool_choice)
         runs.append(run)
+    sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "progress": False}
     bar = _progress(progress, len(runs))
     while True:
         active = [r for r in runs if not r.done]
         if not active:
             break
-        prompts = [engine.formatter.encode_dialog(r.messages, [registry[n] for n in r.case.tools],
-                                                  tool_choice=tool_choice if r.replies_in_turn == 0 else "auto",
-                                                  tool_prompt_format=tool_prompt_format)
-                   for r in active]
-        limit = getattr(engine, "max_seq_len", None)  # an engine stand-in may have no limit
-        fits = [limit is None or len(p) < limit for p in prompts]
-        for run, ok in zip(active, fits):
-            if not ok:  # a tool result made the dialog longer than max_seq_len: the case ends here
+        replies = dict((id(d), reply) for d, reply in complete_turn(
+            engine, [r.dialog for r in active], tool_prompt_format=tool_prompt_format, sampling=sampling))
+        for run in active:
+            reply = replies.get(id(run.dialog))
+            if reply is None:  # a tool result made the dialog longer than max_seq_len: the case ends here
                 run.ended("prompt_too_long")
                 run.done = True
                 bar.update(1)
-        active = [r for r, ok in zip(active, fits) if ok]
-        prompts = [p for p, ok in zip(prompts, fits) if ok]
-        if not active:
-            continue
-        completions = engine.batch_completion(prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                              progress=False)
-        for run, completion in zip(active, completions):
-            reply = to_chat_completion(engine, completion).message
-            run.messages.append(reply)
+                continue
+            message = reply.message
+            run.dialog.add(reply)
             run.replies += 1
             run.replies_in_turn += 1
-            run.tokens += len(completion.tokens)
-            run.parse_failures += reply.parse_error is not None
-            if reply.tool_calls and run.replies_in_turn <= max_replies_per_turn:
-                turn = run.case.turns[run.turn]
-                for k, call in enumerate(reply.tool_calls):
-                    run.turn_calls[-1].append(call)
-                    fixed = turn.tool_results
-                    if fixed is not None and k < len(fixed):
-                        result = Message(role="tool", content=fixed[k], call_id=call.call_id)
-                    else:
-                        result = run.toolbox.execute(call)
-                    run.messages.append(result)
-                    run.turn_results[-1].append(str(result.content))
+            run.tokens += len(reply.tokens)
+            run.parse_failures += message.parse_error is not None
+            if message.tool_calls and run.replies_in_turn <= max_replies_per_turn:
+                answers = run.dialog.answer(message.tool_calls, run.case.turns[run.turn].tool_results)
+                run.turn_calls[-1].extend(message.tool_calls)
+                run.turn_results[-1].extend(str(m.content) for m in answers)
+                run.dialog.tool_choice = "auto"
                 continue
-            if reply.tool_calls:  # still calling after max_replies_per_turn replies
+            if message.tool_calls:  # still calling after max_replies_per_turn replies
                 run.ended("max_turns")
-            elif completion.stop_reason == "out_of_tokens":
+            elif reply.stop_reason == "out_of_tokens":
                 run.ended("out_of_tokens")
-            run.turn_answers[-1] = reply.content if not reply.tool_calls else None
+            run.turn_answers[-1] = message.content if not message.tool_calls else None
             run.turn += 1
             if run.turn < len(run.case.turns):
-                _start_turn(run)
+                _start_turn(run, tool_choice)
             else:
                 run.done = True
                 bar.update(1)
@@ -202,7 +197,7 @@ def _score(run: _Run) -> dict[str, Any]:
     case = run.case
     name_ok, exact_ok, answer_ok, direct_ok, schema_ok = [], [], [], [], []
     schemas = {d.tool_name: (set(d.params), {n for n, p in d.params.items() if p.required})
-               for d in run.toolbox.definitions}
+               for d in run.dialog.toolbox.definitions}
     for i, turn in enumerate(case.turns):
         made = run.turn_calls[i] if i < len(run.turn_calls) else []
         answer = run.turn_answers[i] if i < len(run.turn_answers) else None
@@ -275,7 +270,7 @@ def summarize(results: pd.DataFrame, by: Iterable[str] | None = None) -> pd.Data
     return results.groupby(by, dropna=False).apply(rates, include_groups=False).reset_index()
 
 
-def compare(engine: Any, cases: Sequence[EvalCase], settings: Sequence[Mapping[str, Any]],
+def compare(engine: EvalEngine, cases: Sequence[EvalCase], settings: Sequence[Mapping[str, Any]],
             **kwargs: Any) -> pd.DataFrame:
     """Run ``cases`` under each setting (keys of :data:`SETTING_KEYS`; ``system_prompt`` may be a
     ``(label, text)`` pair) and return every scored row with the setting's columns.  A

@@ -191,7 +191,7 @@ class ModelArgs:
         for name, value in params.items():
             values[name] = _convert(name, value, known[name].type, source)
         args = cls(**values)
-        args._validate(source)
+        args.validate(source)
         return args
 
     @classmethod
@@ -218,7 +218,7 @@ class ModelArgs:
             raise ModelArgsError(f"{path} must hold a JSON object, got {type(params).__name__}")
         return cls.from_dict(params, source=str(path))
 
-    def _validate(self, source: str) -> None:
+    def validate(self, source: str) -> None:
         """Semantic checks: every value in its range, finite, and the sizes consistent with each other."""
 
         def bad(msg: str) -> ModelArgsError:

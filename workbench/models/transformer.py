@@ -236,14 +236,16 @@ class Transformer(nn.Module):
             self.device, dtype or self.dtype,
         )
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin tables at ``positions`` [B, T] (cached per device)."""
         device = positions.device
         if device not in self._rope_cache:
             self._rope_cache[device] = rope_tables(self._rope_freqs, self.max_seq_len + 1, device)
         cos, sin = self._rope_cache[device]
         return cos[positions], sin[positions]  # [B, T, D/2]
 
-    def _temperature(self, positions: torch.Tensor) -> torch.Tensor | None:
+    def temperature_at(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """Llama 4's attention-temperature scales of NoPE layers at ``positions`` [B, T] (None when off)."""
         if not self.args.attn_temperature_tuning:
             return None
         pos = positions.float()
@@ -258,7 +260,7 @@ class Transformer(nn.Module):
         offsets = torch.tensor(starts, device=device)[:, None]  # [B, 1]
         positions = offsets + torch.arange(seqlen, device=device)[None, :]  # [B, T]
         kv_len = min(max(starts) + seqlen, cache.seq_len)
-        cos, sin = self._rope(positions.clamp(max=self.max_seq_len))
+        cos, sin = self.rope_at(positions.clamp(max=self.max_seq_len))
         key_pos = torch.arange(kv_len, device=device)[None, None, :]  # [1, 1, S]
         # Padding queries past the cache end are masked as if at its last position: no all-masked rows
         # (they would turn into NaN keys/values, and NaN times a zero attention weight is still NaN).
@@ -268,7 +270,7 @@ class Transformer(nn.Module):
         chunk = self.args.attention_chunk_size
         if chunk is not None and kv_len > chunk:
             local_mask = (causal & (key_pos // chunk == query_pos // chunk))[:, None]  # [B, 1, T, S]
-        return StepContext(positions, cos, sin, causal[:, None], local_mask, self._temperature(positions), cache,
+        return StepContext(positions, cos, sin, causal[:, None], local_mask, self.temperature_at(positions), cache,
                            cache_rows, decode=False, kv_len=kv_len, extend=True)
 
     def _packed_context(self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache,
@@ -290,8 +292,8 @@ class Transformer(nn.Module):
             segments.append(Segment(offset, length, start, slot, causal[None, None] if start else None, local))
             offset += length
         positions = torch.cat(pieces)[None]  # [1, N]
-        cos, sin = self._rope(positions)
-        return StepContext(positions, cos, sin, None, None, self._temperature(positions), cache, None,
+        cos, sin = self.rope_at(positions)
+        return StepContext(positions, cos, sin, None, None, self.temperature_at(positions), cache, None,
                            decode=False, segments=segments)
 
     @torch.inference_mode()
@@ -405,14 +407,14 @@ class Transformer(nn.Module):
             ctx = self._extend_context(tokens, starts, cache, cache_rows)
         else:
             positions = torch.arange(seqlen, device=tokens.device).expand(bsz, seqlen)  # [B, T]
-            cos, sin = self._rope(positions)
+            cos, sin = self.rope_at(positions)
             local_mask = None
             chunk = self.args.attention_chunk_size
             if chunk is not None and seqlen > chunk:
                 idx = torch.arange(seqlen, device=tokens.device)
                 local_mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] // chunk == idx[:, None] // chunk)
                 local_mask = local_mask[None, None]  # [1, 1, T, T]
-            ctx = StepContext(positions, cos, sin, None, local_mask, self._temperature(positions), cache, cache_rows,
+            ctx = StepContext(positions, cos, sin, None, local_mask, self.temperature_at(positions), cache, cache_rows,
                               decode=False)
         h = self.embed(tokens)  # [B, T, D]
         if images is not None and any(tiles is not None for tiles in images):
@@ -438,7 +440,7 @@ class Transformer(nn.Module):
         low, high = span
         kv_len = high + 1  # no row needs keys past the furthest live position
         positions = positions[:, None]  # [B, 1]
-        cos, sin = self._rope(positions)
+        cos, sin = self.rope_at(positions)
         key_pos = torch.arange(kv_len, device=tokens.device)[None, :]  # [1, S]
         # Rows at one common position need no mask at all (keys 0..kv_len-1 are exactly theirs).
         global_mask = None if low == high else (key_pos <= positions)[:, None, None, :]  # [B, 1, 1, S]
@@ -459,7 +461,7 @@ class Transformer(nn.Module):
         [W], ``positions`` [W, 1] -> float32 logits [W, V].  Every row attends to keys ``0..span-1``, masked
         past its own position (and outside its chunk in chunked layers), so the shapes depend on ``W`` and
         ``span`` alone; masked keys add nothing, so the values are :meth:`forward_decode`'s."""
-        cos, sin = self._rope(positions)
+        cos, sin = self.rope_at(positions)
         key_pos = torch.arange(span, device=tokens.device)[None, :]  # [1, S]
         causal = key_pos <= positions  # [W, S]
         local_mask = None
@@ -474,7 +476,7 @@ class Transformer(nn.Module):
                        local_start: int) -> torch.Tensor:
         """The transformer layers of one decode step (what ``compile_decode`` compiles): hidden states
         [B, 1, D].  The output projection stays outside: its packed CPU kernel is not traceable."""
-        ctx = StepContext(positions, cos, sin, global_mask, local_mask, self._temperature(positions), cache, None,
+        ctx = StepContext(positions, cos, sin, global_mask, local_mask, self.temperature_at(positions), cache, None,
                           decode=True, kv_len=kv_len, local_start=local_start)
         return self.run_layers(self.embed(tokens[:, None]), ctx)  # [B, 1, D]
 

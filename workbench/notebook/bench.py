@@ -50,7 +50,7 @@ THROUGHPUT_COLUMNS = (
 )
 
 
-def synthetic_prompts(engine: Any, n: int, length: int, seed: int = 0) -> list[list[int]]:
+def synthetic_prompts(engine: Engine, n: int, length: int, seed: int = 0) -> list[list[int]]:
     """``n`` distinct prompts of exactly ``length`` token ids (BOS + ordinary tokens, deterministic)."""
     gen = torch.Generator().manual_seed(seed)
     bos = engine.tokenizer.encode("", bos=True)
@@ -58,7 +58,7 @@ def synthetic_prompts(engine: Any, n: int, length: int, seed: int = 0) -> list[l
     return [bos + torch.randint(low, high, (length - len(bos),), generator=gen).tolist() for _ in range(n)]
 
 
-def throughput(engine: Any, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_lens: Sequence[int] = (32,),
+def throughput(engine: Engine, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_lens: Sequence[int] = (32,),
                max_tokens: int = 32, repeats: int = 3, warmup: int = 1, modes: Sequence[str | None] | None = None,
                progress: bool | None = None) -> pd.DataFrame:
     """Tokens per second of ``batch_completion`` for every (mode, prompt length, batch size): one row each.
@@ -156,14 +156,14 @@ def quantization(engine_or_settings: Any, prompts: Sequence[str | Sequence[int]]
             engine.set_quantization(original, progress=False)
 
 
-def _measure(engine: Any, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
+def _measure(engine: Engine, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
              repeats: int, progress: bool | None = None) -> pd.DataFrame:
 
     with progress_bar(len(modes), desc="quantization modes", unit="mode", progress=progress) as bar:
         return _measure_modes(engine, prompts, modes, max_tokens, repeats, bar)
 
 
-def _measure_modes(engine: Any, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
+def _measure_modes(engine: Engine, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
                    repeats: int, bar: Any) -> pd.DataFrame:
     encoded = [engine.tokenizer.encode(p, bos=True) if isinstance(p, str) else list(p) for p in prompts]
     engine.set_quantization(None, progress=False)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from workbench.engine import model_label
+from workbench.engine import Engine, model_label
 from workbench.errors import InputError
 from workbench.formats import coerce_messages, make_formatter
 from workbench.formats.models import resolve_model
@@ -169,7 +169,7 @@ def messages_html(messages: Sequence[Any], extras: dict[int, str] | None = None)
 
 
 # ---------------------------------------------------------------------------------------------- engine
-def engine_html(engine: Any) -> str:
+def engine_html(engine: Engine) -> str:
     if engine.closed:
         return f'<div style="{_BOX}">Engine <b>{esc(engine.model_id or engine.family)}</b> (unloaded)</div>'
     info = engine.info()
@@ -323,7 +323,7 @@ def prompt_view(formatter: Any, messages: Any, tools: Any = None, tool_choice: A
     return view
 
 
-def show_prompt(messages: Any, tools: Any = None, *, engine: Any = None, model: str | None = None,
+def show_prompt(messages: Any, tools: Any = None, *, engine: Engine | None = None, model: str | None = None,
                 tool_choice: Any = "auto", tool_prompt_format: Any = None) -> PromptView:
     """The exact prompt a dialog becomes, as HTML: special tokens highlighted, token counts per message,
     and a token-by-token view (displays itself; ``.ids`` and ``.text`` hold the raw prompt).

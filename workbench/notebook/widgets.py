@@ -20,6 +20,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from workbench import display
+from workbench.engine import Engine
 from workbench.engine.chat import TextDelta, ToolCallDelta
 from workbench.errors import GenerationCancelled, PromptTooLongError, WorkbenchError
 from workbench.formats import coerce_tools
@@ -103,7 +104,7 @@ class ChatPlayground:
     that calls tools is followed by another).  Sampling defaults can be changed in the controls.
     """
 
-    def __init__(self, engine: Any = None, tools: Sequence[Any] = (), *, system: str | None = None,
+    def __init__(self, engine: Engine | None = None, tools: Sequence[Any] = (), *, system: str | None = None,
                  max_turns: int = 4, tool_choice: str = "auto", max_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, code_interpreter: bool | CodeInterpreter = False) -> None:
         if engine is None:
@@ -401,7 +402,8 @@ class QuantizationToggle:
 
     LABELS = {None: "none (full precision)", "bf16": "bf16", "fp8_mixed": "fp8_mixed", "int4_mixed": "int4_mixed"}
 
-    def __init__(self, engine: Any = None, modes: Sequence[str | None] = (None, "bf16", "fp8_mixed", "int4_mixed"),
+    def __init__(self, engine: Engine | None = None,
+                 modes: Sequence[str | None] = (None, "bf16", "fp8_mixed", "int4_mixed"),
                  on_change: Callable[[str | None], None] | None = None) -> None:
         if engine is None:
 
@@ -460,13 +462,15 @@ class QuantizationToggle:
         return bundle
 
 
-def quantization_toggle(engine: Any = None, modes: Sequence[str | None] = (None, "bf16", "fp8_mixed", "int4_mixed"),
+def quantization_toggle(engine: Engine | None = None,
+                        modes: Sequence[str | None] = (None, "bf16", "fp8_mixed", "int4_mixed"),
                         on_change: Callable[[str | None], None] | None = None) -> QuantizationToggle:
     """A :class:`QuantizationToggle` (displays itself)."""
     return QuantizationToggle(engine, modes, on_change)
 
 
-def prompt_inspector(messages: Any, tools: Any = None, *, engine: Any = None, model: str | None = None) -> Any:
+def prompt_inspector(messages: Any, tools: Any = None, *, engine: Engine | None = None,
+                     model: str | None = None) -> Any:
     """The prompt inspector (:func:`workbench.show_prompt`) in a widget, with a tool_choice selector."""
     names = []
     if tools:

@@ -2,8 +2,8 @@
 (model_parallel_size 1); :class:`ParallelRunner` runs one worker process per model-parallel rank (see
 :mod:`.wire` for the protocol).  Both have the same interface (``generate``, ``logits``, ``memory``,
 ``reload``, ``close``), so the Engine works unchanged at any model-parallel size.  Also here: the
-resolved :class:`~.settings.Settings` record they are built from, the per-rank model loading
-(:mod:`.loading`) and the guarded subprocess tree for model-written code (:mod:`.proctree`).
+resolved :class:`~.settings.Settings` record they are built from and the per-rank model loading
+(:mod:`.loading`).
 """
 
 from workbench.runtime.local import LocalRunner

@@ -59,7 +59,8 @@ ARGUMENT = Source("argument")
 DEFAULT = Source("default")
 
 
-def _problem(name: str, value: Any, source: Source, what: str) -> ConfigError:
+def setting_problem(name: str, value: Any, source: Source, what: str) -> ConfigError:
+    """The error for a bad setting: its name, value and where it came from, what is wrong, and the fix there."""
     return ConfigError(f"{name}={value!r} (from {source.describe()}) {what}; {source.fix(name)}")
 
 
@@ -110,9 +111,9 @@ def resolve_device(device: str | torch.device | None, source: Source = ARGUMENT)
         return "cuda" if torch.cuda.is_available() else "cpu"
     name = str(device)
     if name.split(":")[0] not in ("cpu", "cuda"):
-        raise _problem("device", name, source, "is not supported: use 'cpu' or 'cuda'")
+        raise setting_problem("device", name, source, "is not supported: use 'cpu' or 'cuda'")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise _problem("device", name, source, "but no CUDA GPU is visible to torch: use device='cpu'")
+        raise setting_problem("device", name, source, "but no CUDA GPU is visible to torch: use device='cpu'")
     return name
 
 
@@ -122,11 +123,11 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str, source: Source =
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
-            raise _problem("dtype", dtype, source, "is not supported: use float32, bfloat16 or float16")
+            raise setting_problem("dtype", dtype, source, "is not supported: use float32, bfloat16 or float16")
         return dtype
     key = str(dtype).replace("torch.", "").lower()
     if key not in _DTYPES:
-        raise _problem("dtype", dtype, source, f"is not one of {sorted(_DTYPES)}")
+        raise setting_problem("dtype", dtype, source, f"is not one of {sorted(_DTYPES)}")
     return _DTYPES[key]
 
 
@@ -139,7 +140,7 @@ def check_positive_int(value: object, name: str, source: Source | str = ARGUMENT
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         what = "must be an integer >= 0 (0 = one rank per checkpoint shard)" if allow_zero else (
             "must be a positive integer")
-        raise _problem(name, value, src, what)
+        raise setting_problem(name, value, src, what)
     return value
 
 
@@ -149,7 +150,7 @@ def check_quantization(mode: object, name: str = "quantization", source: Source 
     if mode in ("", "none", "None"):
         mode = None
     if mode not in QUANTIZATION_MODES:
-        problem = _problem(name, mode, src, f"is not a quantization mode: use one of "
+        problem = setting_problem(name, mode, src, f"is not a quantization mode: use one of "
                            f"{', '.join(repr(m) for m in QUANTIZATION_MODES)}")
         raise QuantizationError(str(problem))
     return mode  # type: ignore[return-value]

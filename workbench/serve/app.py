@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.engine import Engine
+
 from . import llama_stack, shapes
 from .errors import APIError, from_engine_error
 from .gather import BatchedStreamJob, Gatherer, Row
@@ -25,7 +27,7 @@ DEFAULT_MAX_BODY = 16 * 2**20  # bytes; images arrive base64-encoded inside the 
 
 @dataclass
 class Context:
-    engine: Any
+    engine: Engine
     gatherer: Gatherer
     model: str
     api_key: str | None

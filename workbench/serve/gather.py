@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.engine import Engine
 from workbench.errors import GenerationCancelled, WorkbenchError
 
 from .errors import APIError, from_engine_error
@@ -104,7 +105,7 @@ class Gatherer:
     company.  Both are short next to a generation, so a lone request pays almost nothing for them.
     """
 
-    def __init__(self, engine: Any, *, window_s: float = 0.02, max_wait_s: float = 0.1) -> None:
+    def __init__(self, engine: Engine, *, window_s: float = 0.02, max_wait_s: float = 0.1) -> None:
         self.engine = engine
         self.window_s = window_s
         self.max_wait_s = max_wait_s
@@ -317,7 +318,7 @@ def _by_rows(jobs: list[BatchedStreamJob], max_rows: int) -> list[list[BatchedSt
     return chunks
 
 
-def open_stream(engine: Any, jobs: list[BatchedStreamJob]) -> Any:
+def open_stream(engine: Engine, jobs: list[BatchedStreamJob]) -> Any:
     """One non-preemptible engine batch stream over every row of ``jobs`` (all of one key), in order."""
     kwargs = dict(jobs[0].kwargs)
     payloads = [p for job in jobs for p in job.payloads]
@@ -334,7 +335,7 @@ def open_stream(engine: Any, jobs: list[BatchedStreamJob]) -> Any:
     return engine.stream_batch_completion(payloads, preemptible=False, **kwargs)
 
 
-def run_rows(engine: Any, rows: list[Row]) -> list[Any]:
+def run_rows(engine: Engine, rows: list[Row]) -> list[Any]:
     """One engine call for rows of one key: chat replies, completions, or prompt scores (in row order)."""
     kind = rows[0].kind
     kwargs = dict(rows[0].kwargs)
@@ -364,7 +365,7 @@ class PromptScore:
     next_stop: tuple[int, float, dict[str, float]] | None = None
 
 
-def score_prompt(engine: Any, ids: list[int], k: int) -> PromptScore:
+def score_prompt(engine: Engine, ids: list[int], k: int) -> PromptScore:
     """``engine.logits`` of one prompt reduced at once to what a response needs (a row of logits is
     ``[len, vocab]`` float32: hundreds of MB for a long prompt, so rows are scored one at a time)."""
     logits = engine.logits([ids])[0]  # [len, vocab]

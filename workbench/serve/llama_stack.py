@@ -25,6 +25,7 @@ from workbench.types import ChatCompletion, llama_stack_batch
 from .errors import APIError, from_engine_error
 from .gather import Row, StreamJob
 from .streams import sse
+from .translate import check_model
 
 ROUTES = ("/v1/inference/completion", "/v1/inference/chat-completion", "/v1/inference/batch-completion",
           "/v1/inference/batch-chat-completion")
@@ -57,7 +58,7 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
     async def checked(request: Request) -> dict[str, Any]:
         authorize(request)
         body = await body_of(request)
-        check_model_id(body, ctx.model)
+        check_model(body, ctx.model, "model_id")
         ctx.gatherer.stats.requests += 1
         return body
 
@@ -102,15 +103,6 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
 
 
 # ----------------------------------------------------------------------------------------------- bodies
-def check_model_id(body: dict[str, Any], served: str) -> None:
-    """``model_id`` must be the served id (Llama Stack requires it; an absent one means the served model)."""
-    model = body.get("model_id")
-    if model is None or model == served:
-        return
-    raise APIError(f"the model {model!r:.80} is not served here; this server serves {served!r} (see GET /v1/models)",
-                   param="model_id", status=404, code="model_not_found")
-
-
 def _list(body: dict[str, Any], name: str) -> list[Any]:
     value = body.get(name)
     if not isinstance(value, list) or not value:

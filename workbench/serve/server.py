@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 from workbench.demo.artifact import DEFAULT_MODEL_NAME
+from workbench.engine import Engine
 from workbench.errors import ConfigError
 from workbench.session import current, load
 
@@ -30,7 +31,7 @@ class ServeError(ConfigError):
     """The server could not start (a busy port, a bad host, the ``serve`` extra missing)."""
 
 
-def served_model_id(engine: Any) -> str:
+def served_model_id(engine: Engine) -> str:
     """The id clients send as ``model``: the engine's model id; for the embedded default its short name
     (``workbench-demo-llama4``); else ``workbench/<checkpoint folder>``."""
     if getattr(engine, "model_id", None):
@@ -62,7 +63,7 @@ class Server:
 
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         *,
         host: str = "127.0.0.1",
         port: int = 8000,
@@ -196,9 +197,8 @@ class Server:
         return f"<div><b>workbench.serve</b><table>{body}</table></div>"
 
 
-def serve(
-    engine: Any = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, **options: Any
-) -> Server:
+def serve(engine: Engine | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          **options: Any) -> Server:
     """Serve ``engine`` as an OpenAI-compatible endpoint from a background thread; returns at once.
 
     engine: None serves the kernel's current engine (``workbench.current()``), loading the embedded default

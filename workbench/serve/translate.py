@@ -174,14 +174,15 @@ def _stream_options(body: dict, stream: bool) -> bool:
     return usage
 
 
-def check_model(body: dict, served: str) -> None:
-    """An absent model means the served one; any other id is OpenAI's 404 ``model_not_found``."""
-    model = body.get("model")
+def check_model(body: dict, served: str, field: str = "model") -> None:
+    """The one model-id check of every route: ``body[field]`` (OpenAI's ``model``, Llama Stack's ``model_id``)
+    absent means the served model; any other id is a 404 ``model_not_found`` naming the served one."""
+    model = body.get(field)
     if model is None or model == served:
         return
     raise APIError(
         f"the model {model!r:.80} is not served here; this server serves {served!r} (see GET /v1/models)",
-        param="model",
+        param=field,
         status=404,
         code="model_not_found",
     )

@@ -33,11 +33,11 @@ def _attend(attn: Attention, model: Transformer, x: torch.Tensor, positions: tor
     xv = attn.wv(x).view(bsz, seqlen, attn.n_local_kv_heads, attn.head_dim)
     pos_b = positions.expand(bsz, seqlen)  # [B, T]
     if attn.use_rope:
-        cos, sin = model._rope(pos_b)
+        cos, sin = model.rope_at(pos_b)
         xq, xk = apply_rope(xq, cos, sin), apply_rope(xk, cos, sin)
     if attn.use_qk_norm:
         xq, xk = rms_normalize(xq, attn.norm_eps), rms_normalize(xk, attn.norm_eps)
-    temperature = model._temperature(pos_b)
+    temperature = model.temperature_at(pos_b)
     if temperature is not None and not attn.use_rope:
         xq = xq * temperature
     q, k, v = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)  # [B, H, T, Dh]

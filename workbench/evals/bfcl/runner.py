@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import pandas as pd
 
+from workbench.engine import Engine
+
 from ...errors import WorkbenchError
 from .package import (
     BFCLError,
@@ -36,7 +38,7 @@ _CHAT_TOKENS = {
 }
 
 
-def run(engine: Any, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit: int | None = None,
+def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit: int | None = None,
         prompt: Literal["official", "bfcl"] = "official", max_tokens: int = 512, temperature: float = 0.0,
         seed: int | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Answer BFCL entries with ``engine`` and score them; one row per entry, in BFCL's order per category.
@@ -93,7 +95,7 @@ def run(engine: Any, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit: i
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def encode_entry(engine: Any, entry: dict[str, Any], prompt: str) -> list[int]:
+def encode_entry(engine: Engine, entry: dict[str, Any], prompt: str) -> list[int]:
     """The prompt token ids of one BFCL entry under ``prompt`` (``"official"`` or ``"bfcl"``)."""
     messages = entry["question"][0]
     if prompt == "official":

@@ -18,6 +18,8 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from workbench.engine import Engine
+
 
 @dataclass
 class _Pending:
@@ -43,7 +45,7 @@ class BatchStats:
 class Batcher:
     """One gathering queue per engine; ``await submit(prompt, sampling)`` returns that prompt's Completion."""
 
-    def __init__(self, engine: Any, window: float = 0.05) -> None:
+    def __init__(self, engine: Engine, window: float = 0.05) -> None:
         self.engine = engine
         self.window = window
         self.stats = BatchStats()

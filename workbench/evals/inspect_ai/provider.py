@@ -28,6 +28,8 @@ from inspect_ai.model import (
 )
 from inspect_ai.tool import ToolCall, ToolChoice, ToolFunction, ToolInfo
 
+from workbench.engine import Engine
+
 from ...errors import InputError
 from ...session import load
 from .batcher import Batcher
@@ -55,7 +57,7 @@ class WorkbenchAPI(ModelAPI):
     """
 
     def __init__(self, model_name: str, base_url: str | None = None, api_key: str | None = None,
-                 config: GenerateConfig | None = None, *, engine: Any = None, batch_window: float = 0.05,
+                 config: GenerateConfig | None = None, *, engine: Engine | None = None, batch_window: float = 0.05,
                  tool_prompt_format: str | None = None, **load_kwargs: Any) -> None:
         super().__init__(model_name=model_name, base_url=base_url, api_key=api_key, config=config or GenerateConfig())
         if engine is not None and load_kwargs:

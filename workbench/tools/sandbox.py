@@ -1,4 +1,5 @@
-"""Run a command so that *every* process it starts can be killed, and read its output without ever blocking.
+"""The tool loop's sandbox: run a command so that *every* process it starts can be killed, and read its output
+without ever blocking (the code interpreter runs model-written code through :func:`run_guarded`).
 
 Killing a process group is not enough for model-written code: a child that calls ``setsid()`` (or forks
 twice) leaves the group, keeps running after a timeout, and keeps the output pipes open so that

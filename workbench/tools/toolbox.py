@@ -1,15 +1,11 @@
-"""The multi-turn tool loop, and a code interpreter that runs model-written code in a subprocess.
+"""The tools of a loop: :class:`Toolbox` (the tools' definitions for the prompt and their implementations, which
+run calls) and :class:`CodeInterpreter` (model-written code in a subprocess).
 
-``run(engine, messages, tools=[functions...])`` lets the model call Python functions until it answers:
-each turn is one chat completion; every tool call in the reply is run and answered with a tool
-(``ipython``) message; the loop ends at a reply without calls or after ``max_turns`` replies.  A tool
-that raises, a call to an unknown tool, or bad arguments become tool messages saying so — the model
-sees the error and the notebook never crashes.  ``run_batch`` runs many dialogs with each turn
-batched across the dialogs still running.
-
-Model-written code is never executed in the kernel: ``code_interpreter`` calls only run when the caller
-opts in (``code_interpreter=True`` or a :class:`CodeInterpreter`), in a separate Python process with a
-time limit, an empty temporary working directory and a minimal environment.
+A tool that raises, a call to an unknown tool, or bad arguments become tool messages saying so — the model
+sees the error and the notebook never crashes.  Model-written code is never executed in the kernel:
+``code_interpreter`` calls only run when the caller opts in (``code_interpreter=True`` or a
+:class:`CodeInterpreter`), in a separate Python process with a time limit, an empty temporary working directory
+and a minimal environment, under the guard of :mod:`workbench.tools.sandbox`.
 """
 
 from __future__ import annotations
@@ -20,18 +16,15 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.engine import chat
-from workbench.engine.llama_stack import llama_stack_spellings
-from workbench.errors import GenerationCancelled, InputError, PromptTooLongError, ToolError
-from workbench.formats import ToolDefinition, coerce_messages, coerce_tools
+from workbench.errors import ToolError
+from workbench.formats import ToolDefinition, coerce_tools
 from workbench.formats.results import format_result, safe_str
-from workbench.progress import TokenRate, progress_bar
-from workbench.runtime.proctree import KILLED_BY, run_guarded
-from workbench.types import ChatCompletion, Message, ToolCall, Transcript
+from workbench.tools.sandbox import KILLED_BY, run_guarded
+from workbench.types import Message, ToolCall
 
 
 @dataclass
@@ -41,7 +34,7 @@ class CodeInterpreter:
     The result text follows llama-stack's code-interpreter tool: the status (``completed`` / ``failed`` /
     ``timed out``), then ``[stdout]``…``[/stdout]`` and ``[stderr]``…``[/stderr]`` blocks when non-empty.
     ``memory_mb`` (POSIX only) caps the child's address space.  The code runs under a guard process
-    (:mod:`workbench.runtime.proctree`): on a timeout or Ctrl-C every process it started is killed, detached ones
+    (:mod:`workbench.tools.sandbox`): on a timeout or Ctrl-C every process it started is killed, detached ones
     included, and reading its output never blocks on a process that outlived it.
     """
 
@@ -215,163 +208,3 @@ class Toolbox:
 @dataclass
 class _Failure:
     text: str
-
-
-def _later_choice(tool_choice: Any) -> Any:
-    """A forced tool choice applies to the first reply only; afterwards the model may answer."""
-    return tool_choice if tool_choice in ("auto", "none", None) else "auto"
-
-
-def _complete(engine: Any, dialogs: list[list[Message]], toolbox: Toolbox, tool_choice: Any,
-              tool_prompt_format: Any, sampling: dict[str, Any]) -> list[ChatCompletion]:
-    method = getattr(engine, "batch_chat_completion", None)
-    kwargs = dict(tools=toolbox.definitions, tool_choice=tool_choice, tool_prompt_format=tool_prompt_format,
-                  **sampling)
-    if callable(method):
-        return method(dialogs, **kwargs)
-    return chat.batch_chat_completion(engine, dialogs, **kwargs)
-
-
-def _fits(engine: Any, dialog: list[Message], toolbox: Toolbox, tool_choice: Any, tool_prompt_format: Any,
-          system_message_behavior: str = "append") -> bool:
-    prompt = chat.encode_prompt(engine, dialog, toolbox.definitions, tool_choice, tool_prompt_format,
-                                system_message_behavior)
-    return len(prompt) < getattr(engine, "max_seq_len", len(prompt) + 1)
-
-
-def _loop(engine: Any, transcripts: list[Transcript], toolbox: Toolbox, max_turns: int, tool_choice: Any,
-          tool_prompt_format: Any, constrain_tools: bool, sampling: dict[str, Any], bar: Any,
-          rate: TokenRate) -> None:
-    """The turns of :func:`run_batch`: complete the running dialogs, run their calls, until none is running."""
-    active = list(range(len(transcripts)))
-    for turn in range(max_turns):
-        if not active:
-            break
-        choice = tool_choice if turn == 0 else _later_choice(tool_choice)
-        turn_sampling = dict(sampling, constrain_tools=True) if constrain_tools and turn == 0 else sampling
-        try:
-            replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
-                                turn_sampling)
-        except GenerationCancelled as cancelled:  # nothing is lost: the transcripts so far travel with it
-            for i, partial in zip(active, cancelled.partial):
-                text = partial.text if isinstance(partial.text, str) else str(partial.text)
-                transcripts[i].append(Message(role="assistant", content=text, stop_reason="cancelled"))
-                transcripts[i].generated_tokens += len(partial.tokens)
-            for i in active:
-                transcripts[i].stop_reason = "cancelled"
-            cancelled.transcripts = transcripts
-            raise
-        except PromptTooLongError:
-            if turn == 0:  # the caller's own dialog is too long: that is the caller's error
-                raise
-            # a tool result made some dialog too long: those end here, the others go on
-            behavior = sampling.get("system_message_behavior", "append")
-            fitting = [i for i in active
-                       if _fits(engine, transcripts[i], toolbox, choice, tool_prompt_format, behavior)]
-            if len(fitting) == len(active):
-                raise
-            for i in set(active) - set(fitting):
-                transcripts[i].stop_reason = "prompt_too_long"
-            bar.update(len(active) - len(fitting))
-            active = fitting
-            replies = _complete(engine, [transcripts[i] for i in active], toolbox, choice, tool_prompt_format,
-                                turn_sampling) if active else []
-        still_running = []
-        for i, reply in zip(active, replies):
-            message = reply.message
-            transcripts[i].append(message)
-            transcripts[i].generated_tokens += len(reply.tokens)
-            rate.add(len(reply.tokens))
-            if not message.tool_calls:  # a call cut by max_tokens is no call (it stays text)
-                transcripts[i].stop_reason = "out_of_tokens" if reply.stop_reason == "out_of_tokens" else "answered"
-                continue
-            if tool_choice == "none":
-                transcripts[i].stop_reason = "tool_choice_none"
-                continue
-            for call in message.tool_calls:
-                transcripts[i].append(toolbox.execute(call))
-            still_running.append(i)
-        bar.update(len(active) - len(still_running))
-        active = still_running
-    bar.update(len(active))
-    for i in active:  # every reply so far called tools
-        transcripts[i].stop_reason = "max_turns"
-
-
-@llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
-def run_batch(
-    engine: Any,
-    dialogs: Sequence[Any],
-    tools: Iterable[Any] | None = None,
-    *,
-    max_turns: int = 8,
-    tool_choice: Any = "auto",
-    tool_prompt_format: Any = None,
-    code_interpreter: bool | CodeInterpreter = False,
-    constrain_tools: bool = False,
-    tool_timeout: float | None = None,
-    progress: bool | None = None,
-    **sampling: Any,
-) -> list[list[Message]]:
-    """Run the tool loop on many dialogs; each turn is one batched chat completion over the dialogs that
-    are still running.  Returns one transcript (input messages + generated and tool messages) per dialog.
-
-    ``constrain_tools=True`` (with ``tool_choice="required"`` or a tool name) makes the forced first reply a
-    well-formed call of an offered tool with schema-valid arguments (grammar-constrained decoding).
-
-    Whatever the model writes and whatever a tool returns or does, the loop returns transcripts: tool
-    failures become tool messages, and a dialog whose tool results no longer fit ``max_seq_len`` ends with
-    them.  Each transcript's ``stop_reason`` says why it ended (see :func:`run`).  A cancelled call
-    (``engine.cancel()``, Ctrl-C) raises :class:`~workbench.errors.GenerationCancelled` whose ``transcripts``
-    hold every dialog so far, the cut replies included (``stop_reason="cancelled"``).  ``tool_timeout`` (seconds)
-    bounds each Python tool call."""
-    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-        raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
-    if not isinstance(dialogs, (list, tuple)):
-        raise InputError("run_batch takes a list of dialogs (each a list of messages); for one dialog use run()")
-    toolbox = Toolbox.create(tools, code_interpreter, tool_timeout)
-    transcripts = [Transcript(coerce_messages(d)) for d in dialogs]
-    # One bar for the whole loop, so the engine's per-turn bars stay off; an automatic bar counts dialogs, and a
-    # single dialog gets none (as the engine's automatic bars count rows), nor does it change the engine's.
-    single = progress is None and len(transcripts) == 1
-    inner = sampling if single else {**sampling, "progress": False}
-    rate = TokenRate()
-    with progress_bar(len(transcripts), desc="tool loop", unit="dialog", progress=False if single else progress,
-                      rate=rate) as bar:
-        _loop(engine, transcripts, toolbox, max_turns, tool_choice, tool_prompt_format, constrain_tools, inner,
-              bar, rate)
-    return transcripts
-
-
-@llama_stack_spellings(chat=True)
-def run(
-    engine: Any,
-    messages: Any,
-    tools: Iterable[Any] | None = None,
-    *,
-    max_turns: int = 8,
-    tool_choice: Any = "auto",
-    tool_prompt_format: Any = None,
-    code_interpreter: bool | CodeInterpreter = False,
-    constrain_tools: bool = False,
-    tool_timeout: float | None = None,
-    **sampling: Any,
-) -> list[Message]:
-    """Run the tool loop on one dialog and return the whole transcript (list of :class:`Message`).
-
-    The transcript ends with the model's final answer, or — when ``max_turns`` replies all called tools —
-    with the tool messages answering the last calls; its ``stop_reason`` says which (``"answered"``,
-    ``"max_turns"``, ``"prompt_too_long"``, ``"out_of_tokens"``, ``"tool_choice_none"``).
-    """
-    return run_batch(
-        engine,
-        [messages],
-        tools,
-        max_turns=max_turns,
-        tool_choice=tool_choice,
-        tool_prompt_format=tool_prompt_format,
-        code_interpreter=code_interpreter,
-        constrain_tools=constrain_tools,
-        tool_timeout=tool_timeout,
-        **sampling,
-    )[0]

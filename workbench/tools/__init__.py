@@ -1,0 +1,14 @@
+"""The tool loop: the model calls Python functions (and, when allowed, runs code) until it answers.
+
+``run(engine, messages, tools=[functions...])`` lets the model call tools until it answers: each turn is one
+chat completion; every tool call in the reply is run and answered with a tool (``ipython``) message; the loop
+ends at a reply without calls or after ``max_turns`` replies.  ``run_batch`` runs many dialogs with each turn
+batched across the dialogs still running.  Modules: :mod:`.loop` (the turns, each dialog with its own tools;
+the evals harness drives the same :func:`complete_turn`), :mod:`.toolbox` (running calls; the code
+interpreter), :mod:`.sandbox` (the guarded subprocess tree model-written code runs in).
+"""
+
+from workbench.tools.loop import Dialog, complete_turn, later_choice, run, run_batch
+from workbench.tools.toolbox import CodeInterpreter, Toolbox
+
+__all__ = ["CodeInterpreter", "Dialog", "Toolbox", "complete_turn", "later_choice", "run", "run_batch"]

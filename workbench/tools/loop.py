@@ -1,0 +1,268 @@
+"""The tool loop: dialogs whose replies call tools until they answer, each dialog with its own tools.
+
+A turn is :func:`complete_turn`: every running :class:`Dialog` rendered with its own tools and tool choice
+(``chat.prepare``), one batch of replies from the engine (``batch_completion``), the replies parsed
+(``chat.finish``).  The caller then answers each reply's calls with its dialog's :class:`~.toolbox.Toolbox`
+(:meth:`Dialog.answer`).  :func:`run_batch` / :func:`run` drive it for dialogs sharing one set of tools until each
+answers; the evals harness (:mod:`workbench.evals.harness`) drives it for cases that each offer their own tools
+and ask several questions.
+
+A dialog whose prompt no longer fits ``max_seq_len`` (a long tool result) ends with ``prompt_too_long`` while the
+others go on; a cancelled call (``engine.cancel()``, Ctrl-C) leaves every dialog's cut reply in its transcript
+(``stop_reason="cancelled"``) and raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from workbench.engine import chat
+from workbench.engine.interfaces import CompletionEngine
+from workbench.engine.llama_stack import llama_stack_spellings
+from workbench.errors import GenerationCancelled, InputError
+from workbench.formats import Prompt, coerce_messages
+from workbench.progress import TokenRate, progress_bar
+from workbench.tools.toolbox import CodeInterpreter, Toolbox
+from workbench.types import ChatCompletion, Message, ToolCall, Transcript
+
+# Keywords of a chat call that shape the prompts and the reply formats (chat.prepare), not the sampling.
+CHAT_OPTIONS = ("response_format", "system_message_behavior")
+
+
+class ChatEngine(Protocol):
+    """An engine that renders and parses itself: ``batch_chat_completion(dialogs, tools=..., ...)``."""
+
+    def batch_chat_completion(self, dialogs: Sequence[Any], tools: Sequence[Any] | None = None,
+                              **kwargs: Any) -> list[ChatCompletion]: ...
+
+
+LoopEngine = CompletionEngine | ChatEngine
+
+
+@dataclass
+class Dialog:
+    """One dialog in the loop: its transcript, its tools, and the tool choice of its next reply."""
+
+    transcript: Transcript
+    toolbox: Toolbox
+    tool_choice: Any = "auto"
+
+    @property
+    def running(self) -> bool:
+        return self.transcript.stop_reason is None
+
+    def end(self, reason: str) -> None:
+        """End the dialog (``reason``: one of :data:`~workbench.types.TRANSCRIPT_STOP_REASONS`)."""
+        self.transcript.stop_reason = reason
+
+    def add(self, reply: ChatCompletion) -> None:
+        """Append a reply's message to the transcript and count its tokens."""
+        self.transcript.append(reply.message)
+        self.transcript.generated_tokens += len(reply.tokens)
+
+    def answer(self, calls: Sequence[ToolCall], fixed: Sequence[str] | None = None) -> list[Message]:
+        """Answer each call with a tool message (``fixed[k]`` when given, else the toolbox runs the call),
+        appended to the transcript; the tool messages."""
+        answers = [Message(role="tool", content=fixed[k], call_id=call.call_id)
+                   if fixed is not None and k < len(fixed) else self.toolbox.execute(call)
+                   for k, call in enumerate(calls)]
+        self.transcript.extend(answers)
+        return answers
+
+
+def complete_turn(engine: LoopEngine, dialogs: Sequence[Dialog], *, tool_prompt_format: Any = None,
+                  chat_options: dict[str, Any] | None = None, sampling: dict[str, Any] | None = None,
+                  too_long: Literal["end", "raise"] = "end") -> list[tuple[Dialog, ChatCompletion]]:
+    """One reply for every dialog of ``dialogs``, generated in one batch: ``(dialog, reply)`` pairs, in order,
+    for the dialogs that were generated (the replies are not added to the transcripts: the caller decides).
+
+    Each dialog is rendered with its own tools and tool choice; ``chat_options`` (``response_format``,
+    ``system_message_behavior``, ``constrain_tools``) apply to all, ``sampling`` goes to the engine as it is.
+    too_long: a dialog whose prompt no longer fits the engine's ``max_seq_len`` ends with ``prompt_too_long``
+        (``"end"``), or is left to the engine, which refuses the call (``"raise"``: the caller's own dialog).
+    An engine without a formatter (only ``batch_chat_completion``) renders and parses itself: its dialogs are
+    sent in one call per set of tools and tool choice.
+    """
+    chat_options, sampling = dict(chat_options or {}), dict(sampling or {})
+    if not dialogs:
+        return []
+    if getattr(engine, "formatter", None) is None or not hasattr(engine, "batch_completion"):
+        return _complete_by_chat(engine, list(dialogs), tool_prompt_format, {**chat_options, **sampling})
+    return _complete_prepared(engine, list(dialogs), tool_prompt_format, chat_options, sampling, too_long)
+
+
+def _generate(dialogs: list[Dialog], generate: Any) -> Any:
+    """``generate()`` for ``dialogs``; a cancelled call leaves every dialog's cut reply in its transcript."""
+    try:
+        return generate()
+    except GenerationCancelled as cancelled:  # nothing is lost: the transcripts so far travel with the error
+        for dialog, partial in zip(dialogs, cancelled.partial):
+            text = partial.text if isinstance(partial.text, str) else str(partial.text)
+            dialog.transcript.append(Message(role="assistant", content=text, stop_reason="cancelled"))
+            dialog.transcript.generated_tokens += len(partial.tokens)
+        for dialog in dialogs:
+            dialog.end("cancelled")
+        raise
+
+
+def _complete_prepared(engine: CompletionEngine, dialogs: list[Dialog], tool_prompt_format: Any,
+                       chat_options: dict[str, Any], sampling: dict[str, Any],
+                       too_long: str) -> list[tuple[Dialog, ChatCompletion]]:
+    formatter = engine.formatter
+    limit = getattr(engine, "max_seq_len", None)  # an engine stand-in may have no limit
+    kept: list[Dialog] = []
+    prompts: list[Any] = []
+    formats: list[Any] = []
+    for dialog in dialogs:
+        (prompt,), (fmt,) = chat.prepare(formatter, [dialog.transcript], dialog.toolbox.definitions,
+                                         dialog.tool_choice, tool_prompt_format, **chat_options)
+        size = len(prompt.tokens if isinstance(prompt, Prompt) else prompt)
+        if too_long == "end" and limit is not None and size >= limit:
+            dialog.end("prompt_too_long")  # a tool result made it too long: this dialog ends, the others go on
+            continue
+        kept.append(dialog)
+        prompts.append(prompt)
+        formats.append(fmt)
+    if not kept:
+        return []
+    if any(f is not None for f in formats):
+        sampling["response_format"] = formats
+    completions = _generate(kept, lambda: engine.batch_completion(prompts, **sampling))
+    return list(zip(kept, chat.finish(completions, formats, formatter)))
+
+
+def _complete_by_chat(engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any,
+                      kwargs: dict[str, Any]) -> list[tuple[Dialog, ChatCompletion]]:
+    groups: dict[tuple[int, str], list[Dialog]] = {}
+    for dialog in dialogs:
+        groups.setdefault((id(dialog.toolbox), repr(dialog.tool_choice)), []).append(dialog)
+    replies: dict[int, ChatCompletion] = {}
+    for group in groups.values():
+        first = group[0]
+        out = _generate(group, lambda g=group, d=first: engine.batch_chat_completion(
+            [x.transcript for x in g], tools=d.toolbox.definitions, tool_choice=d.tool_choice,
+            tool_prompt_format=tool_prompt_format, **kwargs))
+        replies.update((id(d), r) for d, r in zip(group, out))
+    return [(d, replies[id(d)]) for d in dialogs]
+
+
+def later_choice(tool_choice: Any) -> Any:
+    """A forced tool choice applies to the first reply only; afterwards the model may answer."""
+    return tool_choice if tool_choice in ("auto", "none", None) else "auto"
+
+
+def _turns(engine: LoopEngine, dialogs: list[Dialog], max_turns: int, tool_choice: Any, tool_prompt_format: Any,
+           constrain_tools: bool, chat_options: dict[str, Any], sampling: dict[str, Any], bar: Any,
+           rate: TokenRate) -> None:
+    """The turns of :func:`run_batch`: complete the running dialogs, run their calls, until none is running."""
+    for turn in range(max_turns):
+        running = [d for d in dialogs if d.running]
+        if not running:
+            break
+        options = dict(chat_options, constrain_tools=True) if constrain_tools and turn == 0 else chat_options
+        # the caller's own dialogs must fit (the engine says why not); later, a tool result may have made one too long
+        replies = complete_turn(engine, running, tool_prompt_format=tool_prompt_format, chat_options=options,
+                                sampling=sampling, too_long="raise" if turn == 0 else "end")
+        for dialog, reply in replies:
+            dialog.add(reply)
+            rate.add(len(reply.tokens))
+            calls = reply.message.tool_calls
+            if not calls:  # a call cut by max_tokens is no call (it stays text)
+                dialog.end("out_of_tokens" if reply.stop_reason == "out_of_tokens" else "answered")
+            elif tool_choice == "none":
+                dialog.end("tool_choice_none")
+            else:
+                dialog.answer(calls)
+                dialog.tool_choice = later_choice(tool_choice)
+        bar.update(len(running) - sum(d.running for d in running))
+    still = [d for d in dialogs if d.running]
+    bar.update(len(still))
+    for dialog in still:  # every reply so far called tools
+        dialog.end("max_turns")
+
+
+@llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
+def run_batch(
+    engine: LoopEngine,
+    dialogs: Sequence[Any],
+    tools: Iterable[Any] | None = None,
+    *,
+    max_turns: int = 8,
+    tool_choice: Any = "auto",
+    tool_prompt_format: Any = None,
+    code_interpreter: bool | CodeInterpreter = False,
+    constrain_tools: bool = False,
+    tool_timeout: float | None = None,
+    progress: bool | None = None,
+    **sampling: Any,
+) -> list[Transcript]:
+    """Run the tool loop on many dialogs; each turn is one batched chat completion over the dialogs that
+    are still running.  Returns one transcript (input messages + generated and tool messages) per dialog.
+
+    ``constrain_tools=True`` (with ``tool_choice="required"`` or a tool name) makes the forced first reply a
+    well-formed call of an offered tool with schema-valid arguments (grammar-constrained decoding).
+
+    Whatever the model writes and whatever a tool returns or does, the loop returns transcripts: tool
+    failures become tool messages, and a dialog whose tool results no longer fit ``max_seq_len`` ends with
+    them.  Each transcript's ``stop_reason`` says why it ended (see :func:`run`).  A cancelled call
+    (``engine.cancel()``, Ctrl-C) raises :class:`~workbench.errors.GenerationCancelled` whose ``transcripts``
+    hold every dialog so far, the cut replies included (``stop_reason="cancelled"``).  ``tool_timeout`` (seconds)
+    bounds each Python tool call."""
+    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+        raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
+    if not isinstance(dialogs, (list, tuple)):
+        raise InputError("run_batch takes a list of dialogs (each a list of messages); for one dialog use run()")
+    toolbox = Toolbox.create(tools, code_interpreter, tool_timeout)
+    transcripts = [Transcript(coerce_messages(d)) for d in dialogs]
+    loop = [Dialog(t, toolbox, tool_choice) for t in transcripts]
+    chat_options = {k: sampling.pop(k) for k in CHAT_OPTIONS if k in sampling}
+    # One bar for the whole loop, so the engine's per-turn bars stay off; an automatic bar counts dialogs, and a
+    # single dialog gets none (as the engine's automatic bars count rows), nor does it change the engine's.
+    single = progress is None and len(transcripts) == 1
+    inner = sampling if single else {**sampling, "progress": False}
+    rate = TokenRate()
+    with progress_bar(len(transcripts), desc="tool loop", unit="dialog", progress=False if single else progress,
+                      rate=rate) as bar:
+        try:
+            _turns(engine, loop, max_turns, tool_choice, tool_prompt_format, constrain_tools, chat_options, inner,
+                   bar, rate)
+        except GenerationCancelled as cancelled:
+            cancelled.transcripts = transcripts
+            raise
+    return transcripts
+
+
+@llama_stack_spellings(chat=True)
+def run(
+    engine: LoopEngine,
+    messages: Any,
+    tools: Iterable[Any] | None = None,
+    *,
+    max_turns: int = 8,
+    tool_choice: Any = "auto",
+    tool_prompt_format: Any = None,
+    code_interpreter: bool | CodeInterpreter = False,
+    constrain_tools: bool = False,
+    tool_timeout: float | None = None,
+    **sampling: Any,
+) -> Transcript:
+    """Run the tool loop on one dialog and return the whole transcript (list of :class:`Message`).
+
+    The transcript ends with the model's final answer, or — when ``max_turns`` replies all called tools —
+    with the tool messages answering the last calls; its ``stop_reason`` says which (``"answered"``,
+    ``"max_turns"``, ``"prompt_too_long"``, ``"out_of_tokens"``, ``"tool_choice_none"``).
+    """
+    return run_batch(
+        engine,
+        [messages],
+        tools,
+        max_turns=max_turns,
+        tool_choice=tool_choice,
+        tool_prompt_format=tool_prompt_format,
+        code_interpreter=code_interpreter,
+        constrain_tools=constrain_tools,
+        tool_timeout=tool_timeout,
+        **sampling,
+    )[0]
