@@ -71,8 +71,8 @@ class RowConstraint:
         self.consumed = 0  # tokens consumed so far: a prefetched mask is valid only for the same count
 
     def consume(self, token: int) -> None:
-        if self.runtime is not None and self.runtime._pending is not None:  # never while the worker reads it
-            self.runtime._settle()
+        if self.runtime is not None:  # never while the worker reads it
+            self.runtime.wait_for_prefetch()
         self.consumed += 1
         if not self.matcher.consume_token(token):
             self.dead = True
@@ -181,6 +181,11 @@ class GrammarRuntime:
             return keys, future.result()
         except Exception:  # recomputed on the caller's thread, where an error surfaces normally
             return keys, None
+
+    def wait_for_prefetch(self) -> None:
+        """Let a mask prefetch in flight finish: a matcher must not change while the worker reads it."""
+        if self._pending is not None:
+            self._settle()
 
     def fill(self, states: Sequence[RowConstraint]) -> np.ndarray:
         """Next-token bitmasks ``[n, words]`` (int32, bit i of word w = token 32*w + i) of ``states``."""

@@ -236,7 +236,7 @@ class Store:
         self._hashes: dict[FileStat, str] = {}  # also in memory: a read-only store must not rehash every call
 
     # ------------------------------------------------------------------------------------ connection
-    def _connection(self) -> sqlite3.Connection:
+    def connection(self) -> sqlite3.Connection:
         """The open connection (reopened after a fork).  Raises StoreError for a file that is no store or a
         newer one, sqlite3/OS errors for everything else (the callers decide whether those are faults)."""
         with self._lock:
@@ -342,11 +342,11 @@ class Store:
             conn.execute("ROLLBACK")
             raise
 
-    def _write(self, statements: Any) -> Any:
+    def transaction(self, statements: Any) -> Any:
         """Run ``statements(conn)`` in one IMMEDIATE transaction (a writer takes its lock up front, so two
         writers queue on the busy timeout instead of failing to upgrade a read lock)."""
         with self._lock:
-            conn = self._connection()
+            conn = self.connection()
             if self.readonly:
                 raise sqlite3.OperationalError("attempt to write a readonly database (opened readonly)")
             conn.execute("BEGIN IMMEDIATE")
@@ -360,9 +360,9 @@ class Store:
             self._warned = False  # the store works (again): the next failure is news worth a warning
             return result
 
-    def _read(self, query: str, params: Sequence[Any] = ()) -> list[tuple]:
+    def query(self, query: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
-            conn = self._connection()
+            conn = self.connection()
             if not self._schema_ready:
                 return []
             return conn.execute(query, params).fetchall()
@@ -382,7 +382,7 @@ class Store:
         """Open the file now: raises :class:`~workbench.errors.StoreError` for a file that is no store (or a
         newer one's); other failures warn once and leave the store answering nothing."""
         try:
-            self._connection()
+            self.connection()
         except StoreError:
             raise
         except (sqlite3.Error, OSError) as exc:
@@ -401,7 +401,7 @@ class Store:
         signature = _json(provenance.to_dict())
         with self._lock:
             try:
-                self._connection()
+                self.connection()
             except StoreError:
                 raise
             except (sqlite3.Error, OSError) as exc:
@@ -415,17 +415,17 @@ class Store:
             return run
 
     def run_names(self) -> list[str]:
-        return [r[0] for r in self._read("SELECT name FROM runs ORDER BY created_at, id")]
+        return [r[0] for r in self.query("SELECT name FROM runs ORDER BY created_at, id")]
 
     def summaries(self) -> list[dict[str, Any]]:
         """One dict per run: counts, times and the provenance of its latest session."""
         out = []
-        rows = self._read(
+        rows = self.query(
             "SELECT runs.id, runs.name, runs.created_at, count(r.id), coalesce(sum(r.computed), 0), "
             "max(r.created_at) FROM runs LEFT JOIN rows r ON r.run_id = runs.id GROUP BY runs.id "
             "ORDER BY runs.created_at, runs.id")
         for run_id, name, created, n_rows, n_computed, last in rows:
-            count, latest = self._read("SELECT count(*), max(id) FROM sessions WHERE run_id = ?", (run_id,))[0]
+            count, latest = self.query("SELECT count(*), max(id) FROM sessions WHERE run_id = ?", (run_id,))[0]
             prov = self._sessions("id = ?", (latest,)).get(latest, {}) if latest is not None else {}
             out.append({"name": name, "rows": n_rows, "computed": n_computed, "sessions": count,
                         "created_at": created, "last_row_at": last, "provenance": prov})
@@ -433,7 +433,7 @@ class Store:
 
     def _sessions(self, where: str, params: Sequence[Any] = ()) -> dict[int, dict[str, Any]]:
         found = {}
-        for sid, started, ended, prov in self._read(
+        for sid, started, ended, prov in self.query(
                 f"SELECT id, started_at, ended_at, provenance FROM sessions WHERE {where}", params):
             data = json.loads(prov)
             data["session_started_at"], data["session_ended_at"] = started, ended
@@ -441,7 +441,7 @@ class Store:
         return found
 
     def _run_id(self, name: str) -> int:
-        row = self._read("SELECT id FROM runs WHERE name = ?", (name,))
+        row = self.query("SELECT id FROM runs WHERE name = ?", (name,))
         if not row:
             known = ", ".join(repr(n) for n in self.run_names()[:20]) or "none yet"
             raise InputError(f"no run named {name!r} in the run store {str(self.path)!r} (runs: {known}); "
@@ -459,7 +459,7 @@ class Store:
         provenance = self.sessions(name)
         last = -1
         while True:
-            page = self._read(f"SELECT {_ROW_COLUMNS} FROM rows r JOIN runs ON runs.id = r.run_id "
+            page = self.query(f"SELECT {_ROW_COLUMNS} FROM rows r JOIN runs ON runs.id = r.run_id "
                               "WHERE r.run_id = ? AND r.id > ? ORDER BY r.id LIMIT 256", (run_id, last))
             if not page:
                 return
@@ -481,7 +481,7 @@ class Store:
             return n
 
         try:
-            n = self._write(statements)
+            n = self.transaction(statements)
         except sqlite3.Error as exc:
             raise StoreError(f"could not delete run {name!r} from {str(self.path)!r} ({exc}); is the file "
                              "read-only or the disk full?") from exc
@@ -499,7 +499,7 @@ class Store:
         if stat in self._hashes:
             return self._hashes[stat]
         try:
-            row = self._read("SELECT sha256 FROM file_hashes WHERE path = ? AND size = ? AND mtime_ns = ? AND "
+            row = self.query("SELECT sha256 FROM file_hashes WHERE path = ? AND size = ? AND mtime_ns = ? AND "
                              "ctime_ns = ? AND inode = ?", (stat.path, stat.size, stat.mtime_ns, stat.ctime_ns,
                                                             stat.inode))
         except StoreError:
@@ -512,7 +512,7 @@ class Store:
     def _remember_hash(self, stat: FileStat, digest: str) -> None:
         self._hashes[stat] = digest
         try:
-            self._write(lambda conn: conn.execute(
+            self.transaction(lambda conn: conn.execute(
                 "INSERT OR REPLACE INTO file_hashes(path, size, mtime_ns, ctime_ns, inode, sha256, hashed_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (stat.path, stat.size, stat.mtime_ns, stat.ctime_ns, stat.inode, digest, time.time())))
@@ -524,7 +524,7 @@ class Store:
     # ------------------------------------------------------------------------------------ maintenance
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check``: ``"ok"`` for an intact file."""
-        return "\n".join(str(r[0]) for r in self._read("PRAGMA integrity_check"))
+        return "\n".join(str(r[0]) for r in self.query("PRAGMA integrity_check"))
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
@@ -612,7 +612,7 @@ class Run:
             return run_id, cursor.lastrowid
 
         try:
-            self.run_id, self.session_id = self.store._write(statements)
+            self.run_id, self.session_id = self.store.transaction(statements)
         except StoreError:
             raise
         except (sqlite3.Error, OSError) as exc:
@@ -623,7 +623,7 @@ class Run:
 
     def _find_run_id(self) -> None:
         try:
-            row = self.store._read("SELECT id FROM runs WHERE name = ?", (self.name,))
+            row = self.store.query("SELECT id FROM runs WHERE name = ?", (self.name,))
         except (sqlite3.Error, OSError):
             row = []
         self.run_id = row[0][0] if row else None
@@ -633,7 +633,7 @@ class Run:
         if self.session_id is None:
             return
         try:
-            self.store._write(lambda conn: conn.execute("UPDATE sessions SET ended_at = ? WHERE id = ?",
+            self.store.transaction(lambda conn: conn.execute("UPDATE sessions SET ended_at = ? WHERE id = ?",
                                                         (time.time(), self.session_id)))
         except (sqlite3.Error, OSError, StoreError) as exc:
             self.store.fault(exc, "written")
@@ -662,7 +662,7 @@ class Run:
                 marks = ",".join("?" * len(part))
                 scope = "" if anywhere else " AND r.run_id = ?"
                 params: list[Any] = [*part] + ([] if anywhere else [self.run_id if self.run_id is not None else -1])
-                records += self.store._read(
+                records += self.store.query(
                     f"SELECT {_ROW_COLUMNS}, r.run_id FROM rows r JOIN runs ON runs.id = r.run_id "
                     f"WHERE r.key IN ({marks}){scope} ORDER BY r.id", params)
         except StoreError:
@@ -703,7 +703,7 @@ class Run:
                     f"({','.join('?' * len(part))})", [self.run_id, self.session_id, time.time(), *part])
 
         try:
-            self.store._write(statements)
+            self.store.transaction(statements)
         except (sqlite3.Error, OSError, StoreError) as exc:
             self.store.fault(exc, "written")
 
@@ -745,7 +745,7 @@ class Run:
                 [(self.run_id, self.session_id, *v) for v in values])
 
         try:
-            self.store._write(statements)
+            self.store.transaction(statements)
         except Exception as exc:  # never into the caller: see the contract above
             self.store.fault(exc, "written")
             return False
@@ -753,7 +753,7 @@ class Run:
 
     def _retry_start(self) -> bool:
         try:
-            self.store._connection()
+            self.store.connection()
         except Exception as exc:
             self.store.fault(exc, "opened")
             return False
