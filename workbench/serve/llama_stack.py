@@ -17,7 +17,7 @@ engine batches like the OpenAI routes do, and writes the stream events.
 
 # No `from __future__ import annotations`: FastAPI reads the route annotations (Request) at runtime.
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from workbench.types import ChatCompletion, llama_stack_batch
@@ -57,7 +57,7 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
     async def checked(request: Request) -> dict[str, Any]:
         authorize(request)
         body = await body_of(request)
-        check_model_id(body, ctx.model)
+        check_model_id(body, (ctx.model, *ctx.aliases))
         ctx.gatherer.stats.requests += 1
         return body
 
@@ -68,7 +68,8 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
         if _flag(body, "stream"):
             job = _completion_stream(content, kwargs)
             started = await start_stream(ctx, lambda sink: StreamJob(job, sink, "content"))
-            return StreamingResponse(_events(started, _completion_events()), media_type="text/event-stream")
+            feed = _completion_events(logprobs=kwargs.get("logprobs") is not None)
+            return StreamingResponse(_events(started, feed), media_type="text/event-stream")
         results = await await_rows(ctx, [_completion_row(content, kwargs)])
         return results[0].to_llama_stack(plain=True)
 
@@ -102,12 +103,14 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
 
 
 # ----------------------------------------------------------------------------------------------- bodies
-def check_model_id(body: dict[str, Any], served: str) -> None:
-    """``model_id`` must be the served id (Llama Stack requires it; an absent one means the served model)."""
+def check_model_id(body: dict[str, Any], served: str | Sequence[str]) -> None:
+    """``model_id`` must be the served id or a registered alias (Llama Stack requires one; an absent one means
+    the served model).  ``served``: the served id, or every accepted id (the served id first)."""
     model = body.get("model_id")
-    if model is None or model == served:
+    ids = (served,) if isinstance(served, str) else tuple(served)
+    if model is None or model in ids:
         return
-    raise APIError(f"the model {model!r:.80} is not served here; this server serves {served!r} (see GET /v1/models)",
+    raise APIError(f"the model {model!r:.80} is not served here; this server serves {ids[0]!r} (see GET /v1/models)",
                    param="model_id", status=404, code="model_not_found")
 
 
@@ -183,16 +186,45 @@ def _chat_stream(messages: Any, tools: Any, fmt: Any, kwargs: dict[str, Any]) ->
     return lambda engine: engine.stream_chat_completion(messages, tools, response_format=fmt, **kwargs)
 
 
-def _completion_events() -> Callable[[Any], list[dict[str, Any]]]:
-    """Llama Stack's ``CompletionResponseStreamChunk`` per engine chunk (the last carries the stop reason)."""
+def _completion_events(logprobs: bool = False) -> Callable[[Any], list[dict[str, Any]]]:
+    """Llama Stack's ``CompletionResponseStreamChunk`` per engine chunk (the last carries the stop reason).
+
+    With ``logprobs`` every chunk carries the log-probabilities of its own tokens, as Llama Stack's
+    meta-reference stream does.  The engine's stream chunks carry token ids only (the values arrive with the
+    row's final result), so such a stream holds its chunks until the row ends and then sends them all."""
+    held: list[Any] = []
 
     def feed(chunk: Any) -> list[dict[str, Any]]:
         if chunk.final is None:
+            if logprobs:
+                held.append(chunk)
+                return []
             return [{"delta": chunk.text}] if chunk.text else []
         final = chunk.final.to_llama_stack(plain=True)
-        return [{"delta": chunk.text, "stop_reason": final["stop_reason"], "logprobs": final["logprobs"]}]
+        if not logprobs:
+            return [{"delta": chunk.text, "stop_reason": final["stop_reason"], "logprobs": final["logprobs"]}]
+        return _with_logprobs(held, chunk, chunk.final.logprobs or [], final)
 
     return feed
+
+
+def _with_logprobs(held: list[Any], last: Any, values: list[Any], final: dict[str, Any]) -> list[dict[str, Any]]:
+    """The held chunks, each with the log-probabilities of the tokens up to its own (a token whose text was held
+    back, half a UTF-8 character, goes with the next chunk that has text); the rest go on the last chunk."""
+    out: list[dict[str, Any]] = []
+    at, pending = 0, []
+    for chunk in held:
+        while at < len(values):
+            pending.append(final["logprobs"][at])
+            at += 1
+            if values[at - 1].token == chunk.token:
+                break
+        if chunk.text:
+            out.append({"delta": chunk.text, "logprobs": pending})
+            pending = []
+    rest = pending + list(final["logprobs"][at:])
+    out.append({"delta": last.text, "stop_reason": final["stop_reason"], "logprobs": rest or None})
+    return out
 
 
 class _ChatEvents:
