@@ -27,5 +27,6 @@ class BatchAPIError(InputError):
 
 
 def not_found(kind: str, ident: str) -> BatchAPIError:
-    return BatchAPIError(f"no {kind} with id {ident!r:.80} here (list them with GET /v1/{kind}s)", status=404,
+    route = {"file": "files", "batch": "batches"}.get(kind, kind + "s")
+    return BatchAPIError(f"no {kind} with id {ident!r:.80} here (list them with GET /v1/{route})", status=404,
                          param=f"{kind}_id", code=f"{kind}_not_found")

@@ -90,7 +90,10 @@ class BatchService:
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1/batches``: check the body, record the batch (``validating``) and wake the runner."""
         file_id = body.get("input_file_id")
-        info = self.files.get(file_id) if isinstance(file_id, str) else None
+        try:
+            info = self.files.get(file_id)
+        except BatchAPIError:
+            info = None
         if info is None:
             raise BatchAPIError("'input_file_id' must name an uploaded file (POST /v1/files, purpose 'batch')",
                                 param="input_file_id")

@@ -84,7 +84,7 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
     @app.post("/v1/inference/chat-completion")
     async def chat_completion(request: Request) -> Any:
         body = await checked(request)
-        messages = _list(body, "messages")
+        messages = check_dialog(_list(body, "messages"), "messages")
         tools, fmt, kwargs = chat_request(body)
         if _flag(body, "stream"):
             job = _chat_stream(messages, tools, fmt, kwargs)
@@ -97,6 +97,11 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
     async def batch_chat_completion(request: Request) -> Any:
         body = await checked(request)
         dialogs = _list(body, "messages_batch")
+        for i, dialog in enumerate(dialogs):
+            if not isinstance(dialog, list) or not dialog:
+                raise APIError(f"messages_batch[{i}] must be a non-empty list of messages",
+                               param=f"messages_batch[{i}]")
+            check_dialog(dialog, f"messages_batch[{i}]")
         tools, fmt, kwargs = chat_request(body)
         results = await await_rows(ctx, [_chat_row(d, tools, fmt, kwargs) for d in dialogs])
         return llama_stack_batch(results, plain=True)
@@ -119,6 +124,22 @@ def _list(body: dict[str, Any], name: str) -> list[Any]:
     if not isinstance(value, list) or not value:
         raise APIError(f"'{name}' must be a non-empty list", param=name)
     return value
+
+
+def check_dialog(messages: list[Any], where: str) -> list[Any]:
+    """Llama Stack's message shapes: a known role, and the ``content`` its message types require (an assistant
+    message may carry only ``tool_calls``)."""
+    for i, message in enumerate(messages):
+        at = f"{where}[{i}]"
+        if not isinstance(message, dict):
+            raise APIError(f"{at} must be a message object with 'role' and 'content'", param=at)
+        role = message.get("role")
+        if role not in ("system", "user", "assistant", "tool", "ipython"):
+            raise APIError(f"{at}.role is {role!r:.40}; use system, user, assistant or tool", param=f"{at}.role")
+        if message.get("content") is None and not (role == "assistant" and message.get("tool_calls")):
+            raise APIError(f"{at} ({role}) has no content: a {role} message needs its 'content'",
+                           param=f"{at}.content")
+    return messages
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:
