@@ -60,7 +60,7 @@ class BatchService:
         self.files = FileStore(self.data_dir)
         self.records = BatchRecords(self.data_dir)
         self.poll_s = poll_s
-        self._wake = threading.Condition()
+        self._wake = threading.Event()  # set when a batch was created or cancelled, or the service stops
         self._stopping = threading.Event()
         self._edit = threading.Lock()  # record read-modify-write: the API thread (cancel) and the runner
         self._thread: threading.Thread | None = None
@@ -83,8 +83,7 @@ class BatchService:
         return self._thread is not None and self._thread.is_alive()
 
     def _notify(self) -> None:
-        with self._wake:
-            self._wake.notify_all()
+        self._wake.set()
 
     # --------------------------------------------------------------------------------------- the API
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -161,8 +160,8 @@ class BatchService:
         while not self._stopping.is_set():
             claimed = self._claim()
             if claimed is None:
-                with self._wake:
-                    self._wake.wait(self.poll_s)
+                self._wake.wait(self.poll_s)  # a set() since the scan returns at once: no wake-up is lost
+                self._wake.clear()
                 continue
             batch_id, lock = claimed
             try:
