@@ -353,3 +353,16 @@ def test_concurrent_batches_and_requests_all_finish(srv, client, engine):
         outputs = lines_of(client, done.output_file_id)
         assert [outputs[f"chat-{i}"]["response"]["body"]["choices"][0]["message"]["content"] for i in range(k, k + 6)] \
             == [expected_chat(engine, chat_line(i))[0] for i in range(k, k + 6)]
+
+
+def test_the_batch_package_works_without_fastapi(tmp_path):
+    """workbench.batches (store, lines, runner, service, the CLI's loop) imports without the serve extra."""
+    code = ("import sys; sys.modules['fastapi'] = None; sys.modules['uvicorn'] = None\n"
+            "from workbench.batches import FileStore, parse_line\n"
+            "from workbench.batches.cli import run_file\n"
+            f"info = FileStore({str(tmp_path)!r}).create(b'{{}}\\n', filename='a.jsonl', purpose='batch')\n"
+            "print(info['id'], parse_line('{\"custom_id\": \"a\", \"url\": \"/v1/completions\", \"body\": {}}', 1).url)")
+    env = {**os.environ, "PYTHONPATH": str(Path(wb.__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"file-[0-9a-f]{24} /v1/completions\n", out.stdout)

@@ -23,7 +23,7 @@ from typing import Any
 from workbench.progress import progress_bar
 
 from .lines import LineError, error_message, iter_lines, parse_line, vllm_line
-from .runner import Answer, Backend, Work, prepare, run_chunks
+from .runner import Answer, Backend, Interrupted, Work, prepare, run_chunks
 
 
 def done_ids(path: Path) -> tuple[set[str], set[str]]:
@@ -117,7 +117,7 @@ def run_file(backend: Backend, input_path: str | Path, output_path: str | Path, 
         try:
             write(refused)
             run_chunks(backend, works, run=run, emit=emit)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Interrupted):  # Ctrl-C, or the engine stopped: a re-run finishes the file
             interrupted = True
         finally:
             bar.close()

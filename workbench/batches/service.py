@@ -200,7 +200,7 @@ class BatchService:
     def _process(self, batch_id: str) -> None:
         record = self.records.load(batch_id)
         done_path = self.records.work_dir(batch_id) / "done.jsonl"
-        if record["status"] in ("validating", "in_progress", "cancelling"):
+        if record["status"] in ("validating", "in_progress"):
             try:
                 works, refused, total = self._read_input(record)
             except BatchAPIError as exc:
@@ -217,7 +217,7 @@ class BatchService:
             fresh = [(line, custom_id, answer) for line, custom_id, answer in refused if line not in done]
             self._append(batch_id, done_path, [(line, cid, ans, False) for line, cid, ans in fresh])
             works = [w for w in works if w.request.line not in done]
-            finished = record["status"] == "cancelling" or run_chunks(
+            finished = run_chunks(
                 self.backend, works, run=record["workbench"]["run"],
                 emit=lambda pairs: self._append(batch_id, done_path, [
                     (w.request.line, w.request.custom_id, a, True) for w, a in pairs]),

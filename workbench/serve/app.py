@@ -60,7 +60,7 @@ def build_app(ctx: Context) -> Any:
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         error = APIError(
             f"{exc.detail}: {request.method} {request.url.path} (routes: GET /v1/models, POST "
-            "/v1/chat/completions, POST /v1/completions)",
+            "/v1/chat/completions, POST /v1/completions; all of them: GET /v1/inspect/routes)",
             status=exc.status_code,
         )
         return JSONResponse(error.body(), status_code=exc.status_code)

@@ -115,7 +115,9 @@ class BulkBackend:
             results = [row.future.result() for row in rows]
             scored = [row.future.result() for row in scores]
         except APIError as exc:
-            if exc.status == 503:  # the server stopped, or the engine is unavailable: not this request's fault
+            # 503: the server stopped or the engine is unavailable; 499: engine.cancel() from a notebook cell hit
+            # the chunk.  Neither is this request's fault: the chunk runs again (a batch stops by its own cancel).
+            if exc.status in (499, 503):
                 raise Interrupted(exc.message) from None
             return Answer(exc.status, exc.body())
         ctx = self.ctx
