@@ -361,7 +361,8 @@ def test_the_batch_package_works_without_fastapi(tmp_path):
             "from workbench.batches import FileStore, parse_line\n"
             "from workbench.batches.cli import run_file\n"
             f"info = FileStore({str(tmp_path)!r}).create(b'{{}}\\n', filename='a.jsonl', purpose='batch')\n"
-            "print(info['id'], parse_line('{\"custom_id\": \"a\", \"url\": \"/v1/completions\", \"body\": {}}', 1).url)")
+            "line = '{\"custom_id\": \"a\", \"url\": \"/v1/completions\", \"body\": {}}'\n"
+            "print(info['id'], parse_line(line, 1).url)")
     env = {**os.environ, "PYTHONPATH": str(Path(wb.__file__).parents[1])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
