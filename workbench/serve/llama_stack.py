@@ -22,6 +22,7 @@ from typing import Any
 
 from workbench.types import ChatCompletion, llama_stack_batch
 
+from . import registry
 from .errors import APIError, from_engine_error
 from .gather import Row, StreamJob
 from .streams import sse
@@ -57,7 +58,7 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
     async def checked(request: Request) -> dict[str, Any]:
         authorize(request)
         body = await body_of(request)
-        check_model_id(body, (ctx.model, *ctx.aliases))
+        check_model_id(body, registry.served_ids(ctx))
         ctx.gatherer.stats.requests += 1
         return body
 
