@@ -19,7 +19,7 @@ counted from the batch record: the lines recovered from disk, the lines computed
 written lines computed twice (0 when nothing finished was recomputed; the chunk in flight at the kill is lost
 work until the run store keeps its rows).
 
-    OMP_NUM_THREADS=1 python bench/serve.py --batch-api [--requests 512] [--max-tokens 16] [--repeats 2]
+    OMP_NUM_THREADS=1 python bench/serve.py --batch-api [--requests 512] [--max-tokens 16] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=512, help="requests in the batch file (--batch-api)")
     args = parser.parse_args()
     if args.batch_api:
-        batch_api(args.requests, args.max_tokens if args.max_tokens != 48 else 16, min(args.repeats, 2))
+        batch_api(args.requests, args.max_tokens if args.max_tokens != 48 else 16, args.repeats)
         return
 
     import openai

@@ -10,8 +10,9 @@ in the error file, code ``batch_expired``).  Only a batch whose input file is go
 
 Restart: records and ``done.jsonl`` are on disk, so a new process serving the same model finds every
 unfinished batch when it starts (and whenever it is idle), re-reads its input, skips the lines already in
-``done.jsonl`` and runs the rest; the record counts the restart and the lines recovered
-(``workbench.restarts``, ``workbench.recovered``).  A lock file per batch keeps two processes sharing a data
+``done.jsonl`` and runs the rest; the record counts the resumption and the lines recovered
+(``workbench.restarts``: times the batch was resumed, after a restart or an interrupted chunk;
+``workbench.recovered``).  A lock file per batch keeps two processes sharing a data
 folder from running one batch twice.  The chunk in flight when a process dies is recomputed; with the run
 store (phase 2) the backend's engine calls carry ``run=run_name(batch_id)`` and those rows come back from
 disk too.
@@ -212,8 +213,10 @@ class BatchService:
             if state.get("started"):
                 extra.update(restarts=state["restarts"] + 1, recovered=len(done))
             now = int(time.time())
+            ok = sum(1 for entry in done.values() if entry["ok"])  # the counts of what is on disk (a kill may have
+            counts = {"total": total, "completed": ok, "failed": len(done) - ok}  # come between line and record)
             record = self._update(batch_id, status="in_progress", in_progress_at=record["in_progress_at"] or now,
-                                  request_counts={**record["request_counts"], "total": total}, workbench=extra)
+                                  request_counts=counts, workbench=extra)
             fresh = [(line, custom_id, answer) for line, custom_id, answer in refused if line not in done]
             self._append(batch_id, done_path, [(line, cid, ans, False) for line, cid, ans in fresh])
             works = [w for w in works if w.request.line not in done]
