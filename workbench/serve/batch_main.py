@@ -30,7 +30,9 @@ from .server import served_model_id
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workbench batch", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m workbench batch", description=(
+        "Run a batch file through the engine, no server: OpenAI batch lines in (custom_id, method, url, body), "
+        "vLLM run-batch lines out; a re-run resumes, skipping the requests already in the output file."))
     p.add_argument("-i", "--input-file", required=True, help="requests, one JSON object per line (OpenAI batch "
                    "format: custom_id, method, url, body)")
     p.add_argument("-o", "--output-file", required=True, help="results, one line per request (vLLM run-batch "
