@@ -179,11 +179,13 @@ def batch_api(n: int, max_tokens: int, repeats: int) -> None:
     tools = [d.to_openai() for d in coerce_tools([DEMO_TOOLS[k] for k in names])]
     rows = dialogs(n)
     data = batch_file(rows, tools, max_tokens)
-    with tempfile.TemporaryDirectory() as folder:
-        srv = serve(engine, port=0, data_dir=folder)
+    with tempfile.TemporaryDirectory() as folder:  # one data folder each: each server runs its own batches
+        srv = serve(engine, port=0, data_dir=Path(folder) / "a")  # chunks of 8 x max_batch_size rows (the default)
+        whole = serve(engine, port=0, data_dir=Path(folder) / "b", batch_rows=n)  # the file as one engine call
         client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0, timeout=600)
+        whole_client = openai.OpenAI(base_url=whole.url, api_key="unused", max_retries=0, timeout=600)
         run_batch(client, batch_file(rows[:8], tools, max_tokens))  # warm-up: first-call costs of the path
-        best = {"in_process_batch": float("inf"), "batch_api": float("inf")}
+        best = {"in_process_batch": float("inf"), "batch_api": float("inf"), "batch_api_one_chunk": float("inf")}
         tokens: dict[str, int] = {}
 
         def in_process() -> None:
@@ -192,19 +194,23 @@ def batch_api(n: int, max_tokens: int, repeats: int) -> None:
             best["in_process_batch"] = min(best["in_process_batch"], time.perf_counter() - start)
             tokens["in_process_batch"] = sum(len(r.tokens) for r in out)
 
-        def through_the_api() -> None:
-            seconds, batch, lines = run_batch(client, data)
+        def through(name: str, api: object) -> None:
+            seconds, batch, lines = run_batch(api, data)
             assert batch.request_counts.completed == n, batch
-            best["batch_api"] = min(best["batch_api"], seconds)
-            tokens["batch_api"] = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in lines)
+            best[name] = min(best[name], seconds)
+            tokens[name] = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in lines)
 
-        for repeat in range(repeats):  # alternating which goes first: the machine's load drifts
-            for contender in ((in_process, through_the_api) if repeat % 2 == 0 else (through_the_api, in_process)):
-                contender()
+        contenders = [in_process, lambda: through("batch_api", client),
+                      lambda: through("batch_api_one_chunk", whole_client)]
+        for repeat in range(repeats):  # rotating which goes first: the machine's load drifts
+            for k in range(len(contenders)):
+                contenders[(k + repeat) % len(contenders)]()
         largest = srv.stats.largest_batch
+        whole.stop()
         srv.stop()
-    assert tokens["in_process_batch"] == tokens["batch_api"], f"different token counts: {tokens}"
+    assert len(set(tokens.values())) == 1, f"different token counts: {tokens}"
     ratio = best["in_process_batch"] / best["batch_api"]
+    one_chunk = best["in_process_batch"] / best["batch_api_one_chunk"]
 
     with tempfile.TemporaryDirectory() as folder:  # the restart: a server process killed mid-batch
         proc, url = server_process(folder, engine.max_batch_size)
@@ -232,12 +238,16 @@ def batch_api(n: int, max_tokens: int, repeats: int) -> None:
           f"({tokens['in_process_batch'] / best['in_process_batch']:.1f} tokens/s)")
     print(f"  /v1/batches (upload..download)    {best['batch_api']:7.2f} s "
           f"({tokens['batch_api'] / best['batch_api']:.1f} tokens/s): {ratio:.2f}x in-process (target >= 0.9x)")
+    print(f"  /v1/batches, --batch-rows {n:<6d}  {best['batch_api_one_chunk']:7.2f} s: {one_chunk:.2f}x in-process "
+          "(one engine call: what chunking for interactive requests costs)")
     print(f"  restart: killed at {restart['recovered']} of {n} lines written; {restart['computed_after_restart']} "
           f"computed after the restart; written lines computed twice: {restart['written_lines_computed_twice']}")
     print(json.dumps({"bench": "serve_batch_api", "requests": n, "max_tokens": max_tokens,
                       "torch_threads": torch.get_num_threads(), "tokens": tokens["batch_api"],
                       "in_process_s": round(best["in_process_batch"], 3), "batch_api_s": round(best["batch_api"], 3),
-                      "batch_api_vs_in_process": round(ratio, 3), "largest_batch": largest, "restart": restart}))
+                      "batch_api_one_chunk_s": round(best["batch_api_one_chunk"], 3),
+                      "batch_api_vs_in_process": round(ratio, 3), "one_chunk_vs_in_process": round(one_chunk, 3),
+                      "largest_batch": largest, "restart": restart}))
 
 
 if __name__ == "__main__":
