@@ -24,6 +24,14 @@ def no_host_settings():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def batch_data_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Servers started by tests keep Batch API files and records in a temporary folder, not the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WORKBENCH_DATA_DIR", str(tmp_path_factory.mktemp("workbench-data")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def make_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> CheckpointMaker:
     """``make_checkpoint(params, n_shards=1, layout="modules", seed=0)`` -> folder (cached per arguments)."""

@@ -378,3 +378,129 @@ def test_llama_stack_client_streaming_chat(stack_client, engine):
             [(c.tool_name, c.arguments) for c in ref.message.tool_calls]
         native = engine.stream_chat_completion(dialog, STACK_TOOLS[:1], max_tokens=24)
         assert texts == [i.text for i in native if getattr(i, "type", None) == "text"]  # the same pieces, in order
+
+
+# ------------------------------------------------------------------------------------------- what the suite touches
+def test_llama_stack_client_discovery_routes(stack_client):
+    """Llama Stack's integration suite finds the model's provider first (GET /v1/providers)."""
+    server, client = stack_client
+    (provider,) = [p for p in client.providers.list() if p.api == "inference"]
+    assert (provider.provider_id, provider.provider_type) == ("workbench", "inline::meta-reference")
+    assert client.providers.retrieve("workbench").config["model"] == server.model
+    with pytest.raises(client_error(), match="only provider is 'workbench'"):
+        client.providers.retrieve("remote::ollama")
+    assert client.inspect.health().status == "OK"
+    assert client.inspect.version().version
+    routes = {(r.route, r.method) for r in client.routes.list()}
+    assert {("/v1/providers", "GET"), ("/v1/inference/chat-completion", "POST"), ("/v1/models", "POST"),
+            ("/v1/chat/completions", "POST"), ("/v1/openai/v1/chat/completions", "POST"),
+            ("/v1/openai/v1/batches", "POST")} <= routes
+
+
+def test_llama_stack_model_registration(stack_client, engine):
+    server, client = stack_client
+    assert client.models.register(model_id=server.model).identifier == server.model  # its own id: accepted
+    alias = client.models.register(model_id="my-demo", provider_model_id=server.model, provider_id="workbench")
+    assert (alias.identifier, alias.provider_resource_id, alias.provider_id) == ("my-demo", server.model, "workbench")
+    try:
+        assert {m.identifier for m in client.models.list()} == {server.model, "my-demo"}
+        reply = client.inference.completion(model_id="my-demo", content="Hello", sampling_params={"max_tokens": 3})
+        assert reply.content == engine.completion("Hello", max_tokens=3).text
+        import openai
+
+        chat = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0).chat.completions.create(
+            model="my-demo", messages=JOKE, max_tokens=3)
+        assert chat.choices[0].message.content == engine.chat_completion(JOKE, max_tokens=3).message.content
+    finally:
+        client.models.unregister("my-demo")
+    assert [m.identifier for m in client.models.list()] == [server.model]
+    for kwargs, status in (({"model_id": "meta-llama/Llama-3.1-8B-Instruct"}, 400),
+                           ({"model_id": "x", "provider_model_id": "gpt-4"}, 400),
+                           ({"model_id": server.model, "model_type": "embedding"}, 400),
+                           ({"model_id": server.model, "provider_id": "ollama"}, 404)):
+        with pytest.raises(client_error()) as refused:
+            client.models.register(**kwargs)
+        assert refused.value.status_code == status
+    with pytest.raises(client_error(), match="serves one model"):
+        client.models.register(model_id="meta-llama/Llama-3.1-8B-Instruct")
+    with pytest.raises(client_error()):
+        client.models.unregister(server.model)
+
+
+def test_registration_of_the_models_own_names(llama3_dir):
+    """A Llama 3.2 engine registers its Hugging Face name (the suite's --text-model) and answers under it."""
+    from llama_stack_client import LlamaStackClient
+
+    engine = build_engine(resolve_settings(llama3_dir, model="Llama3.2-3B-Instruct", max_batch_size=2,
+                                           max_seq_len=256))
+    try:
+        with wb.serve(engine, port=0) as server:
+            client = LlamaStackClient(base_url=server.url.removesuffix("/v1"), max_retries=0, timeout=120)
+            model = client.models.register(model_id="meta-llama/Llama-3.2-3B-Instruct", provider_id="workbench")
+            assert model.provider_resource_id == server.model
+            reply = client.inference.completion(model_id="meta-llama/Llama-3.2-3B-Instruct", content="Hi",
+                                                sampling_params={"max_tokens": 2})
+            assert reply.content == engine.completion("Hi", max_tokens=2).text
+            with pytest.raises(client_error()):
+                client.models.register(model_id="meta-llama/Llama-3.1-8B-Instruct")
+    finally:
+        engine.close()
+
+
+def test_llama_stack_routes_honour_response_format_logprobs_and_stop(stack_client, engine):
+    import json
+
+    server, client = stack_client
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": schema}
+    got = client.inference.chat_completion(model_id=server.model, messages=WEATHER, response_format=fmt,
+                                           sampling_params={"max_tokens": 40})
+    ref = engine.chat_completion(WEATHER, response_format=fmt, max_tokens=40)
+    assert got.completion_message.content == ref.message.content and ref.message.content.startswith('{"city": ')
+    if ref.stop_reason != "out_of_tokens":
+        assert set(json.loads(ref.message.content)) == {"city"}
+    grammar = {"type": "grammar", "bnf": {"root": '"yes" | "no"'}}
+    answer = client.inference.completion(model_id=server.model, content="Is Paris in France?",
+                                         response_format=grammar, sampling_params={"max_tokens": 4})
+    assert answer.content in ("yes", "no")
+    assert answer.content == engine.completion("Is Paris in France?", response_format=grammar, max_tokens=4).text
+    batch = client.inference.batch_chat_completion(model_id=server.model, messages_batch=[WEATHER, JOKE],
+                                                   response_format=fmt, sampling_params={"max_tokens": 40})
+    assert [r.completion_message.content for r in batch.batch] == \
+        [r.message.content for r in engine.batch_chat_completion([WEATHER, JOKE], response_format=fmt, max_tokens=40)]
+    # logprobs: one entry per generated token with top_k alternatives, also per streamed chunk
+    ref = engine.completion("Once upon a time", max_tokens=6, logprobs=2)
+    whole = client.inference.completion(model_id=server.model, content="Once upon a time", logprobs={"top_k": 2},
+                                        sampling_params={"max_tokens": 6})
+    assert whole.content == ref.text and len(whole.logprobs) == len(ref.tokens)
+    for got_lp, ref_lp in zip(whole.logprobs, ref.to_llama_stack().logprobs):
+        assert got_lp.logprobs_by_token == pytest.approx(ref_lp.logprobs_by_token, abs=1e-4)  # a reused prefix: noise
+    chunks = list(client.inference.completion(model_id=server.model, content="Once upon a time", stream=True,
+                                              logprobs={"top_k": 1}, sampling_params={"max_tokens": 6}))
+    assert "".join(c.delta for c in chunks) == ref.text
+    for chunk in chunks:
+        if chunk.delta:
+            assert chunk.logprobs and all(len(lp.logprobs_by_token) == 1 for lp in chunk.logprobs)
+    assert sum(len(c.logprobs or ()) for c in chunks) == len(ref.tokens)
+    # stop strings, streamed and not
+    stop = engine.completion("Once upon a time", max_tokens=12, stop=["a"])
+    streamed = client.inference.completion(model_id=server.model, content="Once upon a time", stream=True,
+                                           sampling_params={"max_tokens": 12, "stop": ["a"]})
+    assert "".join(c.delta for c in streamed) == stop.text and "a" not in stop.text
+
+
+def test_openai_prefix_serves_the_openai_routes(stack_client, engine):
+    """Llama Stack's OpenAI-compatible routes live under /v1/openai/v1 (its suite's openai_client)."""
+    import openai
+
+    server, _ = stack_client
+    client = openai.OpenAI(base_url=server.url + "/openai/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == [server.model]
+    reply = client.chat.completions.create(model=server.model, messages=WEATHER, max_tokens=8)
+    assert reply.choices[0].message.content == engine.chat_completion(WEATHER, max_tokens=8).message.content
+    text = client.completions.create(model=server.model, prompt="Once upon a time", max_tokens=5)
+    assert text.choices[0].text == engine.completion("Once upon a time", max_tokens=5).text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=server.model, prompt="Once upon a time", max_tokens=5, stream=True) if c.choices)
+    assert streamed == text.choices[0].text

@@ -281,3 +281,17 @@ def test_pathological_inputs_do_not_blow_up() -> None:
     for text in ['{"name": "' * 3000, "[f(" * 3000, "[" * 5000, "(" * 20000 + ")", '{"a": [' * 2000]:
         msg = parse_assistant(text)
         assert isinstance(msg.content, str) and msg.tool_calls == []
+
+
+def test_json_calls_separated_by_semicolons():
+    """Llama 3.2 writes several JSON calls separated by ';': the separators are not content."""
+    from workbench.formats.parser import parse_tool_calls
+
+    first = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    second = '{"type": "function", "name": "get_time", "parameters": {}}'
+    for text in (f"{first}; {second}", f"{first};{second};", f"{first}\n; {second}"):
+        result = parse_tool_calls(text)
+        assert [c.tool_name for c in result.tool_calls] == ["get_weather", "get_time"]
+        assert result.content == "" and result.error is None
+    result = parse_tool_calls(f"Checking; one moment. {first}; {second}")
+    assert result.content == "Checking; one moment." and len(result.tool_calls) == 2

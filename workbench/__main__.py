@@ -44,7 +44,9 @@ DESCRIPTION = (
     "batched_equals_sequential). Without a checkpoint it runs the embedded default: a tiny Llama 4 demo "
     "model trained to call these tools (not a general language model). For a real model: python -m workbench "
     "/ckpts/Llama3.1-8B-Instruct --model Llama3.1-8B-Instruct --device cuda (or a checkpoints.toml entry name). "
-    "'python -m workbench serve [--checkpoint ...] [--port ...]' serves the model as an OpenAI-compatible endpoint."
+    "'python -m workbench serve [--checkpoint ...] [--port ...]' serves the model as an OpenAI-compatible endpoint; "
+    "'python -m workbench batch -i requests.jsonl -o results.jsonl' runs a batch file (OpenAI batch lines in, "
+    "vLLM run-batch lines out, resumable)."
 )
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
@@ -81,6 +83,16 @@ def _serve(argv: list[str]) -> int:
     except ImportError as exc:
         return _fail(f"serving needs the serve extra ({exc}); pip install -e '.[serve]'", False)
     return serve_cli.main(argv)
+
+
+def _batch(argv: list[str]) -> int:
+    """``python -m workbench batch -i in.jsonl -o out.jsonl``: a batch file through the engine (vLLM run-batch's
+    formats; needs the ``serve`` extra for the request translation)."""
+    try:
+        from workbench.serve import batch_main  # only this subcommand needs the serve extra
+    except ImportError as exc:
+        return _fail(f"batch files need the serve extra ({exc}); pip install -e '.[serve]'", False)
+    return batch_main.main(argv)
 
 
 def _fail(message: str, debug: bool) -> int:
@@ -134,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["serve"]:  # python -m workbench serve [...]: the OpenAI-compatible endpoint
         return _serve(argv[1:])
+    if argv[:1] == ["batch"]:  # python -m workbench batch -i in.jsonl -o out.jsonl: a batch file, no server
+        return _batch(argv[1:])
     args = build_parser().parse_args(argv)
 
     if args.max_tokens < 1:

@@ -209,6 +209,9 @@ def _looks_like_call(text: str) -> bool:
     return bool(re.match(r"(\[\s*)?\{\s*\"(name|type|function)\"|<function=", text))
 
 
+_JSON_SEPARATOR_RE = re.compile(r"\s*;")
+
+
 def _parse_search(text: str) -> ParseResult:
     calls: list[ToolCall] = []
     pieces: list[str] = []
@@ -235,6 +238,9 @@ def _parse_search(text: str) -> ParseResult:
             continue
         pieces.append(text[pos:start])
         calls.extend(found)
+        if kind in ("json", "jsonlist"):  # Llama 3.2 separates JSON calls with ';': the separator is no content
+            separator = _JSON_SEPARATOR_RE.match(text, end)
+            end = separator.end() if separator else end
         pos = scan = end
     pieces.append(text[pos:])
     content = "".join(pieces).strip() if calls else text.strip()

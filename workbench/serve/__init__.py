@@ -4,9 +4,12 @@
     client = openai.OpenAI(base_url=srv.url, api_key="none")
     srv.stop()                                         # or: with workbench.serve(engine) as srv: ...
 
-Modules: :mod:`.translate` (request bodies → engine calls), :mod:`.gather` (concurrent requests → engine
-batches), :mod:`.shapes` / :mod:`.streams` (results → OpenAI responses and SSE chunks), :mod:`.app` (routes),
-:mod:`.server` (lifecycle), :mod:`.errors` (OpenAI-shaped 4xx).
+Modules: :mod:`.translate` (request bodies → engine calls), :mod:`.room` (``max_tokens`` against the context),
+:mod:`.gather` (concurrent requests → engine batches), :mod:`.shapes` / :mod:`.streams` (results → OpenAI
+responses and SSE chunks), :mod:`.app` (routes), :mod:`.llama_stack` and :mod:`.registry` (Llama Stack's
+inference and discovery routes), :mod:`.bulk` (the Batch API's backend: :mod:`workbench.batches` holds the
+rest), :mod:`.server` (lifecycle), :mod:`.errors` (OpenAI-shaped 4xx), :mod:`.options` and
+:mod:`.batch_main` (the command lines).
 """
 
 import sys

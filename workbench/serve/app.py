@@ -10,14 +10,18 @@ import hmac
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.batches import BatchAPIError
+from workbench.batches import routes as batch_routes
+from workbench.batches.routes import DEFAULT_MAX_FILE
 from workbench.engine import Engine
 
-from . import llama_stack, shapes
+from . import llama_stack, registry, shapes
 from .errors import APIError, from_engine_error
 from .gather import BatchedStreamJob, Gatherer, Row
+from .room import check_room
 from .streams import ChatStream, CompletionStream, sse
 from .translate import ChatRequest, CompletionRequest, check_model, parse_chat, parse_completion
 
@@ -33,6 +37,9 @@ class Context:
     api_key: str | None
     max_body: int = DEFAULT_MAX_BODY
     created: int = 0
+    aliases: dict[str, str] = field(default_factory=dict)  # model ids registered through POST /v1/models
+    batches: Any = None  # the Batch API's BatchService (None: no /v1/files, /v1/batches routes)
+    max_file_bytes: int = DEFAULT_MAX_FILE
 
 
 def build_app(ctx: Context) -> Any:
@@ -43,16 +50,18 @@ def build_app(ctx: Context) -> Any:
     from starlette.exceptions import HTTPException
 
     app = FastAPI(title="workbench", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(OpenAIPrefix)
 
     @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    @app.exception_handler(BatchAPIError)
+    async def _api_error(request: Request, exc: APIError | BatchAPIError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         error = APIError(
             f"{exc.detail}: {request.method} {request.url.path} (routes: GET /v1/models, POST "
-            "/v1/chat/completions, POST /v1/completions)",
+            "/v1/chat/completions, POST /v1/completions; all of them: GET /v1/inspect/routes)",
             status=exc.status_code,
         )
         return JSONResponse(error.body(), status_code=exc.status_code)
@@ -139,20 +148,21 @@ def build_app(ctx: Context) -> Any:
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         authorize(request)
-        return {"object": "list", "data": [model_card(ctx)]}
+        return {"object": "list", "data": [model_card(ctx, name) for name in registry.served_ids(ctx)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, request: Request) -> dict[str, Any]:
         authorize(request)
-        check_model({"model": model_id}, ctx.model)
-        return model_card(ctx)
+        check_model({"model": model_id}, registry.served_ids(ctx))
+        return model_card(ctx, model_id)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         authorize(request)
         body = await body_of(request)
-        check_model(body, ctx.model)
+        check_model(body, registry.served_ids(ctx))
         req = parse_chat(body)
+        check_room(ctx.engine, req)
         ctx.gatherer.stats.requests += 1
         if req.stream:
             return await chat_events(ctx, req)
@@ -163,8 +173,9 @@ def build_app(ctx: Context) -> Any:
     async def completions(request: Request) -> Any:
         authorize(request)
         body = await body_of(request)
-        check_model(body, ctx.model)
+        check_model(body, registry.served_ids(ctx))
         req = parse_completion(body)
+        check_room(ctx.engine, req)
         ctx.gatherer.stats.requests += 1
         if req.stream:
             return await completion_events(ctx, req)
@@ -173,18 +184,40 @@ def build_app(ctx: Context) -> Any:
     llama_stack.mount(
         app, ctx, authorize=authorize, body_of=body_of, await_rows=await_rows, start_stream=start_stream
     )  # Llama Stack's inference routes (POST /v1/inference/...)
+    registry.mount(app, ctx, authorize=authorize, body_of=body_of, card=model_card)  # providers, health, ...
+    if ctx.batches is not None:  # OpenAI's Batch API: /v1/files, /v1/batches
+        batch_routes.mount(app, ctx.batches, authorize=authorize, body_of=body_of, max_file_bytes=ctx.max_file_bytes)
     return app
 
 
-def model_card(ctx: Context) -> dict[str, Any]:
-    return {
-        "id": ctx.model,
+class OpenAIPrefix:
+    """ASGI middleware: ``/v1/openai/v1/<route>`` is served by ``/v1/<route>`` for the OpenAI routes."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path", "") if scope.get("type") == "http" else ""
+        if path.startswith(registry.OPENAI_PREFIX + "/v1/"):
+            rest = path[len(registry.OPENAI_PREFIX):]
+            if rest.split("/")[2] in registry.OPENAI_ROUTES:
+                scope = {**scope, "path": rest, "raw_path": rest.encode()}
+        await self.app(scope, receive, send)
+
+
+def model_card(ctx: Context, model_id: str | None = None) -> dict[str, Any]:
+    """The served model's card (OpenAI's and Llama Stack's fields), under ``model_id`` when it is an alias."""
+    card = {
+        "id": model_id or ctx.model,
         "object": "model",
         "created": ctx.created,
         "owned_by": "workbench",
         "max_model_len": ctx.engine.max_seq_len,
         **llama_stack.model_fields(ctx),  # the same card parses as a llama-stack-client Model
     }
+    if model_id is not None and model_id != ctx.model:
+        card["identifier"] = model_id  # Llama Stack: the alias, served by the provider's own model
+    return card
 
 
 # ----------------------------------------------------------------------------------------------- rows
@@ -211,8 +244,9 @@ def _encoded(ctx: Context, prompt: str | list[int]) -> list[int]:
     return ctx.engine.tokenizer.encode(prompt, bos=True) if isinstance(prompt, str) else list(prompt)
 
 
-async def completion_response(ctx: Context, req: CompletionRequest) -> dict[str, Any]:
-    tokenizer = ctx.engine.tokenizer
+def completion_rows(ctx: Context, req: CompletionRequest) -> tuple[list[Row], list[Row]]:
+    """The engine rows of a completions request: generated rows (one per prompt and choice), then the prompt
+    scores that echo with logprobs needs (one per prompt)."""
     rows: list[Row] = []
     if req.generate:
         rows += [
@@ -223,8 +257,18 @@ async def completion_response(ctx: Context, req: CompletionRequest) -> dict[str,
     if req.echo and req.logprobs is not None:
         k = req.logprobs
         scores = [Row("score", ("score",), _encoded(ctx, prompt), {"k": k}, "prompt") for prompt in req.prompts]
+    return rows, scores
+
+
+async def completion_response(ctx: Context, req: CompletionRequest) -> dict[str, Any]:
+    rows, scores = completion_rows(ctx, req)
     results = await await_rows(ctx, rows + scores)
-    generated, scored = results[: len(rows)], results[len(rows) :]
+    return completion_body(ctx, req, results[: len(rows)], results[len(rows) :])
+
+
+def completion_body(ctx: Context, req: CompletionRequest, generated: list[Any], scored: list[Any]) -> dict[str, Any]:
+    """The ``text_completion`` response from the results of :func:`completion_rows` (in the same order)."""
+    tokenizer = ctx.engine.tokenizer
     prompt_ids = [_encoded(ctx, p) for p in req.prompts]
     choices = []
     for i, (p, _choice) in enumerate(req.rows):

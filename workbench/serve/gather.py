@@ -82,6 +82,21 @@ class BatchedStreamJob:
 
 
 @dataclass
+class BulkJob:
+    """Rows of one key that run as ONE engine call however many they are (a Batch API chunk).
+
+    It waits its turn in the queue like any request, so interactive requests queued before it run first and
+    those arriving while it runs go next: a batch that submits one chunk at a time interleaves with them."""
+
+    members: list[Row]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def rows(self) -> int:
+        return len(self.members)
+
+
+@dataclass
 class Stats:
     """What the server's card shows: requests answered, tokens generated, and the engine seconds they took."""
 
@@ -113,6 +128,7 @@ class Gatherer:
         self._queue: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
         self._current: list[Any] = []
+        self.last_interactive = 0.0  # time.monotonic() of the last request that was not a BulkJob
         self._thread = threading.Thread(target=self._loop, name="workbench-serve-engine", daemon=True)
         self._thread.start()
 
@@ -123,6 +139,8 @@ class Gatherer:
     def submit(self, job: Row | StreamJob) -> None:
         if self._stopping.is_set():
             raise APIError("the server is stopping", status=503, type="server_error")
+        if not isinstance(job, BulkJob):
+            self.last_interactive = time.monotonic()
         self._queue.put(job)
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -176,7 +194,7 @@ class Gatherer:
         for job in jobs:
             if job.cancelled.is_set():
                 _fail(job, APIError("the client went away", status=499, type="cancelled"))
-            elif isinstance(job, StreamJob):
+            elif isinstance(job, (StreamJob, BulkJob)):
                 order.append(job)
             else:  # a Row or a BatchedStreamJob: grouped by key
                 if job.key not in groups:
@@ -186,6 +204,9 @@ class Gatherer:
         for item in order:
             if isinstance(item, StreamJob):
                 self._run_stream(item)
+                continue
+            if isinstance(item, BulkJob):
+                self._run_rows(item.members)
                 continue
             members = groups[item]
             if isinstance(members[0], BatchedStreamJob):
@@ -208,8 +229,9 @@ class Gatherer:
                 for row in rows:
                     _fail(row, from_engine_error(exc, row.where))
                 return
-            for row in rows:  # isolate the bad row: its neighbours still get their answers
-                self._run_rows([row])
+            half = len(rows) // 2  # isolate the bad rows by halves: their neighbours still get their answers
+            self._run_rows(rows[:half])
+            self._run_rows(rows[half:])
             return
         self._account(len(rows), sum(len(getattr(r, "tokens", ())) for r in results), started)
         for row, result in zip(rows, results):
@@ -301,7 +323,10 @@ def _rows(job: Any) -> int:
 
 
 def _fail(job: Any, error: APIError) -> None:
-    if isinstance(job, (StreamJob, BatchedStreamJob)):
+    if isinstance(job, BulkJob):
+        for row in job.members:
+            _fail(row, error)
+    elif isinstance(job, (StreamJob, BatchedStreamJob)):
         job.sink(("error", error))
     elif not job.future.done():
         job.future.set_exception(error)

@@ -22,6 +22,7 @@ from typing import Any
 
 from workbench.types import ChatCompletion, llama_stack_batch
 
+from . import registry
 from .errors import APIError, from_engine_error
 from .gather import Row, StreamJob
 from .streams import sse
@@ -58,7 +59,7 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
     async def checked(request: Request) -> dict[str, Any]:
         authorize(request)
         body = await body_of(request)
-        check_model(body, ctx.model, "model_id")
+        check_model(body, registry.served_ids(ctx), "model_id")
         ctx.gatherer.stats.requests += 1
         return body
 
@@ -69,7 +70,8 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
         if _flag(body, "stream"):
             job = _completion_stream(content, kwargs)
             started = await start_stream(ctx, lambda sink: StreamJob(job, sink, "content"))
-            return StreamingResponse(_events(started, _completion_events()), media_type="text/event-stream")
+            feed = _completion_events(logprobs=kwargs.get("logprobs") is not None)
+            return StreamingResponse(_events(started, feed), media_type="text/event-stream")
         results = await await_rows(ctx, [_completion_row(content, kwargs)])
         return results[0].to_llama_stack(plain=True)
 
@@ -84,7 +86,7 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
     @app.post("/v1/inference/chat-completion")
     async def chat_completion(request: Request) -> Any:
         body = await checked(request)
-        messages = _list(body, "messages")
+        messages = check_dialog(_list(body, "messages"), "messages")
         tools, fmt, kwargs = chat_request(body)
         if _flag(body, "stream"):
             job = _chat_stream(messages, tools, fmt, kwargs)
@@ -97,6 +99,11 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
     async def batch_chat_completion(request: Request) -> Any:
         body = await checked(request)
         dialogs = _list(body, "messages_batch")
+        for i, dialog in enumerate(dialogs):
+            if not isinstance(dialog, list) or not dialog:
+                raise APIError(f"messages_batch[{i}] must be a non-empty list of messages",
+                               param=f"messages_batch[{i}]")
+            check_dialog(dialog, f"messages_batch[{i}]")
         tools, fmt, kwargs = chat_request(body)
         results = await await_rows(ctx, [_chat_row(d, tools, fmt, kwargs) for d in dialogs])
         return llama_stack_batch(results, plain=True)
@@ -108,6 +115,22 @@ def _list(body: dict[str, Any], name: str) -> list[Any]:
     if not isinstance(value, list) or not value:
         raise APIError(f"'{name}' must be a non-empty list", param=name)
     return value
+
+
+def check_dialog(messages: list[Any], where: str) -> list[Any]:
+    """Llama Stack's message shapes: a known role, and the ``content`` its message types require (an assistant
+    message may carry only ``tool_calls``)."""
+    for i, message in enumerate(messages):
+        at = f"{where}[{i}]"
+        if not isinstance(message, dict):
+            raise APIError(f"{at} must be a message object with 'role' and 'content'", param=at)
+        role = message.get("role")
+        if role not in ("system", "user", "assistant", "tool", "ipython"):
+            raise APIError(f"{at}.role is {role!r:.40}; use system, user, assistant or tool", param=f"{at}.role")
+        if message.get("content") is None and not (role == "assistant" and message.get("tool_calls")):
+            raise APIError(f"{at} ({role}) has no content: a {role} message needs its 'content'",
+                           param=f"{at}.content")
+    return messages
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:
@@ -175,16 +198,45 @@ def _chat_stream(messages: Any, tools: Any, fmt: Any, kwargs: dict[str, Any]) ->
     return lambda engine: engine.stream_chat_completion(messages, tools, response_format=fmt, **kwargs)
 
 
-def _completion_events() -> Callable[[Any], list[dict[str, Any]]]:
-    """Llama Stack's ``CompletionResponseStreamChunk`` per engine chunk (the last carries the stop reason)."""
+def _completion_events(logprobs: bool = False) -> Callable[[Any], list[dict[str, Any]]]:
+    """Llama Stack's ``CompletionResponseStreamChunk`` per engine chunk (the last carries the stop reason).
+
+    With ``logprobs`` every chunk carries the log-probabilities of its own tokens, as Llama Stack's
+    meta-reference stream does.  The engine's stream chunks carry token ids only (the values arrive with the
+    row's final result), so such a stream holds its chunks until the row ends and then sends them all."""
+    held: list[Any] = []
 
     def feed(chunk: Any) -> list[dict[str, Any]]:
         if chunk.final is None:
+            if logprobs:
+                held.append(chunk)
+                return []
             return [{"delta": chunk.text}] if chunk.text else []
         final = chunk.final.to_llama_stack(plain=True)
-        return [{"delta": chunk.text, "stop_reason": final["stop_reason"], "logprobs": final["logprobs"]}]
+        if not logprobs:
+            return [{"delta": chunk.text, "stop_reason": final["stop_reason"], "logprobs": final["logprobs"]}]
+        return _with_logprobs(held, chunk, chunk.final.logprobs or [], final)
 
     return feed
+
+
+def _with_logprobs(held: list[Any], last: Any, values: list[Any], final: dict[str, Any]) -> list[dict[str, Any]]:
+    """The held chunks, each with the log-probabilities of the tokens up to its own (a token whose text was held
+    back, half a UTF-8 character, goes with the next chunk that has text); the rest go on the last chunk."""
+    out: list[dict[str, Any]] = []
+    at, pending = 0, []
+    for chunk in held:
+        while at < len(values):
+            pending.append(final["logprobs"][at])
+            at += 1
+            if values[at - 1].token == chunk.token:
+                break
+        if chunk.text:
+            out.append({"delta": chunk.text, "logprobs": pending})
+            pending = []
+    rest = pending + list(final["logprobs"][at:])
+    out.append({"delta": last.text, "stop_reason": final["stop_reason"], "logprobs": rest or None})
+    return out
 
 
 class _ChatEvents:

@@ -14,14 +14,18 @@ import socket
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
+from workbench.batches import BatchService
+from workbench.batches.routes import DEFAULT_MAX_FILE
 from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.engine import Engine
 from workbench.errors import ConfigError
 from workbench.session import current, load
 
 from .app import DEFAULT_MAX_BODY, Context, build_app
+from .bulk import BulkBackend
 from .gather import Gatherer
 
 log = logging.getLogger("workbench.serve")
@@ -72,6 +76,9 @@ class Server:
         max_body_bytes: int = DEFAULT_MAX_BODY,
         model_id: str | None = None,
         start_timeout_s: float = 30.0,
+        data_dir: str | Path | None = None,
+        batch_rows: int | None = None,
+        max_file_bytes: int = DEFAULT_MAX_FILE,
     ) -> None:
         try:
             import uvicorn
@@ -98,7 +105,11 @@ class Server:
         self.port = self._sock.getsockname()[1]
         self.started_at = time.time()
         self._gatherer = Gatherer(engine, window_s=window_s)
-        ctx = Context(engine, self._gatherer, self.model, api_key, max_body_bytes, int(self.started_at))
+        ctx = Context(engine, self._gatherer, self.model, api_key, max_body_bytes, int(self.started_at),
+                      max_file_bytes=max_file_bytes)
+        self._bulk = BulkBackend(ctx, bulk_rows=batch_rows)
+        self.batches = BatchService(self._bulk, model=self.model, data_dir=data_dir)
+        ctx.batches = self.batches
         config = uvicorn.Config(
             build_app(ctx), log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=2
         )
@@ -112,6 +123,7 @@ class Server:
         if not self._uvicorn.started:
             self.stop()
             raise ServeError(f"the server did not start on {self.url} ({self._error or 'timed out'})")
+        self.batches.start()  # runs new batches, and picks up the unfinished ones of this model
 
     @staticmethod
     def _bind(host: str, port: int) -> socket.socket:
@@ -156,7 +168,10 @@ class Server:
     def stop(self, timeout: float = 30.0) -> None:
         """Stop serving and free the port: open streams end at their next token, queued requests get 503s."""
         self._uvicorn.should_exit = True
+        self._bulk.close()  # a batch chunk in flight is abandoned: the batch resumes at the next start
+        self.batches.stop(timeout=0)
         self._gatherer.stop(timeout)
+        self.batches.stop(timeout)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         try:
@@ -207,7 +222,9 @@ def serve(engine: Engine | None = None, *, host: str = "127.0.0.1", port: int = 
     port: 0 picks a free port (``srv.port``, ``srv.url``).
     api_key: when given, every request needs ``Authorization: Bearer <api_key>``.
     options: ``window_s`` (the gathering window, 0.02 s), ``max_body_bytes`` (16 MiB), ``model_id`` (the id
-        clients send; default the engine's).
+        clients send; default the engine's), ``data_dir`` (where the Batch API keeps files and batches;
+        default ``$WORKBENCH_DATA_DIR`` or ``~/.local/share/workbench``), ``batch_rows`` (the most rows a
+        batch puts in one engine call; default 8 x max_batch_size), ``max_file_bytes`` (uploads, 200 MiB).
 
     Requests that arrive together share engine batches; answers equal the same in-process calls (omitted
     sampling fields take the engine's defaults: greedy).  A notebook cell may use the engine meanwhile: the

@@ -13,6 +13,7 @@ import base64
 import binascii
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -174,14 +175,17 @@ def _stream_options(body: dict, stream: bool) -> bool:
     return usage
 
 
-def check_model(body: dict, served: str, field: str = "model") -> None:
+def check_model(body: dict, served: str | Sequence[str], field: str = "model") -> None:
     """The one model-id check of every route: ``body[field]`` (OpenAI's ``model``, Llama Stack's ``model_id``)
-    absent means the served model; any other id is a 404 ``model_not_found`` naming the served one."""
+    absent means the served model; any other id is a 404 ``model_not_found`` naming the served one.
+
+    ``served``: the served id, or every accepted id (the served id first, then registered aliases)."""
     model = body.get(field)
-    if model is None or model == served:
+    ids = (served,) if isinstance(served, str) else tuple(served)
+    if model is None or model in ids:
         return
     raise APIError(
-        f"the model {model!r:.80} is not served here; this server serves {served!r} (see GET /v1/models)",
+        f"the model {model!r:.80} is not served here; this server serves {ids[0]!r} (see GET /v1/models)",
         param=field,
         status=404,
         code="model_not_found",
@@ -235,6 +239,10 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
             f"{where}.role is {raw.get('role')!r:.40}; use system, developer, user, assistant or tool",
             param=f"{where}.role",
         )
+    if raw.get("content") is None and not (role == "assistant" and raw.get("tool_calls")):
+        needs = "its 'content' or 'tool_calls'" if role == "assistant" else "its 'content' (a string or content parts)"
+        raise APIError(f"{where} ({raw.get('role')}) has no content: a {raw.get('role')} message needs {needs}",
+                       param=f"{where}.content")
     message: dict[str, Any] = {"role": role, "content": _content(raw.get("content"), f"{where}.content")}
     if role == "assistant" and raw.get("tool_calls"):
         calls = raw["tool_calls"]
