@@ -34,10 +34,19 @@ def _series(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
+def _legend_below(fig: Figure, ax: Any, title: str | None = None, ncols: int = 3) -> None:
+    """The legend under the axes, never on the data."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, title=title, fontsize=8, title_fontsize=8, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.2), ncols=min(ncols, len(labels)), frameon=False)
+
+
 def throughput(frame: pd.DataFrame, *, save: str | Path | None = None, title: str | None = None) -> Figure:
     """Generated tokens/s against batch size (median, error bars from min to max over the repeats), and the
-    speed-up over batch size 1 (running the prompts one by one), one line per quantization mode."""
-    fig = Figure(figsize=(10, 4))
+    speed-up over batch size 1 (running the prompts one by one), one line per quantization mode (and prompt
+    length).  Both axes start at zero: the size of a gain is the point."""
+    fig = Figure(figsize=(10, 4.6))
     rate, gain = fig.subplots(1, 2)
     for label, group in _series(frame):
         x = group["batch_size"]
@@ -47,22 +56,26 @@ def throughput(frame: pd.DataFrame, *, save: str | Path | None = None, title: st
             gain.plot(x, group["speedup_vs_batch1"], marker="o", label=label)
     for ax in (rate, gain):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(frame["batch_size"].unique()), [str(b) for b in sorted(frame["batch_size"].unique())])
         ax.set_xlabel("batch size")
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(title="quantization", fontsize=8)
     rate.set_ylabel("generated tokens / s")
-    rate.set_title("throughput (median, min–max)")
+    tokens = sorted(set((frame["generated_tokens"] // frame["batch_size"]).astype(int)))
+    per_row = f"{tokens[0]} tokens per row" if len(tokens) == 1 else "tokens per row vary"
+    rate.set_title(f"throughput ({per_row}; median, min–max)", fontsize=10)
     gain.axhline(1.0, color="#999", lw=1, ls="--")
     gain.set_ylabel("× tokens/s of batch size 1")
-    gain.set_title("speed-up over sequential")
+    gain.set_title("speed-up over one prompt at a time", fontsize=10)
+    _legend_below(fig, rate, "quantization" + (", prompt length" if frame["prompt_len"].nunique() > 1 else ""))
     if title:
         fig.suptitle(title)
     return _finish(fig, save)
 
 
 def latency(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figure:
-    """Time to first token and call latency (p50, p90) against batch size."""
-    fig = Figure(figsize=(6, 4))
+    """Time to first token and call latency (p50, p90) against batch size, from zero seconds."""
+    fig = Figure(figsize=(6.4, 4.6))
     ax = fig.subplots()
     for label, group in _series(frame):
         line = ax.plot(group["batch_size"], group["latency_p50_s"], marker="o", label=f"{label} p50")[0]
@@ -70,37 +83,52 @@ def latency(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figure:
         ax.plot(group["batch_size"], group["ttft_s"], ls=":", marker="x", color=line.get_color(),
                 label=f"{label} first token")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(frame["batch_size"].unique()), [str(b) for b in sorted(frame["batch_size"].unique())])
     ax.set_xlabel("batch size")
     ax.set_ylabel("seconds")
-    ax.set_title("latency of one batch call")
+    ax.set_ylim(bottom=0)
+    tokens = sorted(set((frame["generated_tokens"] // frame["batch_size"]).astype(int)))
+    ax.set_title("latency of one batch call" + (f" ({tokens[0]} tokens per row)" if len(tokens) == 1 else ""),
+                 fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend_below(fig, ax, ncols=3)
     return _finish(fig, save)
 
 
 def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figure:
-    """Memory, speed and accuracy of each quantization mode (the frame of ``workbench.notebook.bench.quantization``)."""
-    fig = Figure(figsize=(12, 3.6))
+    """Memory (stacked by stored type), speed and accuracy of each quantization mode (the frame of
+    ``workbench.notebook.bench.quantization``)."""
+    fig = Figure(figsize=(12, 4.4))
     axes = fig.subplots(1, 3)
     modes = [str(m) for m in frame.index]
-    colors = [f"C{i}" for i in range(len(modes))]
-    axes[0].bar(modes, frame["weights_bytes"] / 2**20, color=colors)
+    xs = list(range(len(modes)))
+    if "by_part" in frame.columns:  # stacked by what the bytes are stored as
+        types: dict[str, list[float]] = {}
+        for i, by_part in enumerate(frame["by_part"]):
+            for part in by_part.values():
+                for label, n in part.items():
+                    types.setdefault(label, [0.0] * len(modes))[i] += n / 2**20
+        bottom = [0.0] * len(modes)
+        for label, values in sorted(types.items(), key=lambda kv: -sum(kv[1])):
+            axes[0].bar(xs, values, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        _legend_below(fig, axes[0], "stored as", ncols=2)
+    else:
+        axes[0].bar(xs, frame["weights_bytes"] / 2**20, color=[f"C{i}" for i in range(len(modes))])
     axes[0].set_ylabel("weights (MiB)")
     axes[0].set_title("memory")
     width = 0.4
-    xs = range(len(modes))
-    axes[1].bar([x - width / 2 for x in xs], frame["prefill_tok_s"], width, label="prefill")
-    axes[1].bar([x + width / 2 for x in xs], frame["decode_tok_s"], width, label="decode")
-    axes[1].set_xticks(list(xs), modes)
+    axes[1].bar([x - width / 2 for x in xs], frame["prefill_tok_s"], width, label="prefill (prompt tokens/s)")
+    axes[1].bar([x + width / 2 for x in xs], frame["decode_tok_s"], width, label="decode (generated tokens/s)")
     axes[1].set_ylabel("tokens / s")
     axes[1].set_title("speed")
-    axes[1].legend(fontsize=8)
-    axes[2].bar(modes, frame["top1_agreement"], color=colors)
+    _legend_below(fig, axes[1], ncols=1)
+    axes[2].bar(xs, frame["top1_agreement"], color=[f"C{i}" for i in range(len(modes))])
     axes[2].set_ylim(0, 1.05)
     axes[2].set_ylabel("top-1 agreement with none")
     axes[2].set_title("accuracy")
     for ax in axes:
-        ax.tick_params(axis="x", rotation=20)
+        ax.set_xticks(xs, modes, rotation=20)
         ax.grid(axis="y", alpha=0.3)
     return _finish(fig, save)
 
@@ -129,7 +157,7 @@ def peers(results: dict[str, dict[str, Any]], *, baseline: str = "workbench", sa
             label += f"\n{baseline} {base / rate:.1f}×"
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                     fontsize=9)
-    ax.set_ylabel("generated tokens/s")
+    ax.set_ylabel("generated tokens / s")
     ax.set_ylim(0, max(rates) * 1.3)
     ax.set_title(title or "the same prompts and weights, greedy")
     return _finish(fig, save)
