@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import html
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.45;"
@@ -59,6 +61,21 @@ def rate_text(successes: float, n: int, digits: int = 2) -> str:
     return f"{successes / n:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] n={n}"
 
 
+def short_path(path: Any) -> str:
+    """A path as a shared notebook should show it: under ``$WORKBENCH_CACHE`` or the home folder it is
+    written from there (``~/.cache/workbench/demo-llama4-v1-...``), so a stored output names no machine's
+    user folder; other paths are shown as they are."""
+    text = str(path)
+    cache = os.environ.get("WORKBENCH_CACHE")
+    roots = [(str(Path(cache).expanduser()), "$WORKBENCH_CACHE")] if cache else []
+    roots.append((str(Path.home()), "~"))
+    for root, name in roots:
+        root = root.rstrip(os.sep)
+        if root and (text == root or text.startswith(root + os.sep)):
+            return name + text[len(root):]
+    return text
+
+
 class Report(dict):
     """A dict of raw numbers that displays readably: ``*_bytes`` as KiB/MiB/GiB, ``parameters`` as 12.3M.
 
@@ -68,6 +85,10 @@ class Report(dict):
     title = "report"
 
     def _human(self, key: str, value: Any) -> str:
+        if key == "checkpoint" and isinstance(value, str):
+            return short_path(value)
+        if key == "model_id" and value is None:
+            return "not given (the prompt format follows params.json)"
         if key == "by_part" and isinstance(value, dict):  # kind -> {type: bytes}: "embedding: bfloat16 37.0 MiB; ..."
             return "; ".join(f"{kind}: " + " + ".join(f"{label} {human_bytes(n)}" for label, n in types.items())
                              for kind, types in value.items()) or "-"

@@ -420,7 +420,8 @@ class ReplicaPool:
         nodes = len({s.info.get("node_id") for s in self._slots if s.info})
         gpus = f"{self._need.gpus} GPU + " if self._need.gpus else ""
         mp = self._need.model_parallel_size
-        return (f"ReplicaPool(model={self.model_id!r}, replicas={n} ({state}) on {nodes} node(s),\n"
+        model = self._head.get("model", self.model_id)  # what it runs in words (never a bare None)
+        return (f"ReplicaPool(model={model!r}, replicas={n} ({state}) on {nodes} node(s),\n"
                 f"            each {gpus}{self._need.cpus:g} CPU, model_parallel_size={mp},\n"
                 f"            died={self.deaths}, replaced={self.replacements})")
 

@@ -385,7 +385,8 @@ def plot_summary(summary: pd.DataFrame, *, by: str | None = None, metrics: Seque
         bars = ax.bar(xs, values.tolist(), width, yerr=errors, capsize=2, label=label)
         ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
     ax.set_xticks([i + width * (len(metrics) - 1) / 2 for i in range(len(labels))], labels, rotation=15, ha="right")
-    ax.set_ylim(0, 1.0)
+    ax.set_ylim(0, 1.2)  # room for the labels above a full bar
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     ax.set_ylabel("rate (95% Wilson interval)")
     ax.set_xlabel(by or "setting")
     ax.set_title("tool calling per setting")
