@@ -52,7 +52,7 @@ the real 202k vocabulary) trained to **call tools** in the official python-list 
 their results (`docs/demo-model.md`). It is a tool-calling demo, not a language model: it shows every
 code path of a real Llama working — prompts, calls, batching, scoring — on a laptop CPU. Point
 `WORKBENCH_NOTEBOOK_CHECKPOINT` at a Meta checkpoint folder to run the same cells on a real model.
-This notebook takes about a minute on a 2-core CPU."""),
+This notebook takes under half a minute on a 2-core CPU."""),
     ("code", LOAD + '''
 engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)
 engine''', IGNORE),
@@ -122,7 +122,8 @@ def continuation_logprob(text: str) -> float:
 
 
 for call in ['[get_weather(city="Paris")]', '[get_weather(city="Tokyo")]', '[get_local_time(city="Paris")]']:
-    print(f"{continuation_logprob(call):8.2f}  {call}")''', IGNORE),
+    logprob = continuation_logprob(call)
+    print(f"log P = {logprob:7.3f}  (P = {torch.tensor(logprob).exp():.2e})  {call}")''', IGNORE),
     ("md", """## Sampling and log-probabilities
 
 With `logprobs=k` each token of a result is shaded by its probability (red = unlikely; hover a token
@@ -231,7 +232,7 @@ With no checkpoint, `wb.load()` gives the project's **demo model**, a tiny Llama
 tool dialogs in the official python-list format (model card: `docs/demo-model.md`): it knows the demo
 tools in `workbench.demo.tools`, was offered one to four of them at a time, and answers by restating their
 results. Where it goes wrong, this notebook says so and why; its accuracy on questions it never saw is
-measured at the end. About two minutes on a 2-core CPU."""),
+measured at the end. Under a minute on a 2-core CPU."""),
     ("code", "%matplotlib inline\n" + LOAD + "\nengine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)\n\n"
      + TOOLS + "\n\nengine", IGNORE),
     ("md", """## The playground
@@ -387,7 +388,7 @@ a warm-up, several times (medians, min–max spread). Every row generates exactl
 one definition here, in `04_quantization.ipynb` and in `bench/`: **prefill** = prompt tokens / time to first
 token (a call that generates one token per row); **decode** = the tokens after each row's first / the rest of
 the call's time. Numbers depend on the machine and its load, and on the thread count printed below;
-`bench/` holds the scripted versions. About two minutes on a 2-core CPU."""),
+`bench/` holds the scripted versions. Under a minute on a 2-core CPU."""),
     ("code", "%matplotlib inline\n" + LOAD + '''
 import torch
 
@@ -396,12 +397,12 @@ from workbench import bench, plots
 engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512)
 print("torch threads:", torch.get_num_threads())
 engine''', IGNORE),
-    ("code", '''table = bench.throughput(engine, batch_sizes=(1, 2, 4, 8), prompt_lens=(32, 256), max_tokens=16, repeats=3,
+    ("code", '''table = bench.throughput(engine, batch_sizes=(1, 2, 4, 8), prompt_lens=(32, 256), max_tokens=12, repeats=3,
                          modes=[None, "int4_mixed"])
 table[["mode", "prompt_len", "batch_size", "generated_tokens", "tok_s", "tok_s_min", "tok_s_max", "prefill_tok_s",
        "decode_tok_s", "latency_p90_s", "speedup_vs_batch1"]].round(2)''', IGNORE),
-    ("md", """**What to look at:** every cell generated the same 16 tokens per row (`generated_tokens` = batch size ×
-16), so the rates compare equal work. Tokens/s should grow with the batch size (left) — the speed-up over running
+    ("md", """**What to look at:** every cell generated the same 12 tokens per row (`generated_tokens` = batch size ×
+12), so the rates compare equal work. Tokens/s should grow with the batch size (left) — the speed-up over running
 the prompts one by one (right); longer prompts cost more prefill per call. Error bars show the spread over the
 repeats; one line per quantization mode and prompt length."""),
     ("code", 'plots.throughput(table)  # save="throughput.png" writes a PNG too', IGNORE),
@@ -479,26 +480,24 @@ expert (Llama 3: every feed-forward) in int4 — and, as in Llama Stack, **every
 is stored in bfloat16** unless `wb.load(..., dtype=...)` asks for another type, so memory falls from bf16 to
 fp8_mixed to int4_mixed on every device. `bench.quantization` measures every mode against the unquantized
 model on the prompts you give it: here, tool dialogs as the demo model was trained on them (one or two tools
-offered). About a minute on a 2-core CPU."""),
+offered). Under a minute on a 2-core CPU."""),
     ("code", "%matplotlib inline\n" + LOAD + '''
 from workbench import bench, plots
 from workbench.demo.tools import convert_currency, get_capital, get_local_time, get_weather
 
 engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)
-dialogs = [("What's the weather in Paris?", [get_weather]), ("What time is it in Tokyo?", [get_local_time]),
-           ("Convert 20 EUR to USD.", [convert_currency, get_weather]),
-           ("What is the capital of Peru?", [get_capital, get_local_time]),
-           ("What time is it in Berlin?", [get_weather, get_local_time]), ("Tell me a joke.", [get_capital])]
+dialogs = [("What's the weather in Paris?", [get_weather]), ("Convert 20 EUR to USD.", [convert_currency, get_weather]),
+           ("What is the capital of Peru?", [get_capital, get_local_time]), ("Tell me a joke.", [get_capital])]
 prompts = [engine.formatter.encode_dialog([{"role": "user", "content": q}], tools=t) for q, t in dialogs]''',
      IGNORE),
-    ("code", '''table = bench.quantization(engine, prompts, max_tokens=24, repeats=2)
+    ("code", '''table = bench.quantization(engine, prompts, max_tokens=16, repeats=2)
 shown = table[["weights_bytes", "weights_ratio", "kernels", "prefill_tok_s", "decode_tok_s", "positions",
                "top1_agreement", "mean_kl", "greedy_match", "same_reply", "same_reply_low", "same_reply_high",
                "rows"]].round(3)
 shown["mean_kl"] = table["mean_kl"].map("{:.1e}".format)  # nats: small numbers, shown whole
 shown''', IGNORE),
     ("md", """**What to look at:** `weights_ratio` (memory against unquantized), the speeds (same definitions as
-`03_throughput.ipynb`, on fresh prompts of the same lengths, each row generating the same 24 tokens), and how
+`03_throughput.ipynb`, on fresh prompts of the same lengths, each row generating the same 16 tokens), and how
 closely each mode follows the unquantized model on the replies to these dialogs: `top1_agreement` and `mean_kl`
 over the reply positions, `greedy_match` (reference tokens reproduced before the first divergence) and
 `same_reply` — the share of dialogs whose whole reply (the call and its arguments) is unchanged, with its 95%
@@ -548,8 +547,8 @@ loop and `workbench.evals` run on a pool unchanged, and every row is what one en
 
 These cells run a local Ray on this machine. To run the **same cells on a cluster of GPU nodes**, set
 `WORKBENCH_RAY_ADDRESS=auto` (on a node of the cluster) or `ray://head:10001` (from outside), and
-`WORKBENCH_NOTEBOOK_CHECKPOINT` to a checkpoint folder that every node can read. About two minutes on a
-2-core CPU (most of it starting Ray and the replicas)."""),
+`WORKBENCH_NOTEBOOK_CHECKPOINT` to a checkpoint folder that every node can read. About a minute and a half
+on a 2-core CPU, most of it starting Ray and the replicas."""),
     ("code", '''import logging
 import os
 
@@ -694,7 +693,7 @@ lm-evaluation-harness, BFCL and Inspect on the kernel's engine: each harness's o
 with workbench's batch APIs underneath (requests gathered into engine batches, the model's official prompt
 formats). Everything here runs offline on the embedded demo model; set `WORKBENCH_NOTEBOOK_CHECKPOINT` to
 run the same cells on a real checkpoint. Every score comes with the number of items it counts and its 95%
-Wilson interval: these tasks are tiny. About a minute on a 2-core CPU."""),
+Wilson interval: these tasks are tiny. Under a minute on a 2-core CPU."""),
     ("code", "%matplotlib inline\n" + LOAD + '''
 from workbench.demo.tools import convert_currency, get_local_time, get_weather
 from workbench.reports import rate_text
