@@ -637,9 +637,11 @@ pd.DataFrame(job.stats()["per_replica"]).T''', IGNORE),
     ("md", """## Throughput against the replica count
 
 The same seeded batch (32 prompts, up to 24 tokens each) on 1 and 2 replicas; each bar says how many tokens
-it generated and in what time, so the two rates can be read as equal work or not. On this 2-core machine two replicas share two cores (with Ray's own processes), so
-**no gain is expected here**; on a machine with a core group or GPU per replica the rate grows with the
-replicas."""),
+it generated and in what time, so the two rates can be read as equal work or not. On a 2-core machine the two
+one-thread replicas get a core each only when nothing else runs (Ray's own processes and any other load share
+the same two cores), so **the gain is at most 2× here and moves with the machine's load** — the pool's overhead,
+not its scaling, is what this machine can show (`bench/cluster.py` measures it). On a machine with a core group
+or GPU per replica the rate grows with the replicas."""),
     ("code", '''%matplotlib inline
 import time
 
@@ -855,6 +857,10 @@ pd.DataFrame({
     "answer": [s.output.completion for s in log.samples],
     "score": [next(iter(s.scores.values())).value for s in log.samples],
 })''', IGNORE),
+    ("md", """A sample the scorer marks incorrect (`I`) is one where the model wrote another city into the call — for
+*Cairo*, a held-out value, as in the lm-eval task above — and then restated that city's weather. Inspect's
+built-in `includes()` would look only for the target city's name in the answer, and so pass an answer that
+names the city but garbles the weather; this scorer checks the call and the restated result instead."""),
     ("code", '''sizes = model.api.batcher.stats.sizes
 fig = Figure(figsize=(4.6, 2.8))
 ax = fig.subplots()
