@@ -22,15 +22,28 @@ from nbclient import NotebookClient
 HERE = Path(__file__).resolve().parent
 CHECK, IGNORE = "nbval-check-output", "nbval-ignore-output"
 
-LOAD = '''import os
+def requires(extra: str, why: str) -> tuple:
+    """The first cell of every notebook: which extra it needs (one pip line) and the check that ends a run
+    without it at this cell, with that line (wb.require raises MissingExtraError, shown as one line)."""
+    from workbench.notebook.extras import EXTRAS
 
+    return ("code", f'''# {why}
+#   {EXTRAS[extra][1]}
 import workbench as wb
+
+wb.require("{extra}")''')
+
+
+LAB = requires("lab", "Needs the lab extra, which the README quick start's first command installs:")
+
+LOAD = '''import os
 
 # None -> the embedded default model; set WORKBENCH_NOTEBOOK_CHECKPOINT to a Meta checkpoint folder
 # (or a checkpoints.toml name) to run these cells on a real model.
 CHECKPOINT = os.environ.get("WORKBENCH_NOTEBOOK_CHECKPOINT")'''
 
 QUICKSTART = [
+    LAB,
     ("md", """# workbench quick start
 
 Load a model once per kernel, then run the batch APIs. With no checkpoint, `wb.load()` uses the
@@ -38,17 +51,21 @@ Load a model once per kernel, then run the batch APIs. With no checkpoint, `wb.l
 the real 202k vocabulary) trained to **call tools** in the official python-list format and to answer from
 their results (`docs/demo-model.md`). It is a tool-calling demo, not a language model: it shows every
 code path of a real Llama working — prompts, calls, batching, scoring — on a laptop CPU. Point
-`WORKBENCH_NOTEBOOK_CHECKPOINT` at a Meta checkpoint folder to run the same cells on a real model."""),
+`WORKBENCH_NOTEBOOK_CHECKPOINT` at a Meta checkpoint folder to run the same cells on a real model.
+This notebook takes under half a minute on a 2-core CPU."""),
     ("code", LOAD + '''
 engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)
 engine''', IGNORE),
-    ("md", "Re-running `wb.load` with the same arguments never loads twice: the engine is a kernel-resident singleton."),
-    ("code", "print(wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024) is engine, wb.current() is engine)", CHECK),
+    ("md", "Re-running `wb.load` with the same arguments never loads twice: the engine is a kernel-resident "
+           "singleton."),
+    ("code", "print(wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024) is engine, wb.current() is engine)",
+     CHECK),
     ("md", """## A chat turn with a tool
 
 Tools are plain Python functions: the schema comes from the signature, type hints and docstring. The
 reply is parsed into `tool_calls` (name + arguments); press Shift+Tab inside the parentheses to see
-every option with its default."""),
+every option with its default. The demo model was trained with one to four tools offered at a time;
+here it gets four."""),
     ("code", '''from workbench import tools
 from workbench.demo.tools import convert_currency, get_capital, get_local_time, get_weather
 
@@ -56,7 +73,8 @@ demo_tools = [get_weather, get_local_time, convert_currency, get_capital]
 dialog = [{"role": "user", "content": "What's the weather in Paris?"}]
 reply = engine.chat_completion(dialog, tools=demo_tools, max_tokens=64)
 reply''', IGNORE),
-    ("code", "print([(call.tool_name, call.arguments) for call in reply.message.tool_calls], reply.stop_reason)", CHECK),
+    ("code", "print([(call.tool_name, call.arguments) for call in reply.message.tool_calls], reply.stop_reason)",
+     CHECK),
     ("md", """## The exact prompt
 
 `wb.show_prompt` shows the prompt the model sees, in its official format: the tool definitions in
@@ -89,7 +107,7 @@ print("batched transcripts identical to single runs:", same)''', CHECK),
 
 `engine.logits` returns teacher-forced float32 `[len, vocab]` logits per sequence, so any continuation
 can be scored: here, how much the model prefers each candidate call for the question (the prompt is
-the exact chat prompt `engine.formatter.encode_dialog` renders)."""),
+the exact chat prompt `engine.formatter.encode_dialog` renders, tools included)."""),
     ("code", '''import torch
 
 prompt = engine.formatter.encode_dialog(dialog, tools=demo_tools)
@@ -104,7 +122,8 @@ def continuation_logprob(text: str) -> float:
 
 
 for call in ['[get_weather(city="Paris")]', '[get_weather(city="Tokyo")]', '[get_local_time(city="Paris")]']:
-    print(f"{continuation_logprob(call):8.2f}  {call}")''', IGNORE),
+    logprob = continuation_logprob(call)
+    print(f"log P = {logprob:7.3f}  (P = {torch.tensor(logprob).exp():.2e})  {call}")''', IGNORE),
     ("md", """## Sampling and log-probabilities
 
 With `logprobs=k` each token of a result is shaded by its probability (red = unlikely; hover a token
@@ -155,50 +174,67 @@ wb.to_frame(batch)''', IGNORE),
 except wb.WorkbenchError as err:
     print(type(err).__name__, "-", err)
 print(len(engine.completion("still works", max_tokens=3).tokens))''', CHECK),
-    ("md", "## What is loaded\n\n`info()` and `memory()` display human sizes; the raw numbers are the dict's values."),
+    ("md", """## What is loaded
+
+`info()` and `memory()` display human sizes (the raw numbers are the dict's values); `memory()` says per part
+of the model what is stored in which type. The checkpoint is shown from `~`: the demo model is expanded into
+`~/.cache/workbench` (or `$WORKBENCH_CACHE`) on first use."""),
     ("code", "engine.info()", IGNORE),
-    ("code", 'memory = engine.memory()\nprint(memory["weights_bytes"], "bytes of weights =", memory.readable()["weights_bytes"])',
-     IGNORE),
+    ("code", '''memory = engine.memory()
+print(memory["weights_bytes"], "bytes of weights =", memory.readable()["weights_bytes"])
+memory''', IGNORE),
     ("md", """## Images (Llama 4 and Llama 3.2 Vision)
 
 User messages can hold images (PIL images, file paths, bytes) beside text. Llama 4 writes an image's tiles
 into the prompt as `<|patch|>` tokens; Llama 3.2 Vision writes one `<|image|>` token per image and reads the
 tiles through gated cross-attention layers. The demo model has no vision encoder, so these cells write a
-*tiny random* Llama 3.2 Vision checkpoint in Meta's layout: its answers are noise, but the shapes, the prompt
-format and every code path are the real ones. Loading it replaces the demo engine in this kernel."""),
-    ("code", '''import tempfile
+*tiny random* Llama 3.2 Vision checkpoint in Meta's layout (into the workbench cache, once): its answers are
+noise, but the shapes, the prompt format and every code path are the real ones. Loading it replaces the demo
+engine in this kernel."""),
+    ("code", '''from PIL import Image
 
-from PIL import Image
-
-from workbench.checkpoints.factory import write_checkpoint
+from workbench.checkpoints.factory import cache_root, write_checkpoint
 from workbench.checkpoints.vision32 import TINY_LLAMA32_VISION
 
-folder = write_checkpoint(tempfile.mkdtemp(prefix="tiny-llama32-vision-"), TINY_LLAMA32_VISION)
+folder = cache_root() / "tiny-llama32-vision"
+if not (folder / "params.json").exists():
+    write_checkpoint(folder, TINY_LLAMA32_VISION)
 vision = wb.load(folder, max_seq_len=512)
 picture = Image.new("RGB", (320, 180), "steelblue")
 image_dialog = [{"role": "user", "content": [picture, "What is in this picture?"]}]
 wb.show_prompt(image_dialog, engine=vision)''', IGNORE),
     ("code", '''reply = vision.chat_completion(image_dialog, max_tokens=8)
 print(reply.stop_reason, len(reply.tokens), "tokens; vision encoder", vision.info()["vision"])''', IGNORE),
+    ("md", """## Where to go next
+
+- `02_tool_experiments.ipynb`: multi-turn tool dialogs, the playground, and measuring tool calling.
+- `03_throughput.ipynb` and `04_quantization.ipynb`: speed against batch size, and what each quantization
+  mode costs and saves.
+- Your own checkpoint: the README's "Your own checkpoint" section (Meta's weights, `checkpoints.toml`, the
+  GPU install); then set `WORKBENCH_NOTEBOOK_CHECKPOINT` and run these cells again."""),
 ]
+
 
 TOOLS = '''from workbench import tools
 from workbench.demo.tools import convert_currency, get_capital, get_local_time, get_weather
 
-# Plain Python functions: the demo model was trained to call these (see docs/demo-model.md).
+# Plain Python functions: the demo model was trained to call these (see docs/demo-model.md),
+# with one to four of its 14 tools offered at a time, as here.
 demo_tools = [get_weather, get_local_time, convert_currency, get_capital]'''
 
 TOOL_EXPERIMENTS = [
+    LAB,
     ("md", """# Multi-turn tool experiments
 
 Tools are plain Python functions: their schema comes from the signature, type hints and docstring.
 `tools.run` lets the model call them until it answers, feeding each result back as a tool message.
 With no checkpoint, `wb.load()` gives the project's **demo model**, a tiny Llama 4 trained on synthetic
 tool dialogs in the official python-list format (model card: `docs/demo-model.md`): it knows the demo
-tools in `workbench.demo.tools` and answers by restating their results. Its accuracy on questions it
-never saw is measured at the end of this notebook."""),
-    ("code", LOAD + "\nengine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)\n\n" + TOOLS + "\n\nengine",
-     IGNORE),
+tools in `workbench.demo.tools`, was offered one to four of them at a time, and answers by restating their
+results. Where it goes wrong, this notebook says so and why; its accuracy on questions it never saw is
+measured at the end. Under a minute on a 2-core CPU."""),
+    ("code", "%matplotlib inline\n" + LOAD + "\nengine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)\n\n"
+     + TOOLS + "\n\nengine", IGNORE),
     ("md", """## The playground
 
 Type a question and press **Enter** (Shift+Enter for a new line). Tokens stream in; tool calls and
@@ -249,15 +285,50 @@ for i, message in enumerate(transcript):
     calls = [(c.tool_name, c.arguments) for c in message.tool_calls]
     print(f"reply {i}: {len(view)} prompt tokens -> {message.content!r} calls={calls} ({message.stop_reason})")
     display(view)''', IGNORE),
-    ("md", "## Many dialogs at once\n\nEach turn is batched across the dialogs still running:"),
-    ("code", '''questions = ["What's the weather in Lima?", "Convert 250 EUR to JPY.", "What is the capital of Norway?",
-             "What time is it in Pune?", "Tell me a story about dragons."]
-dialogs = [[{"role": "user", "content": q}] for q in questions]
+    ("md", """## Many dialogs at once
+
+Each turn is batched across the dialogs still running. Below, questions the model should answer with a
+call (the tool it needs is offered), one whose tool is not offered, and one no tool answers. Each transcript
+is checked against what a right answer needs: the expected tool, every argument value copied from the
+question, and the answer restating the tool's result with those values."""),
+    ("code", '''asked = [  # (question, the tool a right answer calls; None: no offered tool fits, answer directly)
+    ("What's the weather in Tokyo?", "get_weather"), ("What time is it in Berlin?", "get_local_time"),
+    ("What is the capital of Norway?", "get_capital"), ("What's the weather in Lima?", "get_weather"),
+    ("Convert 250 EUR to JPY.", "convert_currency"), ("What time is it in Pune?", "get_local_time"),
+    ("How many people live in Peru?", None), ("Tell me a story about dragons.", None),
+]
+dialogs = [[{"role": "user", "content": q}] for q, _ in asked]
 transcripts = tools.run_batch(engine, dialogs, tools=demo_tools, max_turns=3, max_tokens=64)
-wb.to_frame(transcripts)''', IGNORE),
-    ("code", '''for t in transcripts:
-    show(t)
-    print()''', CHECK),
+wb.to_frame(transcripts)[["dialog", "role", "content", "tool_calls", "dialog_ended"]]''', IGNORE),
+    ("code", '''def check(question, expected, transcript):
+    """What is wrong with a transcript, in words ("" when nothing is)."""
+    calls = [c for m in transcript for c in m.tool_calls]
+    if expected is None:
+        return f"called {calls[0].tool_name} though no offered tool fits" if calls else ""
+    if not calls:
+        return f"answered without calling {expected}"
+    if calls[0].tool_name != expected:
+        return f"called {calls[0].tool_name}, not {expected}"
+    values = [str(v) for c in calls for v in c.arguments.values() if isinstance(v, str)]
+    miscopied = [v for v in values if v.lower() not in question.lower()]
+    if miscopied:
+        return f"wrote {miscopied} into the call: not in the question"
+    answer = transcript[-1].content
+    missing = [r.content for r in transcript if r.role == "tool" and r.content not in answer]
+    missing += [v for v in values if v not in answer]
+    return f"the answer leaves out {missing}" if missing else ""
+
+
+for (question, expected), transcript in zip(asked, transcripts):
+    problem = check(question, expected, transcript)
+    print(f"{'✗' if problem else '✓'} {question:<34} {transcript[-1].content!r}" + (f"\\n    {problem}" if problem else ""))''',
+     CHECK),
+    ("md", """**Where it goes wrong, and why.** The failures are values the demo model never saw in training: *Lima*
+and *JPY* are in its held-out value pools and *Pune* in none (`docs/demo-model.md`: every value pool is split
+3:1 so that these questions test copying, not memory). An 82M-parameter model trained for minutes copies an
+unseen value into a call, or from the call into its answer, only part of the time — so a call can be right
+and the answer still name another city. It was also trained to decline when no offered tool fits, and does.
+The rates below measure this on 25 held-out cases."""),
     ("md", """## When a call is malformed
 
 A reply that cannot be parsed keeps its text and says why in `parse_error`; a call to an unknown tool or
@@ -270,52 +341,87 @@ print(toolbox.execute(wb.ToolCall("get_weather", {"town": "Paris"})).content)'''
     ("md", """## Measuring tool calling
 
 `workbench.evals` runs cases (a documented JSONL format, or synthetic held-out ones: question phrasings
-and argument values the demo model never saw) batched through the engine, each dialog with its own
-tools, and scores every case: the calls made, exact match of names and arguments, parse failures, and
-whether the final answer restates the tool result. Below, the same cases under a system prompt the
-model never saw in training, a sampling temperature, and the quantization modes. (Llama 4 takes custom
-tools in the python-list format only; on a Llama 3.1 checkpoint `{"tool_prompt_format": "json"}` and
-`"function_tag"` compare the call syntaxes the same way.) Read the numbers with the model card in
-mind: the demo model is small and its training short."""),
+and argument values the demo model never saw) batched through the engine, each dialog with its own one to
+four tools (as in training), and scores every case: the calls made, exact match of names and arguments,
+parse failures, and whether the final answer restates the tool result. Below, the same 25 cases under the
+baseline (the first row), a system prompt the model never saw in training, a sampling temperature, and
+int4 quantization. Every rate comes with the number of cases it counts and its 95% Wilson interval. (Llama 4
+takes custom tools in the python-list format only; on a Llama 3.1 checkpoint `{"tool_prompt_format": "json"}`
+and `"function_tag"` compare the call syntaxes the same way.)"""),
     ("code", '''from workbench import evals
 
 cases = evals.synthetic_cases(25, split="heldout", seed=7)
-settings = [{"quantization": None}, {"system_prompt": ("answer briefly", "Answer briefly.")},
-            {"temperature": 0.7}, {"quantization": "bf16"}, {"quantization": "fp8_mixed"},
+settings = [{}, {"system_prompt": ("answer briefly", "Answer briefly.")}, {"temperature": 0.7},
             {"quantization": "int4_mixed"}]
 results = evals.compare(engine, cases, settings)
 summary = evals.summarize(results)
-summary''', IGNORE),
-    ("code", '''setting_columns = [c for c in evals.SETTING_KEYS if c in summary.columns]
-summary["setting"] = [", ".join(f"{c}={v}" for c, v in zip(setting_columns, row) if v == v)  # NaN != NaN
-                      for row in summary[setting_columns].itertuples(index=False)]
-evals.plot_summary(summary, by="setting");''', IGNORE),
-    ("md", "One row per case: what was expected and what the model did."),
+evals.rate_table(summary)''', IGNORE),
+    ("code", "evals.plot_summary(summary)", IGNORE),
+    ("md", """**Reading it.** Of the 25 cases, 15 expect a call and 10 a direct answer, so one case moves a rate by
+0.07 or 0.10. Where a setting's interval overlaps the baseline's, the cases do not show that it differs:"""),
+    ("code", '''base, labels = summary.iloc[0], evals.setting_labels(summary)
+for label, (_, row) in zip(labels[1:], summary.iloc[1:].iterrows()):
+    apart = row.tool_call_exact_low > base.tool_call_exact_high or row.tool_call_exact_high < base.tool_call_exact_low
+    print(f"{label:<32} exact calls {row.tool_call_exact:.2f} vs {base.tool_call_exact:.2f}:",
+          "a difference" if apart else "not shown to differ (the intervals overlap)")''', IGNORE),
+    ("md", """To tell settings apart, run more cases (`python -m workbench.evals --cases 200`); the demo model's
+accuracy on its held-out split is in `docs/demo-model.md`.
+
+One row per case: what was expected and what the model did (the baseline)."""),
     ("code", '''columns = ["kind", "expected_calls", "calls_made", "exact_match", "answer_has_result", "direct_answer"]
-results[results["quantization"] == "none"][columns].head(10)''', IGNORE),
+results.head(len(cases))[columns].head(10)  # the baseline's rows come first''', IGNORE),
+    ("md", """## Where to go next
+
+- `04_quantization.ipynb`: what each quantization mode does to memory, speed and these tool dialogs.
+- `06_evaluations.ipynb`: lm-evaluation-harness, BFCL and Inspect on the same engine.
+- `python -m workbench.evals --help`: the same measurements from a shell, with more cases and settings."""),
 ]
 
+
 THROUGHPUT = [
+    LAB,
     ("md", """# Throughput: batch size, prompt length and quantization
 
-`bench.throughput` times `batch_completion` for every batch size and prompt length after a warm-up,
-several times (medians, min–max spread), with prefill and decode rates and latency percentiles;
-`workbench.notebook.plots` draws the table. Numbers depend on the machine and its load; `bench/` holds the
-scripted versions."""),
+`bench.throughput` times batched generation for every batch size, prompt length and quantization mode after
+a warm-up, several times (medians, min–max spread). Every row generates exactly the same number of tokens
+(stop tokens are kept as ordinary tokens, so no mode or batch "wins" by stopping early), and the speeds have
+one definition here, in `04_quantization.ipynb` and in `bench/`: **prefill** = prompt tokens / time to first
+token (a call that generates one token per row); **decode** = the tokens after each row's first / the rest of
+the call's time. Numbers depend on the machine and its load, and on the thread count printed below;
+`bench/` holds the scripted versions. Under a minute on a 2-core CPU."""),
     ("code", "%matplotlib inline\n" + LOAD + '''
+import torch
+
 from workbench import bench, plots
 
 engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512)
+print("torch threads:", torch.get_num_threads())
 engine''', IGNORE),
-    ("code", '''table = bench.throughput(engine, batch_sizes=(1, 2, 4, 8), prompt_lens=(32,), max_tokens=12, repeats=3,
+    ("code", '''table = bench.throughput(engine, batch_sizes=(1, 2, 4, 8), prompt_lens=(32, 256), max_tokens=12, repeats=3,
                          modes=[None, "int4_mixed"])
-table[["mode", "batch_size", "tok_s", "tok_s_min", "tok_s_max", "prefill_tok_s", "decode_tok_s", "latency_p90_s",
-       "speedup_vs_batch1"]].round(2)''', IGNORE),
-    ("md", """**What to look at:** tokens/s should grow with the batch size (left) — the speed-up over running the
-prompts one by one (right). Error bars show the spread over the repeats; one line per quantization mode."""),
+table[["mode", "prompt_len", "batch_size", "generated_tokens", "tok_s", "tok_s_min", "tok_s_max", "prefill_tok_s",
+       "decode_tok_s", "latency_p90_s", "speedup_vs_batch1"]].round(2)''', IGNORE),
+    ("md", """**What to look at:** every cell generated the same 12 tokens per row (`generated_tokens` = batch size ×
+12), so the rates compare equal work. Tokens/s should grow with the batch size (left) — the speed-up over running
+the prompts one by one (right); longer prompts cost more prefill per call. Error bars show the spread over the
+repeats; one line per quantization mode and prompt length."""),
     ("code", 'plots.throughput(table)  # save="throughput.png" writes a PNG too', IGNORE),
     ("code", "plots.latency(table)", IGNORE),
-    ("md", "Batching never changes results: every row equals the prompt run alone."),
+    ("md", "What quantization does to the rate here, cell by cell (same work in both modes):"),
+    ("code", '''pivot = table.pivot_table(index=["prompt_len", "batch_size"], columns="mode", values="tok_s")
+ratio = (pivot["int4_mixed"] / pivot["none"]).rename("int4_mixed tokens/s ÷ none")
+spread = table.groupby("mode")[["tok_s_min", "tok_s_max"]].apply(lambda g: ((g.tok_s_max - g.tok_s_min)
+                                                                              / g.tok_s_min).median())
+print(f"int4_mixed ÷ none: median {ratio.median():.2f}, from {ratio.min():.2f} to {ratio.max():.2f} over "
+      f"{len(ratio)} cells; the median min–max spread of one cell is {spread.max():.0%}")
+ratio.round(2).to_frame()''', IGNORE),
+    ("md", """Read the ratio against the spread: a difference smaller than the spread of one cell's repeats is not
+shown by this run. On a CPU, int4 weights go through torch's int4 kernel and the rest of the model runs in
+bfloat16 (as Llama Stack stores a quantized model's other parts), which a CPU without native bfloat16
+instructions (like this AVX2 one) computes slowly; the demo model's 202k-row embedding and output also dwarf
+the few expert weights int4 shrinks. What int4 surely buys here is memory (`04_quantization.ipynb`).
+
+Batching never changes results: every row equals the prompt run alone."""),
     ("code", '''prompts = [f"Tell me about topic number {i}. " * (1 + i % 5) for i in range(8)]
 batched = engine.batch_completion(prompts, max_tokens=12, progress=False)
 alone = [engine.completion(p, max_tokens=12) for p in prompts]
@@ -354,26 +460,63 @@ results = peers.measure(runs, max_tokens=16, repeats=1)
 {name: {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for name, r in results.items()}''',
      IGNORE),
     ("code", '''print("rows equal:", {name: r["rows_equal_workbench"] for name, r in results.items()})
-plots.peers(results)''', IGNORE),
+plots.peers(results, title=f"{len(prompts)} prompts × 16 generated tokens, the same weights, greedy, "
+                          f"{torch.get_num_threads()} thread(s)")''', IGNORE),
+    ("md", """## Where to go next
+
+- `04_quantization.ipynb`: memory, speed and fidelity of every quantization mode.
+- `05_scale_out.ipynb`: more throughput from engine replicas on Ray.
+- `bench/peers.py`, `bench/roofline.py` and `docs/benchmarks.md`: the scripted measurements and their numbers."""),
 ]
 
 QUANTIZATION = [
-    ("md", """# Quantization: memory, speed and accuracy
+    LAB,
+    ("md", """# Quantization: memory, speed and fidelity
 
-`engine.set_quantization(mode)` re-loads the weights under another mode (one model resident at a
-time). `bench.quantization` measures every mode on your prompts against the unquantized model."""),
+`engine.set_quantization(mode)` re-loads the weights under another mode (one model resident at a time).
+The modes are Meta's meta-reference scheme: `bf16` stores every weight in bfloat16; `fp8_mixed` stores the
+routed experts of the middle MoE layers (Llama 3: the middle feed-forwards) in fp8, `int4_mixed` every
+expert (Llama 3: every feed-forward) in int4 — and, as in Llama Stack, **every part a mode leaves unquantized
+is stored in bfloat16** unless `wb.load(..., dtype=...)` asks for another type, so memory falls from bf16 to
+fp8_mixed to int4_mixed on every device. `bench.quantization` measures every mode against the unquantized
+model on the prompts you give it: here, tool dialogs as the demo model was trained on them (one or two tools
+offered). Under a minute on a 2-core CPU."""),
     ("code", "%matplotlib inline\n" + LOAD + '''
 from workbench import bench, plots
+from workbench.demo.tools import convert_currency, get_capital, get_local_time, get_weather
 
-engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512)
-prompts = ["The capital of France is", "def fibonacci(n):", "Llamas are", "Q: What is 17 * 23?\\nA:"]''', IGNORE),
-    ("code", '''table = bench.quantization(engine, prompts, max_tokens=12, repeats=2)
-table[["weights_bytes", "weights_ratio", "quantized_vs_bf16", "prefill_tok_s", "decode_tok_s", "top1_agreement",
-       "mean_kl", "greedy_match"]].round(3)''', IGNORE),
-    ("md", """**What to look at:** `weights_ratio` (memory against unquantized), the speeds, and how closely each
-mode follows the unquantized model (`top1_agreement`, `mean_kl`, `greedy_match`)."""),
+engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)
+dialogs = [("What's the weather in Paris?", [get_weather]), ("Convert 20 EUR to USD.", [convert_currency, get_weather]),
+           ("What is the capital of Peru?", [get_capital, get_local_time]), ("Tell me a joke.", [get_capital])]
+prompts = [engine.formatter.encode_dialog([{"role": "user", "content": q}], tools=t) for q, t in dialogs]''',
+     IGNORE),
+    ("code", '''table = bench.quantization(engine, prompts, max_tokens=16, repeats=2)
+shown = table[["weights_bytes", "weights_ratio", "kernels", "prefill_tok_s", "decode_tok_s", "positions",
+               "top1_agreement", "mean_kl", "greedy_match", "same_reply", "same_reply_low", "same_reply_high",
+               "rows"]].round(3)
+shown["mean_kl"] = table["mean_kl"].map("{:.1e}".format)  # nats: small numbers, shown whole
+shown''', IGNORE),
+    ("md", """**What to look at:** `weights_ratio` (memory against unquantized), the speeds (same definitions as
+`03_throughput.ipynb`, on fresh prompts of the same lengths, each row generating the same 16 tokens), and how
+closely each mode follows the unquantized model on the replies to these dialogs: `top1_agreement` and `mean_kl`
+over the reply positions, `greedy_match` (reference tokens reproduced before the first divergence) and
+`same_reply` — the share of dialogs whose whole reply (the call and its arguments) is unchanged, with its 95%
+Wilson interval over the `rows` dialogs.
+
+What each part of the model is stored as, per mode:"""),
+    ("code", "bench.memory_table(table)", IGNORE),
+    ("md", """The demo model is 82M parameters, 77.6M of them its 202k-row embedding and output matrices, which no
+mode quantizes: bf16 halves them, and fp8/int4 then shrink only the few MiB of experts. On a real Llama the
+experts and feed-forwards are most of the weights, and the same table shows where the memory goes.
+
+On speed, read `kernels`: a CPU has no fp8 matmul, so `fp8/dequant` widens the fp8 weights before every
+product (on a CPU fp8_mixed checks numerics and saves memory, it does not save time); `int4/cpu` is torch's
+int4 kernel; and the bfloat16 parts run without native bfloat16 instructions on a CPU like this one (AVX2).
+On GPUs with fp8 tensor cores the kernel is `fp8/scaled_mm`."""),
     ("code", 'plots.quantization(table)  # save="quantization.png" writes a PNG too', IGNORE),
     ("code", '''print("mode after the comparison:", engine.settings.quantization)
+print("memory falls bf16 > fp8_mixed > int4_mixed:",
+      table.loc["bf16", "weights_bytes"] > table.loc["fp8_mixed", "weights_bytes"] > table.loc["int4_mixed", "weights_bytes"])
 print("quantized layers at most 0.55x (fp8) / 0.30x (int4) of bf16:",
       table.loc["fp8_mixed", "quantized_vs_bf16"] <= 0.55 and table.loc["int4_mixed", "quantized_vs_bf16"] <= 0.30)''',
      CHECK),
@@ -385,133 +528,17 @@ is shown here and the previous mode stays). The cells after it run on the chosen
 
 QuantizationToggle(engine)''', IGNORE),
     ("code", "engine.memory()", IGNORE),
+    ("md", """## Where to go next
+
+- `02_tool_experiments.ipynb`: the tool-calling rates of the baseline and int4 on 25 held-out cases.
+- `05_scale_out.ipynb`: a quantization sweep over engine replicas on Ray.
+- On a GPU (README, "Your own checkpoint"): `wb.load(..., quantization="fp8_mixed")` uses fp8 matmuls
+  (`torch._scaled_mm`) where the GPU has them, and the same cells measure a real checkpoint."""),
 ]
 
-EVALUATIONS_INTRO = [
-    ("md", """# The evaluations researchers already run
-
-lm-evaluation-harness, BFCL and Inspect on the kernel's engine: each harness's own tasks, data and scoring,
-with workbench's batch APIs underneath (requests gathered into engine batches, the model's official prompt
-formats). Everything here runs offline on the embedded demo model; set `WORKBENCH_NOTEBOOK_CHECKPOINT` to
-run the same cells on a real checkpoint."""),
-    ("code", LOAD + '''
-engine = wb.load(CHECKPOINT, max_batch_size=16, max_seq_len=2048)
-engine''', IGNORE),
-]
-
-BFCL_INSPECT_CELLS = [
-    ("md", """## BFCL: the Berkeley Function Calling Leaderboard, batched
-
-`bfcl.run` answers BFCL's own questions (read from the installed `bfcl-eval` package) with the engine — every
-entry with its own function set, all of them in one batch — and scores each reply with **BFCL's own AST
-checker**. `prompt="official"` renders each entry in the model's own tool-calling format (what it was
-trained on); `prompt="bfcl"` reproduces BFCL's Llama handler prompt, so numbers compare with the public
-leaderboard. Side by side they show what the prompt format is worth, which no leaderboard shows."""),
-    ("code", '''import pandas as pd
-
-from workbench.evals import bfcl
-
-categories = ["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"]
-results = pd.concat([bfcl.run(engine, categories, limit=5, prompt=p, max_tokens=64) for p in ("official", "bfcl")])
-results[["prompt", "id", "calls", "valid", "error"]].head(8)''', IGNORE),
-    ("code", '''summary = bfcl.summarize(results)     # accuracy per category, as BFCL counts it
-summary''', IGNORE),
-    ("code", "bfcl.plot(summary);", IGNORE),
-    ("md", """## Inspect: the `workbench` model provider
-
-Installing workbench registers a `workbench` provider with [Inspect](https://inspect.aisi.org.uk), so
-`inspect eval task.py --model workbench/<checkpoints.toml name or folder>` works from a shell; in a notebook
-pass the loaded engine. Tools reach the model in its official format, and the samples Inspect runs
-concurrently are gathered into engine batches (the last column: rows per engine call)."""),
-    ("code", '''import tempfile
-
-from inspect_ai import Task, eval
-from inspect_ai.dataset import Sample
-from inspect_ai.model import get_model
-from inspect_ai.scorer import includes
-from inspect_ai.solver import generate, use_tools
-from inspect_ai.tool import tool
-
-
-@tool
-def get_weather():
-    async def execute(city: str) -> str:
-        """Get the current weather in a city.
-
-        Args:
-            city: The city name.
-        """
-        return f"It is sunny in {city}."
-
-    return execute
-
-
-cities = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito"]
-task = Task(dataset=[Sample(input=f"What is the weather in {c}?", target=c) for c in cities],
-            solver=[use_tools(get_weather()), generate()], scorer=includes())
-model = get_model("workbench/default", engine=engine, memoize=False)
-[log] = eval(task, model=model, display="none", log_dir=tempfile.mkdtemp(prefix="inspect-logs-"), max_tokens=48)
-pd.DataFrame({
-    "input": [s.input for s in log.samples],
-    "tool calls": [[(c.function, c.arguments) for c in (s.messages[1].tool_calls or [])] for s in log.samples],
-    "answer": [s.output.completion for s in log.samples],
-    "score": [next(iter(s.scores.values())).value for s in log.samples],
-})''', IGNORE),
-    ("code", '''import matplotlib.pyplot as plt
-
-sizes = model.api.batcher.stats.sizes
-fig, ax = plt.subplots(figsize=(4, 2.4))
-ax.bar(range(1, len(sizes) + 1), sizes)
-ax.set_xlabel("engine call"), ax.set_ylabel("rows in the batch")
-ax.set_title(f"{len(cities)} Inspect samples, accuracy {log.results.scores[0].metrics['accuracy'].value:.2f}")
-fig.tight_layout()''', IGNORE),
-]
-
-LM_EVAL_CELLS = [
-    ("md", """## lm-evaluation-harness: `WorkbenchLM`
-
-lm-evaluation-harness runs on the loaded engine through `WorkbenchLM` (importing it registers lm-eval's
-`"workbench"` model; `python -m workbench.evals.lm_eval --model_args checkpoint=...,model=... --tasks ...`
-is lm-eval's own command line). Log-likelihoods go through `engine.score` — requests sorted by length in
-engine batches, shared contexts computed once, only the continuation's positions projected to the
-vocabulary — and equal Meta's reference model's to 1e-4. The tasks here are tiny and offline: JSONL files
-given to lm-eval as inline configs (the same dicts a task YAML holds); with a real checkpoint, pass task
-names (`tasks=["arc_easy", "hellaswag"]`). Here: which call does the model rank first for a question, and
-does it write that call?"""),
-    ("code", '''import json
-import tempfile
-from pathlib import Path
-
-import lm_eval
-import pandas as pd
-from lm_eval.tasks import TaskManager
-
-from workbench.evals.lm_eval import WorkbenchLM
-
-folder = Path(tempfile.mkdtemp(prefix="lm-eval-tasks-"))
-cities = ["Paris", "Tokyo", "Oslo", "Lima", "Cairo", "Quito", "Rome", "Seoul"]
-docs = [{"q": f"What's the weather in {c}?", "choices": [f'[get_weather(city="{c}")]', f'[get_local_time(city="{c}")]',
-                                                          f'[convert_currency(amount=1, from_currency="{c}")]'],
-         "label": 0} for c in cities]
-(folder / "calls.jsonl").write_text("".join(json.dumps(d) + "\\n" for d in docs))
-mc = {"task": "calls_mc", "dataset_path": "json", "test_split": "test",
-      "dataset_kwargs": {"data_files": {"test": str(folder / "calls.jsonl")}},
-      "output_type": "multiple_choice", "doc_to_text": "{{q}}", "doc_to_choice": "{{choices}}",
-      "doc_to_target": "{{label}}", "metric_list": [{"metric": "acc"}]}
-gen = {**{k: v for k, v in mc.items() if k != "doc_to_choice"}, "task": "calls_gen", "output_type": "generate_until",
-       "doc_to_target": "{{choices[0]}}", "generation_kwargs": {"until": ["\\n"], "max_gen_toks": 24},
-       "metric_list": [{"metric": "exact_match"}]}
-results = lm_eval.simple_evaluate(model=WorkbenchLM(engine), tasks=[mc, gen], apply_chat_template=True,
-                                  log_samples=True, bootstrap_iters=0, task_manager=TaskManager(include_defaults=False))
-pd.DataFrame(results["results"]).T[["acc,none", "exact_match,none"]]''', IGNORE),
-    ("md", "Each answer is one `engine.score` row: the log-probability of its tokens after the question, in the model's chat format."),
-    ("code", '''samples = results["samples"]["calls_mc"]
-table = pd.DataFrame([[r[0][0] for r in s["resps"]] for s in samples], index=[s["doc"]["q"] for s in samples],
-                     columns=["get_weather", "get_local_time", "convert_currency"])
-table.plot.barh(figsize=(7, 3.5), xlabel="log-likelihood of the call").figure''', IGNORE),
-]
 
 SCALE_OUT = [
+    requires("cluster", "Needs the cluster extra (Ray), which the README quick start does not install:"),
     ("md", """# Scale out: engine replicas on Ray
 
 `workbench.cluster.load(..., replicas=N)` starts N engines, each in its own Ray actor (on its own GPUs when
@@ -520,18 +547,20 @@ loop and `workbench.evals` run on a pool unchanged, and every row is what one en
 
 These cells run a local Ray on this machine. To run the **same cells on a cluster of GPU nodes**, set
 `WORKBENCH_RAY_ADDRESS=auto` (on a node of the cluster) or `ray://head:10001` (from outside), and
-`WORKBENCH_NOTEBOOK_CHECKPOINT` to a checkpoint folder that every node can read."""),
-    ("code", '''import os
+`WORKBENCH_NOTEBOOK_CHECKPOINT` to a checkpoint folder that every node can read. About a minute and a half
+on a 2-core CPU, most of it starting Ray and the replicas."""),
+    ("code", '''import logging
+import os
 
-import workbench as wb
 import workbench.cluster as wbc
-from workbench.demo.tools import DEMO_TOOLS
+from workbench.demo.tools import get_local_time, get_population, get_random_joke, get_weather
 
 CHECKPOINT = os.environ.get("WORKBENCH_NOTEBOOK_CHECKPOINT")  # None: the embedded demo model
 ADDRESS = os.environ.get("WORKBENCH_RAY_ADDRESS")  # None: a local Ray (127.0.0.1); "auto" / "ray://...": a cluster
-TOOLS = list(DEMO_TOOLS.values())
+TOOLS = [get_weather, get_local_time, get_population, get_random_joke]  # 1-4 tools, as the demo model was trained
 
-wbc.connect(ADDRESS, **({} if ADDRESS else {"num_cpus": 3}))  # a local Ray: room for 3 one-CPU replicas
+# a local Ray with room for 3 one-CPU replicas; Ray's own start-up log lines stay out of the notebook
+wbc.connect(ADDRESS, **({} if ADDRESS else {"num_cpus": 3, "logging_level": logging.ERROR}))
 pool = wbc.load(CHECKPOINT, replicas=2, max_batch_size=8, max_seq_len=2048, threads=1)
 pool''', IGNORE),
     ("md", """Each replica is a Ray actor in its own placement group: on GPUs it holds `model_parallel_size` GPUs of
@@ -550,35 +579,69 @@ print("rows identical to single runs:", [b.tokens for b in batch] == [a.tokens f
     ("md", """## The tool loop and evaluations on a pool
 
 `wb.tools.run_batch(pool, ...)` and `workbench.evals.run_cases(pool, ...)` take the pool where they take an
-engine."""),
-    ("code", '''dialogs = [[{"role": "user", "content": q}] for q in
-           ["What's the weather in Paris?", "Convert 3 km to miles", "What time is it in Tokyo?",
-            "How many people live in Lima?"]]
+engine. The dialogs below offer four tools, as the demo model was trained (one to four at a time)."""),
+    ("code", '''asked = [("What's the weather in Paris?", "get_weather"), ("What time is it in Tokyo?", "get_local_time"),
+         ("What is the population of Peru?", "get_population"), ("Tell me a joke.", "get_random_joke"),
+         ("What's the weather in Rome?", "get_weather"), ("What time is it in Seoul?", "get_local_time"),
+         ("How many people live in Brazil?", "get_population"), ("Tell me a story about dragons.", None)]
+dialogs = [[{"role": "user", "content": q}] for q, _ in asked]
 transcripts = wb.tools.run_batch(pool, dialogs, tools=TOOLS, max_tokens=48, max_turns=3)
 transcripts[0]''', IGNORE),
+    ("code", '''for (question, expected), transcript in zip(asked, transcripts):
+    called = [c.tool_name for m in transcript for c in m.tool_calls]
+    broken = [m.parse_error for m in transcript if getattr(m, "parse_error", None)]  # a call that does not parse
+    mark = "✓" if called[:1] == ([expected] if expected else []) and not broken else "✗"
+    print(f"{mark} {question:<34} calls={called} -> {transcript[-1].content!r}" + (f" ({broken[0]})" if broken else ""))''',
+     CHECK),
+    ("md", """Where a mark is ✗, the model did something it should not: for the story no offered tool fits, and a
+demo-model reply that calls a tool it was not offered (the loop answers with an error, which the model then
+garbles) is the failure its training meant to prevent — it declines in words in most such dialogs, not in all;
+`02_tool_experiments.ipynb` measures how often (direct answers, with n and an interval)."""),
     ("md", """## A sweep
 
 `wbc.sweep(grid, dialogs, tools)` runs every grid point (load settings such as `quantization` or
-`checkpoint`, call settings such as `tool_choice`, `tool_prompt_format` or `temperature`) over the same dialogs and returns
-one DataFrame. A quantization change re-loads the replicas in place (and the pool's mode is restored after)."""),
-    ("code", '''table = wbc.sweep({"quantization": [None, "int4_mixed"], "tool_choice": ["auto", "required"]},
+`checkpoint`, call settings such as `tool_choice`, `tool_prompt_format` or `temperature`) over the same dialogs and
+returns one DataFrame. A quantization change re-loads the replicas in place (and the pool's mode is restored
+after). Each rate below is over the 8 dialogs, with its 95% Wilson interval; "right first reply" is the expected
+tool (or, for the story, no call)."""),
+    ("code", '''from workbench.reports import rate_text
+
+table = wbc.sweep({"quantization": [None, "int4_mixed"], "tool_choice": ["auto", "required"]},
                   dialogs, TOOLS, pool=pool, max_tokens=48)
+expected = {i: tool for i, (_, tool) in enumerate(asked)}
 table["called_a_tool"] = table["tool_calls"].map(bool)
-table.groupby(["quantization", "tool_choice"], dropna=False)[["called_a_tool", "tokens"]].mean()''',
-     IGNORE),
+table["right_first_reply"] = [([c["tool_name"] for c in calls][:1] == ([expected[i]] if expected[i] else []))
+                              for i, calls in zip(table["dialog"], table["tool_calls"])]
+table["quantization"] = table["quantization"].fillna("none")
+rates = table.groupby(["quantization", "tool_choice"], sort=False).agg(
+    dialogs=("dialog", "size"), called=("called_a_tool", "sum"), right=("right_first_reply", "sum"),
+    tokens=("tokens", "mean"))
+rates["called a tool"] = [rate_text(k, n) for k, n in zip(rates["called"], rates["dialogs"])]
+rates["right first reply"] = [rate_text(k, n) for k, n in zip(rates["right"], rates["dialogs"])]
+rates[["called a tool", "right first reply", "tokens"]].round(1)''', IGNORE),
+    ("md", """`tool_choice="required"` adds Llama Stack's sentence *"You MUST use one of the provided functions/tools to
+answer the user query."* to the system prompt. The demo model never saw that sentence in training, so what it
+does with it is not something it was taught: compare the `required` rows with the `auto` ones (here the same
+first calls, some written twice — hence more tokens per reply), and the int4_mixed rows with none's. To enforce a
+call
+whatever the model was trained on, `constrain_tools=True` masks every token that would not continue a valid
+call of an offered tool (see the README, "Structured output")."""),
     ("md", """## Jobs: progress across replicas, cancel
 
 `pool.submit_batch_chat_completion(...)` returns at once with a job: a progress bar of rows and tokens/s
 over all replicas, `job.result()`, `job.cancel()` (stops within a decode step on every replica; finished
 rows stay in `job.partial()`), `job.done` and per-replica statistics."""),
-    ("code", '''job = pool.submit_batch_chat_completion(dialogs * 6, TOOLS, max_tokens=48, progress=True)
+    ("code", '''job = pool.submit_batch_chat_completion(dialogs * 3, TOOLS, max_tokens=48, progress=True)
 replies = job.result()
 pd.DataFrame(job.stats()["per_replica"]).T''', IGNORE),
     ("md", """## Throughput against the replica count
 
-The same batch on 1 and 2 replicas. On this 2-core machine two replicas share two cores (with Ray's own
-processes), so **no gain is expected here**; on a machine with a core group or GPU per replica the rate grows
-with the replicas."""),
+The same seeded batch (32 prompts, up to 24 tokens each) on 1 and 2 replicas; each bar says how many tokens
+it generated and in what time, so the two rates can be read as equal work or not. On a 2-core machine the two
+one-thread replicas get a core each only when nothing else runs (Ray's own processes and any other load share
+the same two cores), so **the gain is at most 2× here and moves with the machine's load** — the pool's overhead,
+not its scaling, is what this machine can show (`bench/cluster.py` measures it). On a machine with a core group
+or GPU per replica the rate grows with the replicas."""),
     ("code", '''%matplotlib inline
 import time
 
@@ -591,19 +654,22 @@ def rate(p):
     p.batch_completion(work[:2], max_tokens=2, progress=False)  # warm-up
     start = time.perf_counter()
     rows = p.batch_completion(work, max_tokens=24, temperature=0.7, seed=0, progress=False)
-    return sum(len(r.tokens) for r in rows) / (time.perf_counter() - start)
+    return sum(len(r.tokens) for r in rows), time.perf_counter() - start
 
 
-rates = {2: rate(pool)}
+runs = {2: rate(pool)}
 with wbc.load(CHECKPOINT, replicas=1, max_batch_size=8, max_seq_len=2048, threads=1) as one:
-    rates[1] = rate(one)
-fig = Figure(figsize=(4, 3))
+    runs[1] = rate(one)
+replicas = sorted(runs)
+fig = Figure(figsize=(4.6, 3.4))
 ax = fig.subplots()
-ax.plot(sorted(rates), [rates[n] for n in sorted(rates)], marker="o")
-ax.set_xlabel("replicas")
-ax.set_ylabel("tokens/s")
-ax.set_xticks(sorted(rates))
-ax.set_title("batch_completion throughput")
+bars = ax.bar([str(n) for n in replicas], [runs[n][0] / runs[n][1] for n in replicas], color="#388e3c")
+ax.bar_label(bars, labels=[f"{runs[n][0]} tokens\\nin {runs[n][1]:.1f} s" for n in replicas], fontsize=8)
+ax.set_ylim(0, 1.3 * max(runs[n][0] / runs[n][1] for n in replicas))
+ax.set_xlabel("replicas (one CPU thread each)")
+ax.set_ylabel("generated tokens / s")
+ax.set_title(f"batch_completion: {len(work)} prompts on a local Ray")
+fig.tight_layout()
 fig''', IGNORE),
     ("md", "`pool.shutdown()` ends every replica and its worker processes; `wbc.disconnect()` stops the local Ray."),
     ("code", '''pool.shutdown()
@@ -611,7 +677,209 @@ wbc.disconnect()
 print(pool)''', IGNORE),
     ("code", 'print("every replica ended:", all(r["state"] == "closed" for r in pool.replicas), "| died:", pool.deaths)',
      CHECK),
+    ("md", """## Where to go next
+
+- `06_evaluations.ipynb`: lm-evaluation-harness, BFCL and Inspect on an engine (each takes a pool's
+  checkpoint the same way).
+- The README's "Scale out on Ray": a cluster of GPU nodes (`ray start`, a shared checkpoint path,
+  `address="auto"`).
+- `bench/cluster.py` and `docs/benchmarks.md`: the pool's overhead, measured."""),
 ]
+
+
+EVALUATIONS_INTRO = [
+    requires("evals", "Needs lm-evaluation-harness, Inspect and BFCL, which the README quick start does not install:"),
+    ("md", """# The evaluations researchers already run
+
+lm-evaluation-harness, BFCL and Inspect on the kernel's engine: each harness's own tasks, data and scoring,
+with workbench's batch APIs underneath (requests gathered into engine batches, the model's official prompt
+formats). Everything here runs offline on the embedded demo model; set `WORKBENCH_NOTEBOOK_CHECKPOINT` to
+run the same cells on a real checkpoint. Every score comes with the number of items it counts and its 95%
+Wilson interval: these tasks are tiny. Under a minute on a 2-core CPU."""),
+    ("code", "%matplotlib inline\n" + LOAD + '''
+from workbench.demo.tools import convert_currency, get_local_time, get_weather
+from workbench.reports import rate_text
+
+engine = wb.load(CHECKPOINT, max_batch_size=16, max_seq_len=2048)
+engine''', IGNORE),
+]
+
+LM_EVAL_CELLS = [
+    ("md", """## lm-evaluation-harness: `WorkbenchLM`
+
+lm-evaluation-harness runs on the loaded engine through `WorkbenchLM` (importing it registers lm-eval's
+`"workbench"` model; `python -m workbench.evals.lm_eval --model_args checkpoint=...,model=... --tasks ...`
+is lm-eval's own command line). Log-likelihoods go through `engine.score` — requests sorted by length in
+engine batches, shared contexts computed once, only the continuation's positions projected to the
+vocabulary — and equal Meta's reference model's to 1e-4. The tasks here are tiny and offline: JSONL files
+given to lm-eval as inline configs (the same dicts a task YAML holds); with a real checkpoint, pass task
+names (`tasks=["arc_easy", "hellaswag"]`). Here: which call does the model rank first for a question, and
+does it write that call? The demo model answers with calls of the tools its prompt offers — it was trained
+on nothing else — so the chat prompt must offer them, as `chat_completion(..., tools=...)` does:
+`WorkbenchLM(engine, tools=...)` puts them in every chat-template prompt. The same tasks without tools in the
+prompt are the second run."""),
+    ("code", '''import json
+import tempfile
+from pathlib import Path
+
+import datasets
+import lm_eval
+import pandas as pd
+from lm_eval.tasks import TaskManager
+
+from workbench.evals.lm_eval import WorkbenchLM
+
+datasets.disable_progress_bars()  # the task files are local: no download bars
+folder = Path(tempfile.mkdtemp(prefix="lm-eval-tasks-"))
+cities = ["Paris", "Tokyo", "Oslo", "Lima", "Cairo", "Quito", "Rome", "Seoul"]
+docs = [{"q": f"What's the weather in {c}?", "choices": [f'[get_weather(city="{c}")]', f'[get_local_time(city="{c}")]',
+                                                          f'[convert_currency(amount=1, from_currency="{c}")]'],
+         "label": 0} for c in cities]
+(folder / "calls.jsonl").write_text("".join(json.dumps(d) + "\\n" for d in docs))
+metric = lambda name: [{"metric": name, "aggregation": "mean", "higher_is_better": True}]  # noqa: E731
+mc = {"task": "calls_mc", "dataset_path": "json", "test_split": "test",
+      "dataset_kwargs": {"data_files": {"test": str(folder / "calls.jsonl")}},
+      "output_type": "multiple_choice", "doc_to_text": "{{q}}", "doc_to_choice": "{{choices}}",
+      "doc_to_target": "{{label}}", "metric_list": metric("acc")}
+gen = {**{k: v for k, v in mc.items() if k != "doc_to_choice"}, "task": "calls_gen", "output_type": "generate_until",
+       "doc_to_target": "{{choices[0]}}", "generation_kwargs": {"until": ["\\n"], "max_gen_toks": 24},
+       "metric_list": metric("exact_match")}
+runs = {}
+for label, offered in (("the three tools", [get_weather, get_local_time, convert_currency]), ("no tools", None)):
+    runs[label] = lm_eval.simple_evaluate(
+        model=WorkbenchLM(engine, tools=offered), tasks=[mc, gen], apply_chat_template=True, log_samples=True,
+        bootstrap_iters=0, task_manager=TaskManager(include_defaults=False), verbosity="ERROR")
+pd.DataFrame({label: {"calls_mc acc": rate_text(r["results"]["calls_mc"]["acc,none"] * len(docs), len(docs)),
+                      "calls_gen exact_match": rate_text(r["results"]["calls_gen"]["exact_match,none"] * len(docs),
+                                                         len(docs))}
+              for label, r in runs.items()}).T.rename_axis("tools in the prompt")''', IGNORE),
+    ("md", """With the tools in its prompt the model ranks the right call first and writes it; a miss in the generated
+calls is a city it miscopies (Cairo, a held-out value it never saw in training). Without tools it
+has nothing to call: it was trained to call only offered tools, never to answer these questions in words.
+Each answer below is one `engine.score` row: the log-probability of its tokens after the question, in the
+model's chat format with the tools offered."""),
+    ("code", '''from matplotlib.figure import Figure
+
+samples = runs["the three tools"]["samples"]["calls_mc"]
+scores = pd.DataFrame([[r[0][0] for r in s["resps"]] for s in samples], index=[s["doc"]["q"] for s in samples],
+                      columns=["get_weather", "get_local_time", "convert_currency"])
+fig = Figure(figsize=(7.5, 3.6))
+ax = fig.subplots()
+for (name, values), marker in zip(scores.items(), "os^"):
+    ax.plot(values, range(len(values)), marker, label=name)
+ax.set_yticks(range(len(scores)), scores.index)
+ax.set_xlabel("log-likelihood of the call (nats; 0 = certain)")
+ax.set_title("calls_mc: each candidate call, scored after the question")
+ax.grid(axis="x", alpha=0.3)
+ax.legend(title="candidate call", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+fig.tight_layout()
+fig''', IGNORE),
+]
+
+BFCL_INSPECT_CELLS = [
+    ("md", """## BFCL: the Berkeley Function Calling Leaderboard, batched
+
+`bfcl.run` answers BFCL's own questions (read from the installed `bfcl-eval` package) with the engine — every
+entry with its own function set, all of them in one batch — and scores each reply with **BFCL's own AST
+checker**. `prompt="official"` renders each entry in the model's own tool-calling format (what it was
+trained on); `prompt="bfcl"` reproduces BFCL's Llama handler prompt, so numbers compare with the public
+leaderboard. On a real checkpoint the two side by side show what the prompt format is worth. **The demo
+model cannot show it:** it knows only its 14 demo tools, so on BFCL's functions (none of which it saw) it
+calls one of its own tools or none, and scores 0 on the four AST categories under both prompts; on
+`irrelevance` (where no function fits and the right answer is no call) it scores by declining, which it
+does to nearly every question it was not trained on (`docs/demo-model.md`, unseen tools)."""),
+    ("code", '''from workbench.evals import bfcl
+
+categories = ["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"]
+results = pd.concat([bfcl.run(engine, categories, limit=5, prompt=p, max_tokens=64) for p in ("official", "bfcl")])
+results[["prompt", "id", "calls", "valid", "error"]].head(8)''', IGNORE),
+    ("code", '''summary = bfcl.summarize(results)     # accuracy per category, as BFCL counts it
+summary["accuracy (95% interval)"] = [rate_text(k, n) for k, n in zip(summary["correct"], summary["entries"])]
+summary''', IGNORE),
+    ("code", "bfcl.plot(summary)", IGNORE),
+    ("md", """## Inspect: the `workbench` model provider
+
+Installing workbench registers a `workbench` provider with [Inspect](https://inspect.aisi.org.uk), so
+`inspect eval task.py --model workbench/<checkpoints.toml name or folder>` works from a shell; in a notebook
+pass the loaded engine. Tools reach the model in its official format, and the samples Inspect runs
+concurrently are gathered into engine batches (the plot: rows per engine call). The tool below returns what
+the demo tool of the same name returns (the kind of result the model was trained to restate), and the scorer
+checks what a tool-using answer must get right: the call went to the asked city and the answer restates the
+tool's result."""),
+    ("code", '''from inspect_ai import Task, eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import get_model
+from inspect_ai.scorer import CORRECT, INCORRECT, Score, accuracy, scorer
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import tool
+
+from workbench.demo import tools as demo
+
+
+@tool
+def get_weather():
+    async def execute(city: str) -> str:
+        """Get the current weather in a city.
+
+        Args:
+            city: Name of the city.
+        """
+        return demo.get_weather(city)
+
+    return execute
+
+
+@scorer(metrics=[accuracy()])
+def restates_tool_result():
+    """Correct when the model called the tool for the target city and its answer contains the tool's result."""
+    async def score(state, target):
+        calls = [c for m in state.messages if m.role == "assistant" for c in (m.tool_calls or [])]
+        results = [m.text for m in state.messages if m.role == "tool"]
+        answer = state.output.completion
+        right_city = any(c.arguments.get("city") == target.text for c in calls)
+        restated = bool(results) and all(r in answer for r in results)
+        return Score(value=CORRECT if right_city and restated else INCORRECT, answer=answer,
+                     explanation=f"calls={[(c.function, c.arguments) for c in calls]} results={results}")
+
+    return score
+
+
+cities = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Rome", "Seoul"]
+task = Task(dataset=[Sample(input=f"What is the weather in {c}?", target=c) for c in cities],
+            solver=[use_tools(get_weather()), generate()], scorer=restates_tool_result())
+model = get_model("workbench/default", engine=engine, memoize=False)
+[log] = eval(task, model=model, display="log", log_dir=str(folder / "inspect-logs"), max_tokens=48)
+correct = sum(next(iter(s.scores.values())).value == CORRECT for s in log.samples)
+print("Inspect accuracy:", rate_text(correct, len(log.samples)))
+pd.DataFrame({
+    "input": [s.input for s in log.samples],
+    "tool calls": [[(c.function, c.arguments) for c in (s.messages[1].tool_calls or [])] for s in log.samples],
+    "answer": [s.output.completion for s in log.samples],
+    "score": [next(iter(s.scores.values())).value for s in log.samples],
+})''', IGNORE),
+    ("md", """A sample the scorer marks incorrect (`I`) is one where the model wrote another city into the call — for
+*Cairo*, a held-out value, as in the lm-eval task above — and then restated that city's weather. Inspect's
+built-in `includes()` would look only for the target city's name in the answer, and so pass an answer that
+names the city but garbles the weather; this scorer checks the call and the restated result instead."""),
+    ("code", '''sizes = model.api.batcher.stats.sizes
+fig = Figure(figsize=(4.6, 2.8))
+ax = fig.subplots()
+ax.bar(range(1, len(sizes) + 1), sizes)
+ax.set_xlabel("engine call")
+ax.set_ylabel("rows in the batch")
+ax.set_xticks(range(1, len(sizes) + 1))
+ax.set_title(f"{len(cities)} Inspect samples: rows per engine call")
+fig.tight_layout()
+fig''', IGNORE),
+    ("md", """## Where to go next
+
+- Your own checkpoint (README, "Your own checkpoint"): set `WORKBENCH_NOTEBOOK_CHECKPOINT` and run these
+  cells again, with real task names (`tasks=["arc_easy"]`) and BFCL's full categories (`limit=None`).
+- `python -m workbench.evals.lm_eval`, `python -m workbench.evals.bfcl` and `inspect eval ... --model
+  workbench/...`: the same harnesses from a shell.
+- `02_tool_experiments.ipynb`: workbench's own tool-calling cases, with the settings that move them."""),
+]
+
 
 NOTEBOOKS = {
     "01": ("01_quickstart.ipynb", QUICKSTART),
@@ -696,17 +964,88 @@ def stale_outputs(nb: nbformat.NotebookNode) -> list[str]:
     return problems
 
 
+# Paths that name one machine (a user's home, a temp folder, a random temp name) have no place in a shared
+# notebook; workbench displays its own paths from ~ or $WORKBENCH_CACHE (workbench.reports.short_path).
+MACHINE_PATH = re.compile(r"/root/|/home/[^/\s\"']+/|/Users/[^/\s\"']+/|(?<![\w.~])/tmp/|/private/var/|/var/folders/"
+                          r"|[A-Za-z]:\\+Users|\btmp[a-z0-9_]{8}\b|pytest-of-")
+UNNAMED_MODEL = re.compile(r"model_id\s+none|model=None\b")
+WARNING = re.compile(r"warn|deprecat|traceback|error:", re.IGNORECASE)
+FINISHED_BAR = re.compile(r"100%\|")
+
+
+def output_problems(nb: nbformat.NotebookNode) -> list[str]:
+    """What a reader of the stored notebook should never see, beyond :func:`stale_outputs`: machine paths,
+    an unnamed model (``model_id none``), warnings or other log lines on stderr (finished progress bars
+    aside), error outputs, progress or output widgets without a readable fallback (third-party bars,
+    an empty ``Output()``), empty outputs, and the same figure shown twice in a cell."""
+    problems = []
+    for number, cell in enumerate(nb.cells):
+        images: list[str] = []
+        for output in _coalesced(cell.get("outputs", [])):
+            kind = output.get("output_type")
+            texts = _output_texts(output)
+            joined = "\n".join(texts)
+            if MACHINE_PATH.search(joined):
+                problems.append(f"cell {number}: a machine path ({MACHINE_PATH.search(joined).group(0)!r})")
+            if UNNAMED_MODEL.search(joined):
+                problems.append(f"cell {number}: an unnamed model ({UNNAMED_MODEL.search(joined).group(0)!r})")
+            if kind == "error":
+                problems.append(f"cell {number}: an error ({output.get('ename')})")
+            if kind == "stream" and output.get("name") == "stderr":
+                lines = [line for line in joined.splitlines() if line.strip() and not FINISHED_BAR.search(line)]
+                if lines:
+                    label = "a warning" if WARNING.search("\n".join(lines)) else "log output"
+                    problems.append(f"cell {number}: {label} on stderr ({lines[0].strip()[:80]!r})")
+            data = output.get("data", {})
+            if WIDGET_VIEW in data and "text/html" not in data:
+                fallback = data.get("text/plain", "")
+                problems.append(f"cell {number}: a stray widget ({fallback.strip()[:60]!r})")
+            if kind in ("stream", "display_data", "execute_result") and not any(t.strip() for t in texts) \
+                    and not any(k.startswith("image/") for k in data) and WIDGET_VIEW not in data:
+                problems.append(f"cell {number}: an empty output")
+            if "image/png" in data:
+                png = data["image/png"] if isinstance(data["image/png"], str) else "".join(data["image/png"])
+                if png in images:
+                    problems.append(f"cell {number}: the same figure twice")
+                images.append(png)
+            elif any(t.lstrip().startswith("<Figure size") for t in texts):
+                problems.append(f"cell {number}: a figure shown as text, not drawn")
+    return problems
+
+
+def structure_problems(nb: nbformat.NotebookNode) -> list[str]:
+    """A notebook opens with the one cell that says (and checks) which extra it needs, and ends by saying
+    where to go next."""
+    problems = []
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    if not nb.cells or nb.cells[0].cell_type != "code" or "pip install" not in nb.cells[0].source \
+            or "wb.require(" not in nb.cells[0].source:
+        problems.append("the first cell must be code that names its extra (a pip install line) and checks it "
+                        "(wb.require)")
+    if code and code[0] is not nb.cells[0]:
+        problems.append("the extra check must come before any other code")
+    last = nb.cells[-1] if nb.cells else None
+    if last is None or last.cell_type != "markdown" or "next" not in last.source.lower():
+        problems.append("the last cell must be markdown saying where to go next")
+    return problems
+
+
+def problems(nb: nbformat.NotebookNode) -> list[str]:
+    """Everything :func:`build` refuses to store (and tests/test_stored_notebooks.py rejects)."""
+    return stale_outputs(nb) + output_problems(nb) + structure_problems(nb)
+
+
 def build(key: str, execute: bool = True) -> Path:
     name, cells = NOTEBOOKS[key]
     nb = make(cells)
     if execute:
         NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(HERE)}},
                        store_widget_state=True, record_timing=False).execute()
-        problems = stale_outputs(nb)
-        if problems:
+        found = problems(clean(nb))
+        if found:
             rejected = Path(tempfile.gettempdir()) / f"rejected-{name}"
-            nbformat.write(clean(nb), rejected)
-            raise SystemExit(f"{name} would be stored with stale outputs ({rejected}): " + "; ".join(problems))
+            nbformat.write(nb, rejected)
+            raise SystemExit(f"{name} would be stored with bad outputs ({rejected}): " + "; ".join(found))
     path = HERE / name
     nbformat.write(clean(nb), path)
     return path

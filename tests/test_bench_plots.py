@@ -47,6 +47,27 @@ def test_throughput_over_modes_restores_the_mode(engine):
         bench.throughput(engine, repeats=0)
 
 
+def test_throughput_does_equal_work_in_every_mode_and_reports_it():
+    """The demo model stops early on these prompts (so counting only what a normal call generates would
+    compare unequal work); the table's calls ignore stop tokens and every row generates max_tokens."""
+    demo = build_engine(resolve_settings(None, max_batch_size=4, max_seq_len=128, device="cpu"))
+    try:
+        prompts = bench.synthetic_prompts(demo, 4, 16, seed=3)
+        natural = demo.batch_completion(prompts, max_tokens=24, progress=False)
+        assert any(len(r.tokens) < 24 for r in natural)  # without equal work the counts would differ
+        fixed = bench.fixed_length_run(demo, prompts, 24)  # the timed call: stop tokens kept as ordinary tokens
+        assert [len(r.tokens) for r in fixed] == [24] * 4
+        for short, full in zip(natural, fixed):  # the same greedy tokens up to where the normal call stopped
+            assert full.tokens[: len(short.tokens)] == short.tokens
+            assert short.stop_reason == "out_of_tokens" or full.tokens[len(short.tokens)] in demo.tokenizer.stop_tokens
+        table = bench.throughput(demo, batch_sizes=(4,), prompt_lens=(16,), max_tokens=24, repeats=1, warmup=0,
+                                 modes=[None, "int4_mixed"], progress=False)
+    finally:
+        demo.close()
+    assert table["mode"].tolist() == ["none", "int4_mixed"]
+    assert (table["generated_tokens"] == 24 * table["batch_size"]).all()
+
+
 def test_plots_save_pngs(table, tmp_path):
     fig = plots.throughput(table, save=tmp_path / "throughput.png")
     assert len(fig.axes) == 2 and len(fig.axes[0].get_lines()) >= 2  # one line per prompt length

@@ -65,6 +65,18 @@ def test_embedded_default_when_nothing_is_given():
     assert {src.kind for src in s.sources.values()} == {"default"}
 
 
+def test_a_quantization_mode_stores_the_rest_in_bf16_unless_a_dtype_is_asked_for():
+    plain = resolve_settings(device="cpu")
+    assert plain.dtype == torch.float32  # the CPU default without quantization
+    assert resolve_settings(device="cpu", quantization="int4_mixed").dtype == torch.bfloat16
+    assert resolve_settings(device="cpu", quantization="fp8_mixed", dtype="float32").dtype == torch.float32
+    toggled = plain.with_quantization("fp8_mixed")  # engine.set_quantization on a default-loaded engine
+    assert toggled.dtype == torch.bfloat16 and toggled.sources["dtype"].kind == "default"
+    assert toggled.with_quantization(None) == plain
+    explicit = resolve_settings(device="cpu", dtype="float32")
+    assert explicit.with_quantization("int4_mixed").dtype == torch.float32
+
+
 def test_each_field_arguments_then_env_then_file_then_default(monkeypatch, clean_env, llama3_dir, tmp_path):
     other = tmp_path / "other-ckpt"
     write_toml(clean_env / "checkpoints.toml", f"""
@@ -94,7 +106,9 @@ dtype = "bfloat16"
         == (other, "Llama3.1-8B-Instruct", 4, 5, 256, "fp8_mixed")
     assert s.sources["max_seq_len"].describe() == "environment variable MAX_SEQ_LEN"
     # an entry describes its own folder: with the folder from INFERENCE_CHECKPOINT_DIR it is not used
-    assert s.dtype == torch.float32 and s.sources["dtype"].kind == "default"
+    # ... and with no dtype asked for, a quantization mode (fp8_mixed from QUANTIZATION_TYPE) stores the
+    # unquantized parts in bfloat16, as Llama Stack does
+    assert s.dtype == torch.bfloat16 and s.sources["dtype"].kind == "default"
     monkeypatch.delenv("INFERENCE_CHECKPOINT_DIR")
     s = resolve_settings()  # the default entry is selected; the other variables still override its values
     assert (s.checkpoint_dir, s.max_seq_len, s.dtype) == (llama3_dir.resolve(), 256, torch.bfloat16)

@@ -9,6 +9,7 @@ import workbench as wb
 from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.errors import InputError
 from workbench.notebook.display import human_bytes, messages_html
+from workbench.reports import InfoReport, MemoryReport, rate_text, short_path, wilson_interval
 from workbench.session import build_engine, resolve_settings
 from workbench.types import Message, ToolCall
 
@@ -31,6 +32,34 @@ def test_info_and_memory_are_readable_and_keep_raw_numbers(engine):
     memory = engine.memory()
     assert memory["kv_cache_bytes"] == info["kv_cache_bytes"]
     assert "KiB" in memory.readable()["by_kind"] or "MiB" in memory.readable()["by_kind"]
+
+
+def test_wilson_interval_matches_its_closed_forms():
+    z2 = 1.96**2
+    assert wilson_interval(0, 15) == (0.0, pytest.approx(z2 / (15 + z2)))  # no successes: [0, z²/(n+z²)]
+    assert wilson_interval(5, 5) == (pytest.approx(5 / (5 + z2)), 1.0)  # all successes: [n/(n+z²), 1]
+    low, high = wilson_interval(4, 15)
+    assert (round(low, 4), round(high, 4)) == (0.109, 0.5195)  # scipy's binomtest(4, 15) Wilson interval
+    mirror = wilson_interval(11, 15)
+    assert mirror == (pytest.approx(1 - high), pytest.approx(1 - low))
+    assert all(v != v for v in wilson_interval(0, 0))  # no trials: nan
+    assert rate_text(4, 15) == "0.27 [0.11, 0.52] n=15" and rate_text(0, 0) == "- (n=0)"
+
+
+def test_paths_and_unnamed_models_display_without_machine_details(monkeypatch, tmp_path):
+    home = tmp_path / "home" / "alice"
+    monkeypatch.setattr("pathlib.Path.home", lambda: home)
+    monkeypatch.delenv("WORKBENCH_CACHE", raising=False)
+    assert short_path(home / ".cache" / "workbench" / "demo") == "~/.cache/workbench/demo"
+    assert short_path("/ckpts/Llama3.1-8B") == "/ckpts/Llama3.1-8B"
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    assert short_path(tmp_path / "cache" / "demo") == "$WORKBENCH_CACHE/demo"
+    info = InfoReport({"model_id": None, "checkpoint": str(tmp_path / "cache" / "demo")})
+    assert "not given" in repr(info) and "$WORKBENCH_CACHE/demo" in repr(info) and str(tmp_path) not in repr(info)
+    memory = MemoryReport({"by_part": {"embedding": {"bfloat16": 2048}, "routed_experts": {"int4": 1024,
+                                                                                      "bfloat16 scales": 512}}})
+    assert memory.readable()["by_part"] == ("embedding: bfloat16 2.0 KiB; routed_experts: int4 1.0 KiB + bfloat16 "
+                                            "scales 512 B")
 
 
 def test_engine_card_and_repr(engine):

@@ -148,4 +148,13 @@ def test_summaries_group_by_setting_and_plot(tmp_path):
     assert summary.loc["none", "tool_call_exact"] == 0.5 and summary.loc["int4_mixed", "tool_call_exact"] == 0.0
     assert summary.loc["int4_mixed", "direct_answer"] == 1.0 and summary.loc["int4_mixed", "parse_failure_rate"] == 0.5
     fig = evals.plot_summary(summary.reset_index(), by="quantization", path=str(tmp_path / "acc.png"))
+    # every rate carries its number of cases and a Wilson interval, and the settings keep their order
+    assert list(evals.summarize(rows, by=["quantization"])["quantization"]) == ["none", "int4_mixed"]
+    none = summary.loc["none"]
+    assert (none.tool_cases, none.direct_cases, none.cases) == (2, 0, 2)
+    assert none.tool_call_exact_low < 0.5 < none.tool_call_exact_high and pd.isna(none.direct_answer_low)
+    assert evals.rate_table(summary.reset_index(), by="quantization").loc["none", "tool_call_exact"] == \
+        "0.50 [0.09, 0.91] n=2"
+    assert evals.setting_labels(pd.DataFrame({"quantization": ["int4_mixed", float("nan")]})) == [
+        "quantization=int4_mixed", "baseline"]
     assert (tmp_path / "acc.png").stat().st_size > 1000 and len(fig.axes[0].patches) == 6

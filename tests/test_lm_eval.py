@@ -20,6 +20,7 @@ import pytest
 import torch
 from oracle import reference_greedy, reference_logits
 
+from workbench.demo.tools import get_weather
 from workbench.errors import ConfigError, InputError, PromptTooLongError
 
 lm_eval = pytest.importorskip("lm_eval", reason="the lm-eval extra is not installed: pip install -e '.[lm-eval]'")
@@ -247,6 +248,15 @@ def test_chat_template_renders_the_official_format(lm: WorkbenchLM) -> None:
     # special-looking text outside a rendered prompt stays plain text
     assert lm.tok_encode("<|begin_of_text|>x") == lm.engine.tokenizer.encode("<|begin_of_text|>x")
     assert lm.tokenizer_name.startswith("workbench-") and lm.chat_template(True) and lm.chat_template(False) is None
+
+
+def test_tools_given_to_workbenchlm_are_offered_in_every_chat_prompt(lm: WorkbenchLM) -> None:
+    dialog = [{"role": "user", "content": "What's the weather in Paris?"}]
+    with_tools = WorkbenchLM(lm.engine, tools=[get_weather])
+    official = lm.engine.formatter.encode_dialog(dialog, tools=[get_weather])
+    text = with_tools.apply_chat_template(dialog)
+    assert "get_weather" in text and "get_weather" not in lm.apply_chat_template(dialog)
+    assert with_tools.tok_encode(text) == official
 
 
 def test_apply_chat_template_scores_and_generates_like_the_reference(lm: WorkbenchLM, ckpt: Path,

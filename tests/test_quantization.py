@@ -53,6 +53,7 @@ from workbench.quantization import (
     summary,
 )
 from workbench.runtime.loading import load_model_for_rank
+from workbench.runtime.memory import model_memory
 from workbench.session import build_engine, resolve_settings
 
 PROMPTS = [
@@ -350,6 +351,42 @@ def test_toggle_restores_logits_and_memory_without_leaks(dirs, family):
     assert engine.memory() == first_memory
 
 
+# --------------------------------------------------------------------------------------------- default dtype
+@pytest.mark.parametrize("which", ["demo", "tiny"])
+def test_memory_falls_from_bf16_to_fp8_mixed_to_int4_mixed(dirs, which):
+    """With no dtype asked for, every mode stores what it leaves unquantized in bfloat16 (Llama Stack's
+    meta-reference does the same), so each mode takes less memory than the one before — on the CPU too,
+    where the unquantized default is float32."""
+    ckpt = None if which == "demo" else dirs["llama4"]  # None: the embedded demo model
+    engine = build_engine(resolve_settings(ckpt, max_batch_size=2, max_seq_len=64, device="cpu"))
+    sizes, parts, kv = {}, {}, {}
+    try:
+        for mode in (None, "bf16", "fp8_mixed", "int4_mixed"):
+            engine.set_quantization(mode, progress=False)
+            memory = engine.memory()
+            sizes[mode], parts[mode], kv[mode] = memory["weights_bytes"], memory["by_part"], memory["kv_cache_bytes"]
+            # the per-part table accounts for every byte of the weights
+            assert sum(n for types in memory["by_part"].values() for n in types.values()) == memory["weights_bytes"]
+            want = "float32" if mode is None else "bfloat16"
+            assert engine.settings.dtype == getattr(torch, want) and engine.info()["dtype"] == want
+            for part in ("embedding", "output", "attention", "norm", "router"):
+                assert set(memory["by_part"][part]) == {want}, (mode, part, memory["by_part"][part])
+    finally:
+        engine.close()
+    assert sizes[None] > sizes["bf16"] > sizes["fp8_mixed"] > sizes["int4_mixed"], sizes
+    assert kv["bf16"] == kv["fp8_mixed"] == kv["int4_mixed"] == kv[None] // 2  # the KV cache is bf16 too
+    assert {"float8_e4m3fn", "float32 scales"} <= set(parts["fp8_mixed"]["routed_experts"])
+    assert {"int4", "bfloat16 scales"} <= set(parts["int4_mixed"]["routed_experts"])
+    assert set(parts["int4_mixed"]["shared_expert"]) == {"int4", "bfloat16 scales"}
+
+
+def test_an_explicit_dtype_keeps_the_unquantized_parts_in_it(dirs):
+    model = cached_model(dirs["llama4"], "int4_mixed")  # loaded with dtype="float32" (SMALL)
+    parts = model_memory(model, 0)["by_part"]
+    assert set(parts["embedding"]) == set(parts["attention"]) == {"float32"}
+    assert set(parts["routed_experts"]) == {"int4", "bfloat16 scales"}
+
+
 # --------------------------------------------------------------------------------------------- pre-quantized
 def write_prequantized(folder: Path, params: dict, *, n_shards: int, layout: str = "modules",
                        divisor: float = 400.0) -> dict:
@@ -477,3 +514,12 @@ def test_bench_quantization_table(dirs):
     assert (table.decode_tok_s > 0).all() and (table.prefill_tok_s > 0).all()
     for mode, (max_kl, _) in BOUNDS.items():
         assert 0 < table.loc[mode].mean_kl <= max_kl
+    # equal work in every mode, and the memory table says per part what each mode stores in which type
+    assert (table.generated_tokens == 3 * 2).all() and (table.prompt_tokens == table.prompt_tokens.iloc[0]).all()
+    parts = bench.memory_table(table)
+    assert parts.loc["embedding", "none"].startswith("float32")
+    assert parts.loc["embedding", "bf16"].startswith("bfloat16")
+    assert parts.loc["embedding", "int4_mixed"].startswith("float32")  # the engine was loaded with dtype="float32"
+    ffn = parts.loc["feed_forward", "int4_mixed"]
+    assert ffn.startswith("int4") and "bfloat16 scales" in ffn
+    assert list(parts.index)[-1] == "total" and list(parts.columns) == list(table.index)

@@ -1,13 +1,22 @@
 """The stored notebooks read well on their own: no progress bar frozen part-way, no widget output whose
-model is missing from the saved widget state (notebooks/build.py refuses to store either)."""
+model is missing from the saved widget state, no machine paths, unnamed models, warnings, errors, stray
+widgets, empty outputs or figures shown twice; each opens with the check of the extra it needs and ends
+saying where to go next (notebooks/build.py refuses to store a notebook with any of these).  Every check is
+shown to fire on a bad sample."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+import workbench as wb
+from workbench.errors import MissingExtraError
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -25,6 +34,13 @@ build = _build_module()
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
 def test_stored_notebook_has_no_stale_outputs(path: Path) -> None:
     assert build.stale_outputs(nbformat.read(path, as_version=4)) == []
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
+def test_stored_notebook_shows_nothing_a_reader_should_not_see(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    assert build.output_problems(nb) == []
+    assert build.structure_problems(nb) == []
 
 
 def test_every_built_notebook_is_stored() -> None:
@@ -49,3 +65,104 @@ def test_the_check_finds_a_half_bar_and_an_orphan_widget_view() -> None:
                                        "cell 0: a widget view whose model abc is not saved"]
     nb.metadata["widgets"] = {build.WIDGET_STATE: {"state": {"abc": {}}}}
     assert build.stale_outputs(nb) == ["cell 0: a progress bar stopped part-way"]
+
+
+def _cell_with(*outputs) -> nbformat.NotebookNode:  # noqa: ANN002
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("run()")
+    cell.outputs = list(outputs)
+    nb.cells.append(cell)
+    return nb
+
+
+PNG = "iVBORw0KGgo="
+
+
+@pytest.mark.parametrize("output,problem", [
+    (nbformat.v4.new_output("execute_result", data={"text/plain": "checkpoint /root/.cache/workbench/demo"}),
+     "a machine path"),
+    (nbformat.v4.new_output("stream", name="stdout", text="wrote /tmp/lm-eval-tasks-x1/calls.jsonl\n"),
+     "a machine path"),
+    (nbformat.v4.new_output("stream", name="stdout", text="folder /tmp/tmpk3j_9x2a\n"), "a machine path"),
+    (nbformat.v4.new_output("display_data", data={"text/html": "<td>/home/alice/ckpts</td>", "text/plain": "x"}),
+     "a machine path"),
+    (nbformat.v4.new_output("execute_result", data={"text/plain": "ReplicaPool(model=None, replicas=2)"}),
+     "an unnamed model"),
+    (nbformat.v4.new_output("execute_result", data={"text/plain": "engine info:\n  model_id   none\n"}),
+     "an unnamed model"),
+    (nbformat.v4.new_output("stream", name="stderr", text="/x.py:3: FutureWarning: use y\n"), "a warning"),
+    (nbformat.v4.new_output("stream", name="stderr", text="2026 WARNING worker.py:85 -- Token auth\n"), "a warning"),
+    (nbformat.v4.new_output("stream", name="stderr", text="[Task: mc] metric acc: using default aggregation\n"),
+     "log output"),
+    (nbformat.v4.new_output("error", ename="KeyError", evalue="'x'", traceback=["KeyError: 'x'"]), "an error"),
+    (nbformat.v4.new_output("display_data", data={build.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
+                                                  "text/plain": "Output()"}), "a stray widget"),
+    (nbformat.v4.new_output("display_data", data={build.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
+                                                  "text/plain": "Generating test split: 0 examples"}),
+     "a stray widget"),
+    (nbformat.v4.new_output("stream", name="stdout", text="\n"), "an empty output"),
+    (nbformat.v4.new_output("execute_result", data={"text/plain": ""}), "an empty output"),
+    (nbformat.v4.new_output("execute_result", data={"text/plain": "<Figure size 700x350 with 1 Axes>"}),
+     "a figure shown as text"),
+])
+def test_each_output_check_fires_on_a_bad_sample(output, problem) -> None:
+    found = build.output_problems(_cell_with(output))
+    assert len(found) == 1 and found[0].startswith(f"cell 0: {problem}"), found
+
+
+def test_the_same_figure_twice_and_clean_outputs() -> None:
+    figure = nbformat.v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure size 1x1>"})
+    assert build.output_problems(_cell_with(figure, figure)) == ["cell 0: the same figure twice"]
+    fine = [
+        figure,
+        nbformat.v4.new_output("stream", name="stderr", text="requests: 100%|██████████| 8/8 [00:00<00:00]\n"),
+        nbformat.v4.new_output("execute_result", data={"text/plain": "checkpoint ~/.cache/workbench/demo-llama4"}),
+        nbformat.v4.new_output("display_data", data={build.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
+                                                     "text/html": "<b>playground</b>", "text/plain": "playground"}),
+    ]
+    assert build.output_problems(_cell_with(*fine)) == []
+
+
+def test_the_structure_check_wants_the_extra_first_and_a_next_step_last() -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("import workbench as wb")]
+    found = build.structure_problems(nb)
+    assert [p.split(" must")[0] for p in found] == ["the first cell", "the extra check", "the last cell"]
+    nb.cells = [nbformat.v4.new_code_cell('# needs: pip install -e ".[cluster]"\nimport workbench as wb\n\n'
+                                          'wb.require("cluster")'),
+                nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_markdown_cell("## Next\n\nnotebook 06")]
+    assert build.structure_problems(nb) == []
+
+
+def test_every_notebook_opens_with_the_check_of_its_extra() -> None:
+    extras = {key: build.make(cells).cells[0].source for key, (_, cells) in build.NOTEBOOKS.items()}
+    assert 'wb.require("cluster")' in extras["05"] and 'wb.require("evals")' in extras["06"]
+    assert all('wb.require("lab")' in extras[k] for k in ("01", "02", "03", "04"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key,module", [("05", "ray"), ("06", "inspect_ai")])
+def test_without_its_extra_a_notebook_stops_at_its_first_cell_with_one_line(key: str, module: str) -> None:
+    """A user's install (.[lab]) has neither Ray nor the harnesses: the notebook must end at its first cell
+    with the pip line, not with a traceback cells later."""
+    cells = build.make(build.NOTEBOOKS[key][1]).cells
+    hide = nbformat.v4.new_code_cell(f"import sys\n\nsys.modules[{module!r}] = None  # as if it were not installed")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [hide, *cells[:4]]
+    with pytest.raises(CellExecutionError):
+        NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    [error] = nb.cells[1].outputs
+    assert error.output_type == "error" and error.ename == "MissingExtraError"
+    assert len(error.traceback) == 1 and "pip install" in error.traceback[0] and module in error.traceback[0]
+    assert all(not cell.get("outputs") for cell in nb.cells[2:] if cell.cell_type == "code")
+
+
+def test_require_names_the_pip_line_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    wb.require("lab")  # installed here: nothing happens
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(MissingExtraError) as info:
+        wb.require("cluster")
+    assert 'pip install -e ".[cluster]"' in str(info.value) and "ray" in str(info.value)
+    assert info.value._render_traceback_() == [f"MissingExtraError: {info.value}"]
+    with pytest.raises(MissingExtraError, match="unknown extra"):
+        wb.require("gpu")

@@ -16,6 +16,7 @@ from workbench.engine import Engine, chat
 from workbench.errors import WorkbenchError
 from workbench.notebook import display
 from workbench.notebook.display import show_prompt, to_frame
+from workbench.notebook.extras import require
 from workbench.session import current, load, unload
 from workbench.types import ChatCompletion, Completion, Message, StreamChunk, TokenLogprob, ToolCall, Transcript
 
@@ -34,7 +35,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ChatCompletion", "Completion", "Engine", "Message", "StreamChunk", "TokenLogprob", "ToolCall",
-    "Transcript", "WorkbenchError", "bench", "chat", "current", "display", "load", "plots", "show_prompt",
-    "runs", "to_frame", "tools", "unload",
+    "Transcript", "WorkbenchError", "bench", "chat", "current", "display", "load", "plots", "require",
+    "runs", "show_prompt", "to_frame", "tools", "unload",
 ]
 __version__ = "0.1.0"

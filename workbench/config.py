@@ -291,15 +291,16 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
         ints[name] = fallback if value is None else check_positive_int(
             value, name, sources[name], allow_zero=name == "model_parallel_size")
     raw_quant, sources["quantization"] = pick("quantization")
+    quant = check_quantization(raw_quant, "quantization", sources["quantization"])
     return Settings(
         checkpoint_dir=Path(folder).expanduser().resolve(),
         model_id=model_id,
         device=dev,
-        dtype=resolve_dtype(raw_dtype, dev, sources["dtype"]),
+        dtype=resolve_dtype(raw_dtype, dev, sources["dtype"], quantization=quant),
         max_batch_size=ints["max_batch_size"],
         max_seq_len=ints["max_seq_len"],
         model_parallel_size=ints["model_parallel_size"],
-        quantization=check_quantization(raw_quant, "quantization", sources["quantization"]),
+        quantization=quant,
         sources=sources,
     )
 

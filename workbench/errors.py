@@ -103,3 +103,14 @@ class StoreError(ConfigError):
 
 class StoreWarning(UserWarning):
     """The run store could not be read or written; results are computed and returned but not stored."""
+
+
+class MissingExtraError(WorkbenchError, ImportError):
+    """An optional extra (Ray, lm-eval, Inspect, BFCL...) that a notebook or feature needs is not installed.
+
+    In a notebook it shows as its one-line message, without a traceback (IPython prints what
+    ``_render_traceback_`` returns), and like any error it stops "Run all" at that cell.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]

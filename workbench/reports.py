@@ -8,6 +8,9 @@ helpers, and neither has to import the other for it.
 from __future__ import annotations
 
 import html
+import math
+import os
+from pathlib import Path
 from typing import Any
 
 BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.45;"
@@ -35,6 +38,44 @@ def human_count(n: float) -> str:
     return str(int(n))
 
 
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% for ``z=1.96``) of a rate of ``successes`` out of ``n`` trials.
+
+    Why Wilson and not ``p ± z·sqrt(p(1-p)/n)``: with the few dozen cases a notebook runs, rates sit near 0
+    or 1, where the normal interval collapses to a point or leaves [0, 1]; Wilson's stays inside and honest
+    (0 of 15 is [0, 0.20], not [0, 0]).  ``n == 0`` gives (nan, nan): no trials, no interval.
+    """
+    if n <= 0:
+        return (math.nan, math.nan)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def rate_text(successes: float, n: int, digits: int = 2) -> str:
+    """``"0.27 [0.11, 0.52] n=15"``: a rate with its 95% Wilson interval and its number of trials."""
+    if n <= 0:
+        return "- (n=0)"
+    low, high = wilson_interval(successes, n)
+    return f"{successes / n:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] n={n}"
+
+
+def short_path(path: Any) -> str:
+    """A path as a shared notebook should show it: under ``$WORKBENCH_CACHE`` or the home folder it is
+    written from there (``~/.cache/workbench/demo-llama4-v1-...``), so a stored output names no machine's
+    user folder; other paths are shown as they are."""
+    text = str(path)
+    cache = os.environ.get("WORKBENCH_CACHE")
+    roots = [(str(Path(cache).expanduser()), "$WORKBENCH_CACHE")] if cache else []
+    roots.append((str(Path.home()), "~"))
+    for root, name in roots:
+        root = root.rstrip(os.sep)
+        if root and (text == root or text.startswith(root + os.sep)):
+            return name + text[len(root):]
+    return text
+
+
 class Report(dict):
     """A dict of raw numbers that displays readably: ``*_bytes`` as KiB/MiB/GiB, ``parameters`` as 12.3M.
 
@@ -44,6 +85,13 @@ class Report(dict):
     title = "report"
 
     def _human(self, key: str, value: Any) -> str:
+        if key == "checkpoint" and isinstance(value, str):
+            return short_path(value)
+        if key == "model_id" and value is None:
+            return "not given (the prompt format follows params.json)"
+        if key == "by_part" and isinstance(value, dict):  # kind -> {type: bytes}: "embedding: bfloat16 37.0 MiB; ..."
+            return "; ".join(f"{kind}: " + " + ".join(f"{label} {human_bytes(n)}" for label, n in types.items())
+                             for kind, types in value.items()) or "-"
         if isinstance(value, dict):
             return ", ".join(f"{k}: {self._human(key, v)}" for k, v in value.items()) or "-"
         if isinstance(value, list):

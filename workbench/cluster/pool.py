@@ -256,7 +256,8 @@ class ReplicaPool:
         state = "shut down" if self.closed else f"{self.live}/{len(slots)} live"
         nodes = len({s.info.get("node_id") for s in slots if s.info})
         gpus = f"{need.gpus} GPU + " if need.gpus else ""
-        return (f"ReplicaPool(model={self.model_id!r}, replicas={len(slots)} ({state}) on {nodes} node(s),\n"
+        model = self.fleet.head.get("model", self.model_id)  # what it runs in words (never a bare None)
+        return (f"ReplicaPool(model={model!r}, replicas={len(slots)} ({state}) on {nodes} node(s),\n"
                 f"            each {gpus}{need.cpus:g} CPU, model_parallel_size={need.model_parallel_size},\n"
                 f"            died={self.deaths}, replaced={self.replacements})")
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import workbench as wb
+from workbench.engine import model_label
 from workbench.errors import GenerationCancelled, WorkbenchError
 
 __all__ = ["ReplicaSpec", "Replica", "descendants"]
@@ -100,7 +101,7 @@ class Replica:
         start = time.perf_counter()
         self.engine = wb.load(self.spec.checkpoint, **self.spec.load_kwargs)
         e = self.engine
-        return {"model_id": e.model_id, "family": e.family, "max_seq_len": e.max_seq_len,
+        return {"model_id": e.model_id, "model": model_label(e), "family": e.family, "max_seq_len": e.max_seq_len,
                 "max_batch_size": e.max_batch_size, "settings": e.settings, "args": e.args,
                 "load_seconds": time.perf_counter() - start, **self.where()}
 

@@ -12,10 +12,21 @@
 """
 
 from workbench.evals.cases import EvalCase, Turn, load_cases, save_cases, synthetic_cases
-from workbench.evals.harness import SETTING_KEYS, call_key, calls_match, compare, plot_summary, run_cases, summarize
+from workbench.evals.harness import (
+    RATES,
+    SETTING_KEYS,
+    call_key,
+    calls_match,
+    compare,
+    plot_summary,
+    rate_table,
+    run_cases,
+    setting_labels,
+    summarize,
+)
 from workbench.evals.unseen import unseen_cases
 
 __all__ = [
-    "SETTING_KEYS", "EvalCase", "Turn", "call_key", "calls_match", "compare", "load_cases", "plot_summary",
-    "run_cases", "save_cases", "summarize", "synthetic_cases", "unseen_cases",
+    "RATES", "SETTING_KEYS", "EvalCase", "Turn", "call_key", "calls_match", "compare", "load_cases", "plot_summary",
+    "rate_table", "run_cases", "save_cases", "setting_labels", "summarize", "synthetic_cases", "unseen_cases",
 ]

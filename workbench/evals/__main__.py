@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         results = evals.compare(engine, cases, settings, tools=tools, progress=True)
         summary = evals.summarize(results, by=[k for k in evals.SETTING_KEYS if k in results.columns])
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(summary.to_string(index=False))
+        print(evals.rate_table(summary, metrics=list(evals.RATES)).to_string())  # rate [95% Wilson interval] n=cases
     print(json.dumps({"cases": len(cases), "seconds": round(time.perf_counter() - started, 1),
                       "summary": summary.to_dict(orient="records")}, default=str))
     return 0

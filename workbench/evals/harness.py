@@ -24,6 +24,7 @@ from workbench.engine.interfaces import CompletionEngine
 from workbench.errors import InputError
 from workbench.evals.cases import EvalCase
 from workbench.progress import progress_bar
+from workbench.reports import rate_text, wilson_interval
 from workbench.tools import Dialog, Toolbox, complete_turn
 from workbench.tools.loop import LoopEngine
 from workbench.types import Message, ToolCall, Transcript
@@ -243,31 +244,76 @@ def _show(call: ToolCall | Mapping[str, Any]) -> str:
 SETTING_KEYS = ("tool_prompt_format", "system_prompt", "tool_choice", "quantization", "temperature")
 
 
+# rate column -> (the per-case column it averages, the cases it is a rate of)
+RATES: dict[str, tuple[str, str]] = {
+    "tool_call_exact": ("exact_match", "tool_cases"),
+    "tool_name_match": ("name_match", "tool_cases"),
+    "arg_names_from_schema": ("arg_names_from_schema", "tool_cases"),
+    "answer_restates_result": ("answer_has_result", "tool_cases"),
+    "direct_answer": ("direct_answer", "direct_cases"),
+    "parse_failure_rate": ("parse_failures", "cases"),
+}
+
+
 def summarize(results: pd.DataFrame, by: Iterable[str] | None = None) -> pd.DataFrame:
     """Accuracy per setting: exact-match calls, name match, argument names from the offered schema, answers
-    restating results (every field of a JSON object result), direct answers."""
+    restating results (every field of a JSON object result), direct answers.
+
+    Every rate comes with the number of cases it counts (``tool_cases``: cases that expect a call;
+    ``direct_cases``: cases that expect a direct answer; ``cases``) and its 95% Wilson interval
+    (``<rate>_low``, ``<rate>_high``): on a few dozen cases one case moves a rate by several points, and a
+    reader needs to see that.  Settings keep the order in which they first appear (``compare``'s order, so
+    the baseline given first stays first).
+    """
     by = [c for c in (by if by is not None else SETTING_KEYS) if c in results.columns]
 
     def rates(df: pd.DataFrame) -> pd.Series:
         tool = df[df["exact_match"].notna()]
         direct = df[df["direct_answer"].notna()]
-        return pd.Series({
-            "cases": len(df),
-            "tool_call_exact": tool["exact_match"].astype(float).mean() if len(tool) else float("nan"),
-            "tool_name_match": tool["name_match"].astype(float).mean() if len(tool) else float("nan"),
-            "arg_names_from_schema": (tool["arg_names_from_schema"].astype(float).mean()
-                                      if len(tool) and "arg_names_from_schema" in tool else float("nan")),
-            "answer_restates_result": tool["answer_has_result"].astype(float).mean() if len(tool) else float("nan"),
-            "direct_answer": direct["direct_answer"].astype(float).mean() if len(direct) else float("nan"),
-            "parse_failure_rate": float((df["parse_failures"] > 0).mean()),
-            "tokens_per_case": float(df["tokens"].mean()),
-            **{f"ended_{reason}": int((df["stop_reason"] == reason).sum()) for reason in CASE_STOP_REASONS
-               if "stop_reason" in df},
-        })
+        groups = {"tool_cases": tool, "direct_cases": direct, "cases": df}
+        row: dict[str, Any] = {"cases": len(df), "tool_cases": len(tool), "direct_cases": len(direct)}
+        for rate, (column, over) in RATES.items():
+            frame = groups[over]
+            if column not in frame or not len(frame):
+                hits, n = float("nan"), 0
+            elif column == "parse_failures":
+                hits, n = float((frame[column] > 0).sum()), len(frame)
+            else:
+                hits, n = float(frame[column].astype(float).sum()), len(frame)
+            row[rate] = hits / n if n else float("nan")
+            row[f"{rate}_low"], row[f"{rate}_high"] = wilson_interval(hits, n) if n else (math.nan, math.nan)
+        row["tokens_per_case"] = float(df["tokens"].mean())
+        if "stop_reason" in df:
+            row.update({f"ended_{reason}": int((df["stop_reason"] == reason).sum()) for reason in CASE_STOP_REASONS})
+        return pd.Series(row)
 
     if not by:
         return rates(results).to_frame().T
-    return results.groupby(by, dropna=False).apply(rates, include_groups=False).reset_index()
+    return results.groupby(by, dropna=False, sort=False).apply(rates, include_groups=False).reset_index()
+
+
+def setting_labels(summary: pd.DataFrame) -> list[str]:
+    """One label per summary row from its setting columns (``"quantization=int4_mixed"``; settings a row
+    does not set are left out, and a row that sets none is ``"baseline"``)."""
+    keys = [k for k in SETTING_KEYS if k in summary.columns]
+    labels = []
+    for _, row in summary[keys].iterrows():
+        parts = [f"{k}={v}" for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))]
+        labels.append(", ".join(parts) or "baseline")
+    return labels
+
+
+def rate_table(summary: pd.DataFrame, *, by: str | None = None,
+               metrics: Sequence[str] = ("tool_call_exact", "tool_name_match", "answer_restates_result",
+                                         "direct_answer")) -> pd.DataFrame:
+    """The summary's rates as text a reader can weigh: ``"0.27 [0.11, 0.52] n=15"`` (rate, 95% Wilson
+    interval, cases), one row per setting, labelled by the column ``by`` (default: :func:`setting_labels`)."""
+    frame = summary.set_index(by) if by else summary.set_axis(setting_labels(summary), axis=0)
+    out = pd.DataFrame(index=frame.index)
+    for metric in metrics:
+        n = frame[RATES[metric][1]].astype(int)
+        out[metric] = [rate_text(rate * k, k) if k else "- (n=0)" for rate, k in zip(frame[metric].astype(float), n)]
+    return out
 
 
 def compare(engine: EvalEngine, cases: Sequence[EvalCase], settings: Sequence[Mapping[str, Any]],
@@ -307,26 +353,39 @@ def compare(engine: EvalEngine, cases: Sequence[EvalCase], settings: Sequence[Ma
 
 def plot_summary(summary: pd.DataFrame, *, by: str | None = None, metrics: Sequence[str] = (
         "tool_call_exact", "answer_restates_result", "direct_answer"), ax: Any = None, path: str | None = None) -> Any:
-    """Grouped bars of accuracy per setting; returns the matplotlib Figure (saved to ``path`` if given)."""
-    import matplotlib.pyplot as plt
+    """Grouped bars of accuracy per setting with their 95% Wilson intervals; returns the matplotlib Figure
+    (saved to ``path`` if given).  A ``Figure``, not pyplot's: returned as a cell's value it displays once."""
+    from matplotlib.figure import Figure
 
-    if by is None:
-        by = next((c for c in SETTING_KEYS if c in summary.columns), None)
-    labels = summary[by].astype(str).tolist() if by else ["all"]
+    if by is None and any(c in summary.columns for c in SETTING_KEYS):
+        labels = setting_labels(summary)
+    else:
+        labels = summary[by].astype(str).tolist() if by else ["all"]
     if ax is None:
-        fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(labels) * len(metrics) / 2, 3.2))
+        fig = Figure(figsize=(2.4 + 1.4 * len(labels) * len(metrics) / 2, 3.6))
+        ax = fig.subplots()
     else:
         fig = ax.figure
     width = 0.8 / len(metrics)
     for j, metric in enumerate(metrics):
-        values = summary[metric].astype(float).tolist()
-        bars = ax.bar([i + j * width for i in range(len(labels))], values, width, label=metric.replace("_", " "))
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.set_xticks([i + width * (len(metrics) - 1) / 2 for i in range(len(labels))], labels)
-    ax.set_ylim(0, 1.1)
-    ax.set_ylabel("accuracy")
-    ax.set_xlabel(by or "")
-    ax.legend(fontsize=7, loc="lower right")
+        values = summary[metric].astype(float)
+        xs = [i + j * width for i in range(len(labels))]
+        errors = None
+        if f"{metric}_low" in summary:
+            low, high = summary[f"{metric}_low"].astype(float), summary[f"{metric}_high"].astype(float)
+            errors = [(values - low).clip(lower=0).tolist(), (high - values).clip(lower=0).tolist()]
+        counts = summary[RATES[metric][1]].astype(int).tolist() if metric in RATES and RATES[metric][1] in summary \
+            else None
+        label = metric.replace("_", " ") + (f" (n={counts[0]})" if counts and len(set(counts)) == 1 else "")
+        bars = ax.bar(xs, values.tolist(), width, yerr=errors, capsize=2, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+    ax.set_xticks([i + width * (len(metrics) - 1) / 2 for i in range(len(labels))], labels, rotation=15, ha="right")
+    ax.set_ylim(0, 1.2)  # room for the labels above a full bar
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    ax.set_ylabel("rate (95% Wilson interval)")
+    ax.set_xlabel(by or "setting")
+    ax.set_title("tool calling per setting")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=110)

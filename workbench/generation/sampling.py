@@ -21,6 +21,10 @@ class SamplingParams:
 
     ``seed`` makes sampling reproducible *per row*: every row gets its own random stream seeded with
     ``seed``, so a prompt gives the same tokens alone or inside any batch.
+
+    ``ignore_stop_tokens`` (benchmarks only, not a user keyword; vLLM's ``ignore_eos``): a stop token is
+    kept as an ordinary token and the row runs to ``max_tokens``, so every row and every mode measured
+    does the same work.
     """
 
     max_tokens: int | None = None
@@ -30,6 +34,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int = 0
     stop: tuple[str, ...] = ()
+    ignore_stop_tokens: bool = False
 
     @classmethod
     def create(cls, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,

@@ -325,7 +325,7 @@ class Scheduler:
         params = row.request.params
         logprob = self._logprob(logits, token, params.logprobs) if params.logprobs else None
         index = row.request.index
-        if token in self.stop_tokens:
+        if token in self.stop_tokens and not params.ignore_stop_tokens:
             slots[slot] = None
             yield Event(index, None, logprob, stop_reason=self.stop_tokens[token])
             return

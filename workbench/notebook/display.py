@@ -20,7 +20,7 @@ from workbench.formats import coerce_messages, make_formatter
 from workbench.formats.models import resolve_model
 from workbench.formats.tokenizer import Tokenizer
 from workbench.reports import BOX as _BOX
-from workbench.reports import esc, human_bytes, human_count
+from workbench.reports import esc, human_bytes, human_count, short_path
 from workbench.session import current
 from workbench.types import (
     ChatCompletion,
@@ -183,7 +183,7 @@ def engine_html(engine: Engine) -> str:
         ("quantization", info["quantization"] or "none"),
         ("memory", f"weights {human_bytes(info['weights_bytes'])} · KV cache {human_bytes(info['kv_cache_bytes'])}"),
         ("limits", f"max_batch_size {info['max_batch_size']} · max_seq_len {info['max_seq_len']}"),
-        ("checkpoint", info["checkpoint"]),
+        ("checkpoint", short_path(info["checkpoint"])),
     ]
     cells = "".join(f'<tr><td style="color:#777;padding:0 10px 0 0;text-align:left">{esc(k)}</td>'
                     f'<td style="text-align:left">{esc(v)}</td></tr>' for k, v in rows)

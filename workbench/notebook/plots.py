@@ -14,8 +14,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 
-def _finish(fig: Figure, save: str | Path | None) -> Figure:
-    fig.tight_layout()
+def _finish(fig: Figure, save: str | Path | None, *, layout: bool = True) -> Figure:
+    if layout:
+        fig.tight_layout()
     if save is not None:
         path = Path(save)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -23,85 +24,146 @@ def _finish(fig: Figure, save: str | Path | None) -> Figure:
     return fig
 
 
-def _series(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """One line per quantization mode (and per prompt length when several were measured)."""
+def _series(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
+    """One line per quantization mode (and per prompt length when several were measured): a colour per mode,
+    a line style per prompt length, so a reader can tell the two apart at a glance."""
     keys = ["mode"] + (["prompt_len"] if frame["prompt_len"].nunique() > 1 else [])
+    modes = list(dict.fromkeys(frame["mode"]))
+    lengths = list(dict.fromkeys(frame["prompt_len"]))
     out = []
     for key, group in frame.groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        label = ", ".join(f"{k}={v}" if k == "prompt_len" else str(v) for k, v in zip(keys, key))
-        out.append((label, group.sort_values("batch_size")))
+        label = ", ".join(f"prompt {v} tokens" if k == "prompt_len" else str(v) for k, v in zip(keys, key))
+        length = key[1] if len(key) > 1 else lengths[0]
+        style = {"color": f"C{modes.index(key[0])}", "ls": ("-", "--", ":", "-.")[lengths.index(length) % 4],
+                 "marker": "os^D"[lengths.index(length) % 4]}
+        out.append((label, group.sort_values("batch_size"), style))
     return out
+
+
+def _legend_below(fig: Figure, ax: Any, title: str | None = None, ncols: int = 3) -> None:
+    """One axes' legend under it, never on the data."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, title=title, fontsize=8, title_fontsize=8, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.2), ncols=min(ncols, len(labels)), frameon=False)
+
+
+def _batch_axis(ax: Any, frame: pd.DataFrame) -> None:
+    sizes = sorted(frame["batch_size"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set_xlabel("batch size")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+
+
+def _figure_legend(fig: Figure, ax: Any, title: str) -> None:
+    """One legend for the whole figure, under the axes (never on the data)."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, title=title, loc="lower center", ncols=min(4, len(labels)), fontsize=8,
+               title_fontsize=8, frameon=False)
+
+
+def _tokens_per_row(frame: pd.DataFrame) -> str:
+    tokens = sorted(set((frame["generated_tokens"] // frame["batch_size"]).astype(int)))
+    return f"{tokens[0]} generated tokens per row" if len(tokens) == 1 else "generated tokens per row vary"
 
 
 def throughput(frame: pd.DataFrame, *, save: str | Path | None = None, title: str | None = None) -> Figure:
     """Generated tokens/s against batch size (median, error bars from min to max over the repeats), and the
-    speed-up over batch size 1 (running the prompts one by one), one line per quantization mode."""
-    fig = Figure(figsize=(10, 4))
+    speed-up over batch size 1 (running the prompts one by one), one line per quantization mode (and prompt
+    length).  Both axes start at zero: the size of a gain is the point."""
+    fig = Figure(figsize=(10, 4.6))
     rate, gain = fig.subplots(1, 2)
-    for label, group in _series(frame):
+    for label, group, style in _series(frame):
         x = group["batch_size"]
         yerr = [group["tok_s"] - group["tok_s_min"], group["tok_s_max"] - group["tok_s"]]
-        rate.errorbar(x, group["tok_s"], yerr=yerr, marker="o", capsize=3, label=label)
+        rate.errorbar(x, group["tok_s"], yerr=yerr, capsize=3, label=label, **style)
         if group["speedup_vs_batch1"].notna().any():
-            gain.plot(x, group["speedup_vs_batch1"], marker="o", label=label)
+            gain.plot(x, group["speedup_vs_batch1"], label=label, **style)
     for ax in (rate, gain):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size")
-        ax.grid(alpha=0.3)
-        ax.legend(title="quantization", fontsize=8)
+        _batch_axis(ax, frame)
     rate.set_ylabel("generated tokens / s")
-    rate.set_title("throughput (median, min–max)")
+    rate.set_title(f"throughput ({_tokens_per_row(frame)}; median, min–max)", fontsize=10)
     gain.axhline(1.0, color="#999", lw=1, ls="--")
     gain.set_ylabel("× tokens/s of batch size 1")
-    gain.set_title("speed-up over sequential")
+    gain.set_title("speed-up over one prompt at a time", fontsize=10)
+    _figure_legend(fig, rate, "quantization mode" + (", prompt length" if frame["prompt_len"].nunique() > 1 else ""))
     if title:
         fig.suptitle(title)
-    return _finish(fig, save)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return _finish(fig, save, layout=False)
 
 
 def latency(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figure:
-    """Time to first token and call latency (p50, p90) against batch size."""
-    fig = Figure(figsize=(6, 4))
-    ax = fig.subplots()
-    for label, group in _series(frame):
-        line = ax.plot(group["batch_size"], group["latency_p50_s"], marker="o", label=f"{label} p50")[0]
-        ax.plot(group["batch_size"], group["latency_p90_s"], ls="--", color=line.get_color(), label=f"{label} p90")
-        ax.plot(group["batch_size"], group["ttft_s"], ls=":", marker="x", color=line.get_color(),
-                label=f"{label} first token")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("seconds")
-    ax.set_title("latency of one batch call")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _finish(fig, save)
+    """Wall time of one batch call (median, whisker up to p90 over the repeats) and its time to first token
+    (the prefill), against batch size, from zero seconds."""
+    fig = Figure(figsize=(10, 4.6))
+    call, first = fig.subplots(1, 2)
+    for label, group, style in _series(frame):
+        x = group["batch_size"]
+        upper = (group["latency_p90_s"] - group["latency_p50_s"]).clip(lower=0)
+        call.errorbar(x, group["latency_p50_s"], yerr=[[0] * len(group), upper], capsize=3, label=label, **style)
+        first.plot(x, group["ttft_s"], label=label, **style)
+    for ax in (call, first):
+        _batch_axis(ax, frame)
+        ax.set_ylabel("seconds")
+    call.set_title(f"one batch call ({_tokens_per_row(frame)}; median, to p90)", fontsize=10)
+    first.set_title("time to first token (prefill of the batch)", fontsize=10)
+    _figure_legend(fig, call, "quantization mode" + (", prompt length" if frame["prompt_len"].nunique() > 1 else ""))
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return _finish(fig, save, layout=False)
 
 
 def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figure:
-    """Memory, speed and accuracy of each quantization mode (the frame of ``workbench.notebook.bench.quantization``)."""
-    fig = Figure(figsize=(12, 3.6))
+    """Memory (stacked by stored type), speed and accuracy of each quantization mode (the frame of
+    ``workbench.notebook.bench.quantization``)."""
+    fig = Figure(figsize=(12, 4.4))
     axes = fig.subplots(1, 3)
     modes = [str(m) for m in frame.index]
-    colors = [f"C{i}" for i in range(len(modes))]
-    axes[0].bar(modes, frame["weights_bytes"] / 2**20, color=colors)
+    xs = list(range(len(modes)))
+    if "by_part" in frame.columns:  # stacked by what the bytes are stored as
+        types: dict[str, list[float]] = {}
+        for i, by_part in enumerate(frame["by_part"]):
+            for part in by_part.values():
+                for label, n in part.items():
+                    types.setdefault(label, [0.0] * len(modes))[i] += n / 2**20
+        bottom = [0.0] * len(modes)
+        for label, values in sorted(types.items(), key=lambda kv: -sum(kv[1])):
+            axes[0].bar(xs, values, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        _legend_below(fig, axes[0], "stored as", ncols=2)
+    else:
+        axes[0].bar(xs, frame["weights_bytes"] / 2**20, color=[f"C{i}" for i in range(len(modes))])
+    totals = (frame["weights_bytes"] / 2**20).tolist()
+    for x, total in zip(xs, totals):  # the total on each bar: small differences stay readable
+        axes[0].annotate(f"{total:.1f}", (x, total), ha="center", va="bottom", fontsize=8)
+    axes[0].set_ylim(0, 1.15 * max(totals))
     axes[0].set_ylabel("weights (MiB)")
     axes[0].set_title("memory")
     width = 0.4
-    xs = range(len(modes))
-    axes[1].bar([x - width / 2 for x in xs], frame["prefill_tok_s"], width, label="prefill")
-    axes[1].bar([x + width / 2 for x in xs], frame["decode_tok_s"], width, label="decode")
-    axes[1].set_xticks(list(xs), modes)
+    for offset, column, label in ((-width / 2, "prefill_tok_s", "prefill (prompt tokens/s)"),
+                                  (width / 2, "decode_tok_s", "decode (generated tokens/s)")):
+        bars = axes[1].bar([x + offset for x in xs], frame[column], width, label=label)
+        axes[1].bar_label(bars, fmt="%.0f", fontsize=7)
+    axes[1].set_ylim(0, 1.15 * float(max(frame["prefill_tok_s"].max(), frame["decode_tok_s"].max())))
     axes[1].set_ylabel("tokens / s")
     axes[1].set_title("speed")
-    axes[1].legend(fontsize=8)
-    axes[2].bar(modes, frame["top1_agreement"], color=colors)
-    axes[2].set_ylim(0, 1.05)
+    _legend_below(fig, axes[1], ncols=1)
+    bars = axes[2].bar(xs, frame["top1_agreement"], color=[f"C{i}" for i in range(len(modes))])
+    axes[2].bar_label(bars, fmt="%.3f", fontsize=8)
+    axes[2].set_ylim(0, 1.15)
+    axes[2].set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     axes[2].set_ylabel("top-1 agreement with none")
     axes[2].set_title("accuracy")
     for ax in axes:
-        ax.tick_params(axis="x", rotation=20)
+        ax.set_xticks(xs, modes, rotation=20)
         ax.grid(axis="y", alpha=0.3)
+    if {"rows", "generated_tokens", "positions"} <= set(frame.columns):
+        first = frame.iloc[0]
+        fig.suptitle(f"{int(first['rows'])} prompts, {int(first['generated_tokens']) // int(first['rows'])} generated "
+                     f"tokens each; agreement over {int(first['positions'])} reply positions", fontsize=10)
     return _finish(fig, save)
 
 
@@ -129,7 +191,7 @@ def peers(results: dict[str, dict[str, Any]], *, baseline: str = "workbench", sa
             label += f"\n{baseline} {base / rate:.1f}×"
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                     fontsize=9)
-    ax.set_ylabel("generated tokens/s")
+    ax.set_ylabel("generated tokens / s")
     ax.set_ylim(0, max(rates) * 1.3)
     ax.set_title(title or "the same prompts and weights, greedy")
     return _finish(fig, save)

@@ -12,10 +12,13 @@ fp8_mixed  ``feed_forward.w1/w2/w3`` of layers 1..n-2         routed experts of 
 int4_mixed ``feed_forward.w1/w2/w3`` of every layer           routed + shared experts of every MoE layer
 ========== ================================================== ==============================================
 
-Everything else (attention, norms, embeddings, output, router, Llama 4's dense layers) keeps the
-model dtype.  Formats and kernels are documented in :mod:`.fp8` and :mod:`.int4`; the replacement
-modules in :mod:`.modules`.  Pre-quantized fp8 checkpoints (``fp8_scales_{rank}.pt``) are handled by
-:mod:`.prequantized` — under *any* mode, since their shards hold unscaled fp8 codes.
+Everything else (attention, norms, embeddings, output, router, Llama 4's dense layers) is stored in the
+model dtype — under every mode bfloat16 unless ``load(dtype=...)`` asks for another type
+(:func:`workbench.runtime.settings.resolve_dtype`), as Llama Stack's meta-reference builds its quantized
+models, so memory falls from bf16 to fp8_mixed to int4_mixed on every device.  Formats and kernels are
+documented in :mod:`.fp8` and :mod:`.int4`; the replacement modules in :mod:`.modules`.  Pre-quantized
+fp8 checkpoints (``fp8_scales_{rank}.pt``) are handled by :mod:`.prequantized` — under *any* mode, since
+their shards hold unscaled fp8 codes.
 
 Quantization is rank-local: :func:`quantize_model` sees only this rank's slice (``build_model`` has
 already cut it) and never communicates, so model-parallel workers call it exactly as the in-process

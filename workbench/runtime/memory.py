@@ -40,10 +40,13 @@ def model_memory(model: torch.nn.Module, kv_cache_bytes: int) -> dict[str, Any]:
     ``scale_bytes`` their scales (and zeros); both are included in ``weights_bytes``;
     ``quantized_bf16_bytes`` is what the quantized weights would take in bfloat16.  ``by_kernel``
     splits the quantized bytes (scales included) by ``"format/kernel"`` (e.g. ``"int4/cpu"``), which
-    shows whether torch's kernels or the dequantizing fallback serve them.
+    shows whether torch's kernels or the dequantizing fallback serve them.  ``by_part`` says per module kind
+    what is stored in which type (``{"routed_experts": {"int4": ..., "bfloat16 scales": ...}, "embedding":
+    {"bfloat16": ...}}``): a mode's total alone hides that most of a small model is its embedding.
     """
     by_dtype: dict[str, int] = defaultdict(int)
     by_kind: dict[str, int] = defaultdict(int)
+    by_part: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     by_kernel: dict[str, int] = defaultdict(int)
     quantized_bytes = scale_bytes = quantized_bf16_bytes = packed_bytes = 0
     for module_name, module in model.named_modules():
@@ -56,8 +59,11 @@ def model_memory(model: torch.nn.Module, kv_cache_bytes: int) -> dict[str, Any]:
         tensors = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
         for name, tensor in tensors:
             size = tensor.numel() * tensor.element_size()
-            by_dtype[labels.get(name, str(tensor.dtype).replace("torch.", ""))] += size
-            by_kind[module_kind(f"{module_name}.{name}" if module_name else name)] += size
+            label = labels.get(name, str(tensor.dtype).replace("torch.", ""))
+            kind = module_kind(f"{module_name}.{name}" if module_name else name)
+            by_dtype[label] += size
+            by_kind[kind] += size
+            by_part[kind][f"{label} scales" if name in scales else label] += size
             if quantized:
                 by_kernel[f"{module.FORMAT}/{module.kernel}"] += size
             if name in scales:
@@ -68,6 +74,7 @@ def model_memory(model: torch.nn.Module, kv_cache_bytes: int) -> dict[str, Any]:
         "weights_bytes": sum(by_dtype.values()),
         "by_dtype": dict(by_dtype),
         "by_kind": dict(by_kind),
+        "by_part": {kind: dict(types) for kind, types in by_part.items()},
         "quantized_bytes": quantized_bytes,
         "scale_bytes": scale_bytes,
         "quantized_bf16_bytes": quantized_bf16_bytes,
@@ -90,5 +97,11 @@ def merge_memory(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
             for name, value in info.get(key, {}).items():
                 merged[name] += value
         total[key] = dict(merged)
+    parts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for info in per_rank:
+        for kind, types in info.get("by_part", {}).items():
+            for label, value in types.items():
+                parts[kind][label] += value
+    total["by_part"] = {kind: dict(types) for kind, types in parts.items()}
     total["per_rank"] = [dict(info) for info in per_rank]
     return total

@@ -84,9 +84,15 @@ class Settings:
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
 
     def with_quantization(self, mode: str | None) -> Settings:
+        """These settings under another quantization mode.  A dtype nobody asked for follows the mode (see
+        :func:`resolve_dtype`), so toggling a default-loaded engine to fp8_mixed stores its unquantized parts
+        in bfloat16, as loading it that way would; an explicit dtype stays."""
         mode = check_quantization(mode, "quantization")
         sources = {**self.sources, "quantization": Source("engine", "engine.set_quantization()")}
-        return replace(self, quantization=mode, sources=sources)
+        dtype = self.dtype
+        if self.source("dtype").kind == "default":
+            dtype = resolve_dtype(None, self.device, quantization=mode)
+        return replace(self, quantization=mode, dtype=dtype, sources=sources)
 
     def identity(self) -> tuple[Any, ...]:
         """Plain-data key of the settings: equal keys mean the same engine.
@@ -117,10 +123,18 @@ def resolve_device(device: str | torch.device | None, source: Source = ARGUMENT)
     return name
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: str, source: Source = ARGUMENT) -> torch.dtype:
-    """float32 on CPU (no native bf16 there), bfloat16 on CUDA, unless asked otherwise."""
+def resolve_dtype(dtype: str | torch.dtype | None, device: str, source: Source = ARGUMENT, *,
+                  quantization: str | None = None) -> torch.dtype:
+    """The dtype of the weights a quantization mode leaves unquantized (all of them without one).
+
+    Unless asked otherwise: bfloat16 under any quantization mode, on every device — as Llama Stack's
+    meta-reference builds its quantized models — so memory falls from bf16 to fp8_mixed to int4_mixed;
+    without quantization float32 on CPU (no native bf16 there: fp32 matmuls are faster) and bfloat16 on CUDA.
+    """
     if dtype is None:
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+        if quantization is not None or device.startswith("cuda"):
+            return torch.bfloat16
+        return torch.float32
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise setting_problem("dtype", dtype, source, "is not supported: use float32, bfloat16 or float16")

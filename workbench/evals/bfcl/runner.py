@@ -17,6 +17,7 @@ import pandas as pd
 from workbench.engine import Engine
 
 from ...errors import WorkbenchError
+from ...reports import wilson_interval
 from .package import (
     BFCLError,
     bfcl_messages,
@@ -137,31 +138,39 @@ def summarize(results: pd.DataFrame, by: Sequence[str] | None = None) -> pd.Data
 
 
 def plot(summary: pd.DataFrame, *, ax: Any = None, path: str | None = None) -> Any:
-    """Bars of accuracy per category (one colour per prompt when the summary has a ``prompt`` column);
-    returns the matplotlib Figure (saved to ``path`` if given)."""
-    import matplotlib.pyplot as plt
+    """Bars of accuracy per category (one colour per prompt when the summary has a ``prompt`` column), with
+    95% Wilson intervals and the entries each bar counts; returns the matplotlib Figure (saved to ``path``
+    if given).  A ``Figure``, not pyplot's: returned as a cell's value it displays once."""
+    from matplotlib.figure import Figure
 
     if "valid" in summary.columns:  # the results themselves
         summary = summarize(summary)
     cats = list(dict.fromkeys(summary["category"]))
     groups = list(dict.fromkeys(summary["prompt"])) if "prompt" in summary.columns else [None]
     if ax is None:
-        fig, ax = plt.subplots(figsize=(1.8 + 1.1 * len(cats) * max(1, len(groups)) / 1.5, 3.2))
+        fig = Figure(figsize=(2.8 + 1.1 * len(cats) * max(1, len(groups)) / 1.5, 3.6))
+        ax = fig.subplots()
     else:
         fig = ax.figure
     width = 0.8 / len(groups)
     for j, group in enumerate(groups):
         part = summary if group is None else summary[summary["prompt"] == group]
-        acc = dict(zip(part["category"], part["accuracy"].astype(float)))
-        values = [acc.get(c, float("nan")) for c in cats]
+        rows = {c: (a, k, n) for c, a, k, n in zip(part["category"], part["accuracy"].astype(float), part["correct"],
+                                                   part["entries"])}
+        values = [rows[c][0] if c in rows else float("nan") for c in cats]
+        bounds = [wilson_interval(rows[c][1], rows[c][2]) if c in rows else (float("nan"),) * 2 for c in cats]
+        errors = [[max(v - lo, 0) for v, (lo, _) in zip(values, bounds)],
+                  [max(hi - v, 0) for v, (_, hi) in zip(values, bounds)]]
         label = "accuracy" if group is None else f"prompt={group}"
-        bars = ax.bar([i + j * width for i in range(len(cats))], values, width, label=label)
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        bars = ax.bar([i + j * width for i in range(len(cats))], values, width, yerr=errors, capsize=2, label=label)
+        ax.bar_label(bars, labels=[f"{v:.2f}\nn={rows[c][2]}" if c in rows else "" for v, c in zip(values, cats)],
+                     fontsize=6, padding=2)
     ax.set_xticks([i + width * (len(groups) - 1) / 2 for i in range(len(cats))], cats, rotation=20, ha="right")
-    ax.set_ylim(0, 1.25)  # headroom for the legend above the bars
-    ax.set_ylabel("BFCL accuracy")
+    ax.set_ylim(0, 1.2)  # room for the labels above a full bar
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    ax.set_ylabel("BFCL accuracy (95% Wilson interval)")
     ax.set_title("BFCL (AST checker)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", ncols=len(groups))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=110)

@@ -69,11 +69,13 @@ class WorkbenchLM(TemplateLM):
     variables apply.  ``batch_size`` is how many requests go to the engine per call (None/"auto": the
     engine decides — generation takes every request of one setting at once and runs them in
     ``max_batch_size`` waves, scoring takes ``max_batch_size`` rows per call).  ``max_gen_toks`` is the
-    default generation budget when a task sets none (lm-eval's 256).
+    default generation budget when a task sets none (lm-eval's 256).  ``tools``: tools every chat-template
+    prompt offers (what ``chat_completion(..., tools=...)`` renders): a model trained to answer with tool calls
+    can only call a tool its prompt offers, so tasks about tool calls need them there.
     """
 
     def __init__(self, engine: wb.Engine | None = None, *, batch_size: int | str | None = None,
-                 max_gen_toks: int = 256, **load_kwargs: Any) -> None:
+                 max_gen_toks: int = 256, tools: Sequence[Any] | None = None, **load_kwargs: Any) -> None:
         super().__init__()
         if load_kwargs.get("device") == "auto":  # lm-eval's --device, left to workbench (see __main__)
             del load_kwargs["device"]
@@ -91,6 +93,7 @@ class WorkbenchLM(TemplateLM):
         self.engine = engine
         self.batch_size = parse_batch_size(batch_size)
         self.max_gen_toks = max_gen_toks
+        self.tools = list(tools) if tools else None
         self._rank, self._world_size = 0, 1
         self._device = engine.info().get("device", "cpu")
         self._bos = engine.tokenizer.bos_id
@@ -150,7 +153,7 @@ class WorkbenchLM(TemplateLM):
         prefill = ""
         if not add_generation_prompt and messages and messages[-1].get("role") == "assistant":
             prefill = str(messages.pop()["content"])
-        ids = self.engine.formatter.encode_dialog(messages)
+        ids = self.engine.formatter.encode_dialog(messages, tools=self.tools)
         text = self.engine.tokenizer.decode(ids)
         cut = text.rstrip()
         # ids of the prompt without its trailing whitespace tokens (the "\n\n" after the header)
