@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "workbench"
 
-_PATH = re.compile(r"^(?P<path>[\w./-]+\.(?:py|md|toml|sh|ipynb|pt)|[\w./-]+/)(?::(?P<line>\d+)(?:[-–](?P<end>\d+))?)?$")
+_PATH = re.compile(r"^(?P<path>[\w./-]+\.(?:py|md|toml|sh|ipynb|pt)|[\w./-]+/)"
+                   r"(?::(?P<line>\d+)(?:[-–](?P<end>\d+))?)?$")
 _DOTTED = re.compile(r"^(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?$")
 _CALL = re.compile(r"^(?P<name>[A-Za-z_]\w*)\(\)$")
 _CLASS = re.compile(r"^(?P<name>_?[A-Z][a-z]+[A-Z]?\w*)$")  # CamelCase: PrefixCache, RowAccumulator, Engine
