@@ -38,10 +38,10 @@ def cases() -> list[Any]:
     """One case, two questions: model steps 1 (a call), 2 (the answer), 3 (a call), 4 (the answer)."""
     from workbench.evals.cases import EvalCase, Turn
 
+    weather = [{"tool_name": "get_weather", "arguments": {"city": "Paris"}}]
+    time_in = [{"tool_name": "get_local_time", "arguments": {"city": "Tokyo"}}]
     return [EvalCase("two-questions", ["get_weather", "get_local_time"],
-                     [Turn("What's the weather in Paris?", [{"tool_name": "get_weather", "arguments": {"city": "Paris"}}]),
-                      Turn("What time is it in Tokyo?",
-                           [{"tool_name": "get_local_time", "arguments": {"city": "Tokyo"}}])])]
+                     [Turn("What's the weather in Paris?", weather), Turn("What time is it in Tokyo?", time_in)])]
 
 
 def tools(die_at: int | None = None) -> dict[str, Any]:

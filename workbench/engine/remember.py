@@ -30,7 +30,16 @@ import torch
 from workbench.engine.interfaces import TextTokenizer
 from workbench.errors import SamplingError
 from workbench.generation import SamplingParams
-from workbench.runs import CheckpointIdentity, Provenance, RowKey, RowRequest, Run, image_digest, settle_seed
+from workbench.runs import (
+    CheckpointIdentity,
+    Provenance,
+    RowKey,
+    RowRequest,
+    Run,
+    draw_seed,
+    image_digest,
+    needs_seed,
+)
 from workbench.runtime.settings import Settings
 from workbench.structured import OutputFormat
 from workbench.types import ChatCompletion, Completion, StreamChunk
@@ -91,12 +100,16 @@ def tile_digests(tiles: Any) -> list[str]:
 def row_requests(prompts: Sequence[Sequence[int]], tiles: Sequence[Any], params: SamplingParams,
                  formats: Sequence[OutputFormat | None], seeds: Sequence[int | None] | None, *, kind: str,
                  max_seq_len: int, extra: Mapping[str, Any] | None = None) -> list[RowRequest]:
-    """The :class:`~workbench.runs.RowRequest` of every row of a call."""
+    """The :class:`~workbench.runs.RowRequest` of every row of a call (rows of one format and seed share their
+    sampling dict: a 10,000-row call holds a few, not 10,000)."""
     out = []
+    shared: dict[tuple[int, int | None], dict[str, Any]] = {}
     for i, prompt in enumerate(prompts):
         seed = seeds[i] if seeds is not None else params.seed
-        out.append(RowRequest(prompt, row_sampling(params, formats[i], seed, max_seq_len), kind,
-                              tile_digests(tiles[i]), extra))
+        slot = (id(formats[i]), seed)
+        if slot not in shared:
+            shared[slot] = row_sampling(params, formats[i], seed, max_seq_len)
+        out.append(RowRequest(prompt, shared[slot], kind, tile_digests(tiles[i]), extra))
     return out
 
 
@@ -160,10 +173,13 @@ class StoredCall:
         self.keys: list[RowKey] = run.keys(self.requests)
         self.found: dict[int, Any] = {} if refresh else self._lookup(parsed_types or [None] * n)
         self.todo = [i for i in range(n) if i not in self.found]
-        settled = [settle_seed(self.requests[i].sampling) for i in self.todo]
-        self.sampling = [s for s, _ in settled]
-        self.drawn = [d for _, d in settled]
-        self.seeds: list[int | None] = [s.get("seed") for s in self.sampling]
+        self.drawn: list[bool] = []
+        self.seeds: list[int | None] = []
+        for i in self.todo:
+            sampling = self.requests[i].sampling
+            drawn = needs_seed(sampling)
+            self.seeds.append(draw_seed() if drawn else sampling.get("seed"))
+            self.drawn.append(drawn)
         self.outputs: dict[int, Any] = {}
         self.started = time.monotonic()
         self.writer = RowWriter(run)
@@ -192,8 +208,11 @@ class StoredCall:
         i = self.todo[j]
         result = self.finish(i, completion) if self.finish is not None else completion
         self.outputs[i] = result
+        sampling = self.requests[i].sampling
+        if self.drawn[j]:  # the row ran with a drawn seed: the store records it, so the row can be replayed
+            sampling = {**sampling, "seed": self.seeds[j]}
         self.writer.add({"key": self.keys[i], "request": self.given[i], "prompt_ids": self.requests[i].prompt_ids,
-                         "output": result, "sampling": self.sampling[j], "seed_drawn": self.drawn[j],
+                         "output": result, "sampling": sampling, "seed_drawn": self.drawn[j],
                          "timings": {"seconds": round(time.monotonic() - self.started, 4)}})
 
     def results(self) -> list[Any]:
