@@ -64,13 +64,13 @@ def rate_text(successes: float, n: int, digits: int = 2) -> str:
 
 
 def short_path(path: Any) -> str:
-    """A path as a shared notebook should show it: under ``$WORKBENCH_CACHE``, ``$WORKBENCH_DATA_DIR`` or the
-    home folder it is written from there (``~/.cache/workbench/demo-llama4-v1-...``,
-    ``$WORKBENCH_DATA_DIR/runs.sqlite``), so a stored output names no machine's user folder; other paths are
-    shown as they are."""
+    """A path as a shared notebook should show it: the run store named by ``$WORKBENCH_STORE``, or under
+    ``$WORKBENCH_CACHE``, ``$WORKBENCH_DATA_DIR`` or the home folder it is written from there
+    (``~/.cache/workbench/demo-llama4-v1-...``, ``$WORKBENCH_DATA_DIR/runs.sqlite``), so a stored output names no
+    machine's user folder; other paths are shown as they are."""
     text = str(path)
-    roots = [(str(Path(os.environ[name]).expanduser()), f"${name}") for name in ("WORKBENCH_CACHE", DATA_DIR_ENV)
-             if os.environ.get(name, "").strip()]
+    roots = [(str(Path(os.environ[name]).expanduser()), f"${name}")
+             for name in ("WORKBENCH_STORE", "WORKBENCH_CACHE", DATA_DIR_ENV) if os.environ.get(name, "").strip()]
     roots.append((str(Path.home()), "~"))
     for root, name in roots:
         root = root.rstrip(os.sep)
