@@ -87,6 +87,9 @@ def test_a_rerun_answers_stored_rows_in_order_and_computes_only_the_rest(engine,
     again = engine.batch_completion(PROMPTS, max_tokens=8, run="sweep")
     assert again == fresh and [r.cached for r in again] == [True] * 4 + [False] * 2
     assert engine.completion(PROMPTS[5], max_tokens=8, run="sweep").cached
+    spelled = engine.batch_completion(content_batch=PROMPTS[:2], run="sweep",  # Llama Stack's spellings with run=
+                                      sampling_params={"strategy": {"type": "greedy"}, "max_tokens": 8})
+    assert spelled == fresh[:2] and all(r.cached for r in spelled)
     assert len(list(store.rows("sweep"))) == 6
 
     renewed = engine.batch_completion(PROMPTS[:2], max_tokens=8, run="sweep", refresh=True)
