@@ -32,6 +32,15 @@ def batch_data_dir(tmp_path_factory: pytest.TempPathFactory):
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def run_store(tmp_path_factory: pytest.TempPathFactory):
+    """Rows stored by tests (``run=``) go to a temporary run store, never the user's; a test that counts rows
+    points ``WORKBENCH_STORE`` at its own file."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WORKBENCH_STORE", str(tmp_path_factory.mktemp("workbench-store") / "runs.sqlite"))
+        yield
+
+
 @pytest.fixture(scope="session")
 def make_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> CheckpointMaker:
     """``make_checkpoint(params, n_shards=1, layout="modules", seed=0)`` -> folder (cached per arguments)."""

@@ -203,9 +203,20 @@ def _start_server(data_dir: Path) -> tuple[subprocess.Popen, str]:
     return proc, found.group(1)
 
 
+def rows_per_session(run: str) -> list[int]:
+    """Rows of a run in the run store, per session (the processes that computed them, in order)."""
+    counts: dict[int, int] = {}
+    for row in wb.runs.store().rows(run):
+        counts[row.session] = counts.get(row.session, 0) + 1
+    return [counts[k] for k in sorted(counts)]
+
+
 @pytest.mark.slow
-def test_server_killed_mid_batch_resumes_after_restart(engine, tmp_path):
+def test_server_killed_mid_batch_resumes_after_restart(engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))  # the servers' (and this test's) store
     lines = [chat_line(i, max_tokens=12) for i in range(32)]
+    for i, line in enumerate(lines):  # every request its own: each is one row of the run store
+        line["body"]["messages"][0]["content"] += f" ({i})"
     proc, url = _start_server(tmp_path)
     try:
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
@@ -220,6 +231,9 @@ def test_server_killed_mid_batch_resumes_after_restart(engine, tmp_path):
     finally:
         proc.kill()
         proc.wait(30)
+    run = wb.batches.run_name(batch.id)
+    stored = sum(rows_per_session(run))
+    assert stored >= done and wb.runs.store().integrity_check() == "ok"  # every written line's row, maybe more
     proc, url = _start_server(tmp_path)
     try:
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
@@ -228,6 +242,7 @@ def test_server_killed_mid_batch_resumes_after_restart(engine, tmp_path):
         state = finished.model_extra["workbench"]
         assert state["restarts"] == 1 and state["recovered"] >= done
         assert state["computed"] == len(lines)  # no written line was computed twice
+        assert rows_per_session(run) == [stored, len(lines) - stored]  # and no stored row either
         outputs = lines_of(client, finished.output_file_id)
         assert sorted(outputs) == sorted(line["custom_id"] for line in lines)
         for line in lines[:6]:
@@ -264,7 +279,11 @@ def test_command_line_output_equals_engine_and_resumes(engine, tmp_path, capsys)
     assert by_id[None]["error"].startswith("line 14 is not valid JSON")
     assert set(by_id[None]) == {"id", "custom_id", "response", "error"}  # vLLM run-batch's line
 
-    # resume: keep 5 lines and half of the 6th (a write cut by a kill), then run again
+    # resume: keep 5 lines and half of the 6th (a write cut by a kill), then run again: the lines lost come back
+    # from the run store (run "batch:<output path>"), none recomputed
+    run = "batch:" + str(out.resolve())
+    stored = sorted((row.key, row.created_at) for row in wb.runs.store().rows(run))
+    assert len(stored) == 8 + 2  # eight cities (requests 8 and 9 repeat 0 and 1) and two prompts
     kept = out.read_bytes().splitlines(keepends=True)
     out.write_bytes(b"".join(kept[:5]) + kept[5][:20])
     assert main(["batch", "-i", str(source), "-o", str(out), "--no-progress"]) == 0
@@ -277,6 +296,7 @@ def test_command_line_output_equals_engine_and_resumes(engine, tmp_path, capsys)
         {line["custom_id"]: line["response"]["body"]["choices"][0] for line in written
          if line["custom_id"] and line["custom_id"].startswith("chat")}
     assert done_ids(out)[0] == {line["custom_id"] for line in lines[:-1]}
+    assert sorted((row.key, row.created_at) for row in wb.runs.store().rows(run)) == stored
     assert main(["batch", "-i", str(tmp_path / "missing.jsonl"), "-o", str(out)]) == 2
 
 

@@ -214,6 +214,19 @@ def test_demo_model_end_to_end_both_prompts_summary_plot_and_cli(engine, tmp_pat
     assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 4
 
 
+def test_a_run_resumed_with_more_entries_computes_only_the_new_ones(engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
+    cats = ("simple_python", "irrelevance")
+    first = bfcl.run(engine, cats, limit=1, max_tokens=32, progress=False, run="bfcl")
+    assert not first["cached"].any()
+    more = bfcl.run(engine, cats, limit=3, max_tokens=32, progress=False, run="bfcl")
+    assert more.groupby("category", sort=False)["cached"].apply(list).to_dict() == {
+        c: [True, False, False] for c in cats}  # the first entry of each category came from the store
+    plain = bfcl.run(engine, cats, limit=3, max_tokens=32, progress=False)
+    pd.testing.assert_frame_equal(more.drop(columns="cached"), plain.drop(columns="cached"))
+    assert len(wb.runs.rows("bfcl")) == 6
+
+
 def test_a_prompt_longer_than_max_seq_len_is_scored_wrong_not_generated(engine):
     entry = package.load_entries("simple_python", 1)[0]
     fake = ScriptedEngine(engine, {_question(entry): truth_reply(entry)})

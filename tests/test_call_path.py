@@ -55,6 +55,18 @@ def test_a_chat_batch_reaches_the_model_in_seven_frames_none_twice(engine, monke
     assert len(set(frames)) == len(frames), f"a frame appears twice:\n{listing}"
 
 
+def test_a_call_with_a_run_store_takes_the_same_path(engine, monkeypatch, tmp_path) -> None:
+    """``run=`` looks the rows up before the call reaches the model and stores them from the finish hook: no frame
+    on the way to the forward is added or entered twice."""
+    monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
+    dialogs = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Hello"}]]
+    plain = _frames_to_first_forward(monkeypatch, lambda: engine.batch_chat_completion(dialogs, max_tokens=2))
+    monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
+    stored = _frames_to_first_forward(
+        monkeypatch, lambda: engine.batch_chat_completion(dialogs, max_tokens=2, run="call-path"))
+    assert stored == plain and len(stored) <= MAX_FRAMES and len(set(stored)) == len(stored)
+
+
 def test_the_measurement_sees_a_wrapper_entered_twice(engine, monkeypatch) -> None:
     """The tool loop sits above the engine and calls its public ``batch_completion``: its stack holds the Llama
     Stack wrapper more than once, which the test above would refuse."""

@@ -116,6 +116,23 @@ def test_chat_and_the_tool_loop_on_a_pool_equal_the_engines(pool, engine):
     assert any(m.role == "tool" for t in on_pool for m in t)  # the loop really ran tools
 
 
+def test_a_pool_stores_rows_in_the_driver_and_answers_from_the_store(pool, engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
+    first = pool.batch_completion(PROMPTS[:3], max_tokens=12, run="pool")
+    assert not any(r.cached for r in first)
+    both = pool.batch_completion(PROMPTS, max_tokens=12, run="pool")
+    assert [r.cached for r in both] == [True] * 3 + [False] * (len(PROMPTS) - 3)
+    _same(both, engine.batch_completion(PROMPTS, max_tokens=12))
+    assert all(r.cached for r in engine.batch_completion(PROMPTS, max_tokens=12, run="pool"))  # keys as an engine's
+    chats = pool.batch_chat_completion(DIALOGS, TOOLS, max_tokens=24, run="pool-chat")
+    again = pool.batch_chat_completion(DIALOGS, TOOLS, max_tokens=24, run="pool-chat")
+    assert again == chats and all(r.cached for r in again) and not any(r.cached for r in chats)
+    sampled = pool.batch_completion(PROMPTS[:2], max_tokens=12, temperature=1.0, run="pool-sampled")
+    for row, result in zip(wb.runs.store().rows("pool-sampled"), sampled):  # each ran with its own drawn seed
+        assert row.seed_drawn and result == engine.completion(row.request["prompt"], max_tokens=12, temperature=1.0,
+                                                              seed=row.seed)
+
+
 def test_llama_stack_spellings_on_a_pool_equal_the_native_keywords(pool):
     greedy = {"strategy": {"type": "greedy"}, "max_tokens": 12}
     native = pool.batch_chat_completion(DIALOGS, TOOLS, max_tokens=12, tool_choice="auto")

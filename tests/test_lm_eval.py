@@ -20,6 +20,7 @@ import pytest
 import torch
 from oracle import reference_greedy, reference_logits
 
+from workbench import runs as wb_runs
 from workbench.demo.tools import get_weather
 from workbench.errors import ConfigError, InputError, PromptTooLongError
 
@@ -295,6 +296,24 @@ def test_requests_longer_than_max_seq_len_raise(lm: WorkbenchLM, data_dir: Path,
         evaluate(lm, [task(tmp_path, "long", **GEN_TASK)])
 
 
+def test_a_second_evaluation_is_answered_from_the_run_store(lm: WorkbenchLM, data_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
+    tasks = [task(data_dir, "mc", **MC_TASK), task(data_dir, "gen", **GEN_TASK)]
+    first_lm = WorkbenchLM(lm.engine, run="lm-eval")
+    first = evaluate(first_lm, tasks)
+    assert first_lm.rows_computed == 8 + 2 and first_lm.rows_from_store == 0  # 8 choices scored, 2 generations
+    second_lm = WorkbenchLM(lm.engine, run="lm-eval")
+    second = evaluate(second_lm, tasks)
+    assert second_lm.rows_computed == 0 and second_lm.rows_from_store == first_lm.rows_computed
+    assert second["results"] == first["results"]
+    for config in tasks:
+        assert [s["resps"] for s in samples(second, config)] == [s["resps"] for s in samples(first, config)]
+    kinds = {row.kind for row in wb_runs.store().rows("lm-eval")}
+    assert kinds == {"score", "completion"}
+    assert WorkbenchLM(lm.engine, run="x", refresh="True").stored == {"run": "x", "refresh": True}  # --model_args
+
+
 def test_bad_model_arguments_are_clear(lm: WorkbenchLM, ckpt: Path) -> None:
     with pytest.raises(ConfigError, match="bogus"):
         WorkbenchLM(checkpoint=str(ckpt), bogus=1)
@@ -332,13 +351,15 @@ def test_command_line_runs_a_task_file(llama3_dir: Path, data_dir: Path, tmp_pat
     config = task(data_dir, "mc", **MC_TASK)
     (tmp_path / "wb_mc.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    store = tmp_path / "runs.sqlite"
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "WORKBENCH_STORE": str(store)}
     proc = subprocess.run(
         [sys.executable, "-m", "workbench.evals.lm_eval", "--model_args",
-         f"checkpoint={llama3_dir},max_seq_len={MAX_SEQ_LEN},max_batch_size=4", "--tasks", config["task"],
+         f"checkpoint={llama3_dir},max_seq_len={MAX_SEQ_LEN},max_batch_size=4,run=cli-mc", "--tasks", config["task"],
          "--include_path", str(tmp_path), "--output_path", str(out)],
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert config["task"] in proc.stdout and "acc" in proc.stdout
     assert any(out.rglob("results_*.json"))
+    assert {row.kind for row in wb_runs.store(store).rows("cli-mc")} == {"score"}  # --model_args ...,run=name

@@ -20,11 +20,13 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from workbench import batches as wb_batches
 from workbench import runs
 from workbench.demo.artifact import ARTIFACT, DEFAULT_MODEL_VERSION
 from workbench.errors import InputError, StoreError, StoreWarning
 from workbench.formats import make_formatter
 from workbench.formats.tokenizer import Tokenizer, bundled_tokenizer_path
+from workbench.reports import short_path
 from workbench.runs import identity as identity_module
 from workbench.runs.store import Store
 from workbench.types import ChatCompletion, Completion, Message, ScoredRow, TokenLogprob, ToolCall, Transcript
@@ -249,9 +251,17 @@ def test_path_follows_the_environment(tmp_path, monkeypatch):
     assert runs.path() == tmp_path / "mine.sqlite"
     monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path))  # a folder: the default name inside
     assert runs.path() == tmp_path / "runs.sqlite"
-    monkeypatch.delenv("WORKBENCH_STORE")
+    monkeypatch.delenv("WORKBENCH_STORE")  # the default: workbench's data folder (shared with the Batch API)
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
-    assert runs.path() == tmp_path / "cache" / "runs.sqlite"
+    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path / "data"))
+    assert runs.path() == tmp_path / "data" / "runs.sqlite" == wb_batches.default_data_dir() / "runs.sqlite"
+    monkeypatch.delenv("WORKBENCH_DATA_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert runs.path() == tmp_path / "xdg" / "workbench" / "runs.sqlite"
+    assert short_path(Path.home() / ".local" / "share" / "workbench" / "runs.sqlite") == \
+        "~/.local/share/workbench/runs.sqlite"
+    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path / "data"))
+    assert short_path(runs.path()) == "$WORKBENCH_DATA_DIR/runs.sqlite"  # how notebooks show it
 
 
 def test_rows_are_stored_at_once_and_answered_exactly(store_file):

@@ -127,6 +127,28 @@ def test_stream_equals_non_streamed(srv, client, dialog):
     assert got["usage"].prompt_tokens == whole.usage.prompt_tokens
 
 
+def test_a_server_with_a_run_stores_every_row_and_answers_from_the_store(engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
+    store = wb.runs.store()
+    with serve(engine, port=0, run="served") as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        kwargs = {"model": server.model, "messages": WEATHER, "tools": TOOLS, "max_tokens": 40}
+        first = client.chat.completions.create(**kwargs)
+        stored = list(store.rows("served"))
+        assert len(stored) == 1 and stored[0].kind == "chat"
+        assert engine.chat_completion(WEATHER, tools=TOOLS, max_tokens=40, run="served").cached  # what was served
+        again = client.chat.completions.create(**kwargs)
+        streamed = _accumulate(client.chat.completions.create(**kwargs, stream=True))
+        text = client.completions.create(model=server.model, prompt="Once upon a time", max_tokens=6)
+        assert "run served" in server._repr_html_()
+    after = list(store.rows("served"))
+    assert [(r.key, r.created_at) for r in after[:1]] == [(stored[0].key, stored[0].created_at)]  # not recomputed
+    assert len(after) == 2 and after[1].kind == "completion"
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert _calls(again.choices[0].message) == _calls(first.choices[0].message) == streamed["tool_calls"]
+    assert text.choices[0].text == engine.completion("Once upon a time", max_tokens=6, run="served").text
+
+
 def test_sampling_n_seed_and_logprobs(srv, client, engine):
     reply = client.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=12, temperature=0.9,
                                            seed=7, n=2, logprobs=True, top_logprobs=3)

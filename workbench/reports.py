@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from workbench.places import DATA_DIR_ENV
+
 BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.45;"
 
 
@@ -62,12 +64,13 @@ def rate_text(successes: float, n: int, digits: int = 2) -> str:
 
 
 def short_path(path: Any) -> str:
-    """A path as a shared notebook should show it: under ``$WORKBENCH_CACHE`` or the home folder it is
-    written from there (``~/.cache/workbench/demo-llama4-v1-...``), so a stored output names no machine's
-    user folder; other paths are shown as they are."""
+    """A path as a shared notebook should show it: the run store named by ``$WORKBENCH_STORE``, or under
+    ``$WORKBENCH_CACHE``, ``$WORKBENCH_DATA_DIR`` or the home folder it is written from there
+    (``~/.cache/workbench/demo-llama4-v1-...``, ``$WORKBENCH_DATA_DIR/runs.sqlite``), so a stored output names no
+    machine's user folder; other paths are shown as they are."""
     text = str(path)
-    cache = os.environ.get("WORKBENCH_CACHE")
-    roots = [(str(Path(cache).expanduser()), "$WORKBENCH_CACHE")] if cache else []
+    roots = [(str(Path(os.environ[name]).expanduser()), f"${name}")
+             for name in ("WORKBENCH_STORE", "WORKBENCH_CACHE", DATA_DIR_ENV) if os.environ.get(name, "").strip()]
     roots.append((str(Path.home()), "~"))
     for root, name in roots:
         root = root.rstrip(os.sep)
@@ -85,7 +88,7 @@ class Report(dict):
     title = "report"
 
     def _human(self, key: str, value: Any) -> str:
-        if key == "checkpoint" and isinstance(value, str):
+        if key in ("checkpoint", "run_store") and isinstance(value, str):
             return short_path(value)
         if key == "model_id" and value is None:
             return "not given (the prompt format follows params.json)"

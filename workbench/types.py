@@ -410,6 +410,7 @@ class ScoredRow:
 
     logprobs: list[float]
     greedy: list[bool]
+    cached: bool = field(default=False, compare=False, repr=False)  # answered by a run store (see Completion)
 
     @property
     def logprob(self) -> float:

@@ -12,11 +12,13 @@ request bodies into engine rows).  It holds what needs no HTTP and no engine of 
 * :mod:`.routes` — the HTTP routes (``/v1/files``, ``/v1/batches``), FastAPI imported only there.
 """
 
+from workbench.places import DATA_DIR_ENV
+
 from .errors import BatchAPIError
 from .lines import ENDPOINTS, LineError, Request, parse_line
 from .runner import Answer, Backend, Interrupted, run_chunks, run_name
 from .service import BatchService
-from .store import DATA_DIR_ENV, BatchRecords, FileStore, default_data_dir
+from .store import BatchRecords, FileStore, default_data_dir
 
 __all__ = [
     "DATA_DIR_ENV",

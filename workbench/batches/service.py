@@ -13,9 +13,9 @@ unfinished batch when it starts (and whenever it is idle), re-reads its input, s
 ``done.jsonl`` and runs the rest; the record counts the resumption and the lines recovered
 (``workbench.restarts``: times the batch was resumed, after a restart or an interrupted chunk;
 ``workbench.recovered``).  A lock file per batch keeps two processes sharing a data
-folder from running one batch twice.  The chunk in flight when a process dies is recomputed; with the run
-store (phase 2) the backend's engine calls carry ``run=run_name(batch_id)`` and those rows come back from
-disk too.
+folder from running one batch twice.  The backend's engine calls carry ``run=run_name(batch_id)``, so every row
+is in the run store the moment it finishes: the rows of the chunk in flight when a process dies that had
+finished come back from the store, and only the rows still running then are computed again.
 """
 
 from __future__ import annotations

@@ -25,21 +25,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from workbench.places import data_dir
+
 from .errors import BatchAPIError, not_found
 
-DATA_DIR_ENV = "WORKBENCH_DATA_DIR"
 PURPOSES = ("batch",)  # what clients may upload here (outputs are written as "batch_output")
 _ID = re.compile(r"^(file-|batch_)[0-9a-f]{24}$")  # OpenAI's spellings: file-..., batch_...
 _SEP = {"file": "-", "batch": "_"}
 
 
 def default_data_dir() -> Path:
-    """Where files and batches live: ``$WORKBENCH_DATA_DIR``, else ``$XDG_DATA_HOME/workbench`` (by default
-    ``~/.local/share/workbench``)."""
-    if os.environ.get(DATA_DIR_ENV):
-        return Path(os.environ[DATA_DIR_ENV]).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "workbench"
+    """Where files and batches live: workbench's data folder (:func:`workbench.places.data_dir`:
+    ``$WORKBENCH_DATA_DIR``, else ``$XDG_DATA_HOME/workbench``, by default ``~/.local/share/workbench``), which
+    the run store shares."""
+    return data_dir()
 
 
 def new_id(kind: str) -> str:

@@ -12,7 +12,9 @@ per row), so a re-run row is the row it would have been.
 ``job.cancel()`` asks every replica to stop the job: chunks not started return at once, the running one
 stops at its next decode step (the replica engine's ``cancel()``); rows finished by then are kept in
 ``job.partial()``.  A chat job's rows are Completions of prompts the pool rendered; its ``to_results`` parses
-them (``chat.finish``) when they are asked for, so no dialog is rendered twice.
+them (``chat.finish``) when they are asked for, so no dialog is rendered twice.  A job of a ``run=`` call runs
+only the rows its run store did not hold and writes each as its chunk comes back (the driver is the store's
+one writer: replicas never open it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.remember import StoredCall
 from ..errors import FormatError, GenerationCancelled, InputError, WorkerError
 from ..progress import TokenRate, progress_bar
 from ..types import Completion
@@ -64,7 +67,8 @@ class Job:
 
     def __init__(self, fleet: Fleet, kind: str, method: str, rows: list[Any], kwargs: dict[str, Any],
                  progress: bool | None, *, chunk_rows: Callable[[int], int],
-                 to_results: Callable[[list[int], list[Any]], list[Any]] | None = None) -> None:
+                 to_results: Callable[[list[int], list[Any]], list[Any]] | None = None,
+                 stored: StoredCall | None = None) -> None:
         if progress not in (None, True, False):
             raise InputError(f"progress must be True, False or None (automatic), got {progress!r}")
         self.id = next(_job_ids)
@@ -84,6 +88,9 @@ class Job:
         self._result: list[Any] | None = None
         self._error: BaseException | None = None
         self._to_results = to_results
+        # run=: the call's rows against the run store; this job runs its rows to compute (``stored.todo``), each
+        # written as its chunk comes back (the driver is the store's one writer), and answers all of them
+        self._stored = stored
         self._bar: Any = None
         self._start = time.perf_counter()
         self._end: float | None = None
@@ -126,6 +133,8 @@ class Job:
         """Rows finished so far, in input order; None where a row has not finished (or was cancelled)."""
         with self._lock:
             rows = list(self._rows)
+        if self._stored is not None:
+            return self._stored.so_far()
         if self._to_results is None:
             return rows
         done = [i for i, r in enumerate(rows) if r is not None]
@@ -157,10 +166,16 @@ class Job:
         def main() -> None:
             try:
                 rows = self._dispatch()
-                self._result = self._to_results(list(range(len(rows))), rows) if self._to_results else rows
+                if self._stored is not None:
+                    self._stored.close()
+                    self._result = self._stored.results()
+                else:
+                    self._result = self._to_results(list(range(len(rows))), rows) if self._to_results else rows
             except BaseException as exc:  # noqa: BLE001  (handed to result(), in the caller's thread)
                 self._error = exc
             finally:
+                if self._stored is not None:
+                    self._stored.close()
                 self._end = time.perf_counter()
                 self._close_bar()
                 self._dispatching.set()
@@ -186,6 +201,8 @@ class Job:
                 elif self._rows[chunk.start + offset] is None:
                     self._rows[chunk.start + offset] = row
                     self.rows_done += 1
+                    if self._stored is not None:
+                        self._stored.finished(chunk.start + offset, row)
             self.tokens += tokens
             stats = self._per_replica.setdefault(replica, {"rows": 0, "tokens": 0, "seconds": 0.0})
             stats["rows"] += sum(r is not None and r.stop_reason != "cancelled" for r in rows)
@@ -219,6 +236,8 @@ class Job:
         with self._lock:
             partial = [self._rows[i] or self._cut.get(i) or Completion(text="", tokens=[], stop_reason="cancelled")
                        for i in range(n)]
+        if self._stored is not None:
+            partial = self._stored.partial(partial)
         return GenerationCancelled(
             f"the job was cancelled after {self.tokens} tokens ({self.rows_done} of {n} rows finished); the partial "
             "results are in .partial (and job.partial())", partial=partial)
@@ -232,6 +251,8 @@ class Job:
         n = len(rows)
         formats = kwargs.get("response_format")
         per_row = isinstance(formats, (list, tuple))
+        seeds = kwargs.get("seed")
+        seed_per_row = isinstance(seeds, (list, tuple))
         if per_row and len(formats) != n:
             raise FormatError(f"response_format has {len(formats)} entries for {n} prompts; give one format for all "
                               "rows or one entry (None for unconstrained) per row")
@@ -254,6 +275,8 @@ class Job:
                     chunk_kwargs = dict(kwargs)
                     if per_row:
                         chunk_kwargs["response_format"] = list(formats[chunk.start:chunk.stop])
+                    if seed_per_row:
+                        chunk_kwargs["seed"] = list(seeds[chunk.start:chunk.stop])
                     ref = slot.handle.run.remote(self.id, method, rows[chunk.start:chunk.stop], chunk_kwargs)
                     slot.inflight += 1
                     inflight[ref] = (slot, slot.handle, chunk)

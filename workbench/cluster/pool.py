@@ -23,12 +23,27 @@ from typing import Any
 
 import workbench as wb
 
+from .. import runs
 from ..config import resolve_model_parallel_size
 from ..engine import chat
 from ..engine.interfaces import ChatFormatter, TextTokenizer
 from ..engine.llama_stack import llama_stack_spellings
+from ..engine.remember import (
+    SAMPLING_KEYWORDS,
+    StoredCall,
+    chat_request,
+    engine_provenance,
+    per_row_seeds,
+    row_sampling,
+)
 from ..errors import ConfigError, FormatError, InputError
+from ..formats import Prompt
+from ..generation import SamplingParams
+from ..runs import RowRequest
+from ..runs.store import check_run_name
 from ..runtime.settings import Settings
+from ..structured import per_row_formats
+from ..vision.images import is_image_item
 from .connect import connect, disconnect, import_ray
 from .fleet import LOAD_TIMEOUT_S, Fleet
 from .jobs import Job, chunk_size
@@ -65,6 +80,7 @@ class ReplicaPool:
         self.tokenizer: TextTokenizer | None = None
         self.formatter: ChatFormatter | None = None
         self.settings: Settings | None = None
+        self._identity: runs.CheckpointIdentity | None = None  # the checkpoint's content hashes, at the first run=
 
     def start(self) -> None:
         """Start every replica and wait until they have loaded (``load`` does this); the pool then renders and
@@ -136,7 +152,9 @@ class ReplicaPool:
         _check_keywords("batch_completion", (contents,), kwargs)
         if isinstance(contents, str):
             raise InputError("batch_completion takes a list of prompts; for one string use completion()")
-        return self._submit("batch_completion", list(contents), kwargs)
+        contents = list(contents)
+        stored = self._stored(kwargs, contents, [{"prompt": c} for c in contents], "completion")
+        return self._submit("batch_completion", contents, kwargs, stored=stored)
 
     @llama_stack_spellings(content="content")
     def completion(self, content: Any, **kwargs: Any) -> Any:
@@ -164,13 +182,33 @@ class ReplicaPool:
         formatter = self.formatter
         assert formatter is not None, "the pool renders prompts once its replicas have loaded (load() starts them)"
         prompts, formats = chat.prepare(formatter, dialogs, tools, **options)
+        given = [chat_request(d, tools, options.get("tool_choice", "auto"), options.get("tool_prompt_format"))
+                 for d in dialogs]
+        return self._submit_chat("batch_chat_completion", prompts, formats, kwargs, given)
+
+    def batch_chat_rendered(self, prompts: Sequence[Any], formats: Sequence[Any] | None = None, *,
+                            requests: Sequence[Any] | None = None, **kwargs: Any) -> list[Any]:
+        """``Engine.batch_chat_rendered`` over the replicas: replies to dialogs ``chat.prepare`` rendered, parsed
+        here (the tool loop's and the evals' turn; with ``run=`` each turn is stored by this driver)."""
+        formats = list(formats) if formats is not None else [None] * len(prompts)
+        if len(formats) != len(prompts):
+            raise FormatError(f"formats has {len(formats)} entries for {len(prompts)} prompts; give one per prompt")
+        given = list(requests) if requests is not None else [{"prompt": p} for p in prompts]
+        return self._submit_chat("batch_chat_rendered", list(prompts), formats, kwargs, given).result()
+
+    def _submit_chat(self, kind: str, prompts: list[Any], formats: list[Any], kwargs: dict[str, Any],
+                     given: list[Any]) -> Job:
+        """A job over rendered chat prompts whose replies are parsed here (``chat.finish``), as the engine
+        parses them."""
+        formatter = self.formatter
         if any(f is not None for f in formats):
             kwargs["response_format"] = formats
+        stored = self._stored(kwargs, prompts, given, "chat", formats=formats)
 
         def replies(rows: list[int], completions: list[Any]) -> list[Any]:  # as the engine parses them
             return chat.finish(completions, [formats[i] for i in rows], formatter)
 
-        return self._submit("batch_chat_completion", prompts, kwargs, replies)
+        return self._submit(kind, prompts, kwargs, replies, stored=stored)
 
     @llama_stack_spellings(chat=True)
     def chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, **kwargs: Any) -> Any:
@@ -219,16 +257,67 @@ class ReplicaPool:
             raise ConfigError("this replica pool was shut down; start another with workbench.cluster.load(...)")
 
     def _submit(self, method: str, rows: list[Any], kwargs: dict[str, Any],
-                to_results: Callable[[list[int], list[Any]], list[Any]] | None = None) -> Job:
-        """A job running ``method`` over ``rows`` on the replicas, started (its rows went out, or bad input raised)."""
+                to_results: Callable[[list[int], list[Any]], list[Any]] | None = None, *,
+                stored: StoredCall | None = None) -> Job:
+        """A job running ``method`` over ``rows`` on the replicas, started (its rows went out, or bad input raised).
+        With ``stored`` (``run=``) only the rows the store did not hold go out, each with its own seed."""
         self._check_open()
         progress = kwargs.pop("progress", None)
+        if stored is not None:
+            rows = [rows[i] for i in stored.todo]
+            kwargs["seed"] = list(stored.seeds)
+            if isinstance(kwargs.get("response_format"), (list, tuple)):
+                kwargs["response_format"] = [kwargs["response_format"][i] for i in stored.todo]
         job = Job(self.fleet, method, "batch_completion", rows, kwargs, progress, chunk_rows=self._chunk_size,
-                  to_results=to_results)
+                  to_results=to_results, stored=stored)
         with self._lock:
             self._jobs = {k: j for k, j in self._jobs.items() if not j.done}
             self._jobs[job.id] = job
         return job.start()
+
+    def _stored(self, kwargs: dict[str, Any], rows: list[Any], given: list[Any], kind: str, *,
+                formats: list[Any] | None = None) -> StoredCall | None:
+        """``run=`` / ``refresh=`` taken out of ``kwargs``: the call's rows against the run store (looked up here,
+        in the driver), keyed as an engine keys them; None without ``run``."""
+        run, refresh = kwargs.pop("run", None), kwargs.pop("refresh", False)
+        if run is None:
+            if refresh:
+                raise InputError("refresh=True recomputes the rows a run stored; give the run's name too "
+                                 "(run='name', refresh=True)")
+            return None
+        check_run_name(run)
+        assert self.settings is not None and self.tokenizer is not None and self.formatter is not None
+        scalar, seeds = per_row_seeds(kwargs.get("seed"), len(rows))
+        params = SamplingParams.create(**{k: kwargs[k] for k in SAMPLING_KEYWORDS if k in kwargs}, seed=scalar)
+        if formats is None:
+            formats = per_row_formats(kwargs.get("response_format"), len(rows))
+        prompts = [self._key_prompt(row, i) for i, row in enumerate(rows)]
+        requests = [RowRequest(ids, row_sampling(params, formats[i], seeds[i] if seeds else scalar, self.max_seq_len),
+                               kind, images) for i, (ids, images) in enumerate(prompts)]
+        if self._identity is None:
+            self._identity = runs.store().checkpoint_identity(self.settings.checkpoint_dir)
+        provenance = engine_provenance(self.settings, self._identity, model=self.fleet.head.get("model", self.model_id),
+                                       family=self.family, replicas=len(self.fleet.slots))
+        formatter = self.formatter
+        finish = (lambda i, completion: chat.finish_row(completion, formats[i], formatter)) if kind == "chat" else None
+        return StoredCall(runs.store().open_run(run, provenance), requests, given, refresh=bool(refresh),
+                          parsed_types=[f.model if f is not None else None for f in formats], finish=finish,
+                          stop=params.stop)
+
+    def _key_prompt(self, row: Any, i: int) -> tuple[list[int], list[str]]:
+        """A row's prompt ids as a replica's engine encodes them, and its images by content (the opened pictures:
+        an engine keys its tiles, so image rows of a pool and of an engine are stored apart)."""
+        if isinstance(row, str):
+            return self.tokenizer.encode(row, bos=True), []
+        if isinstance(row, (list, tuple)) and any(isinstance(c, str) or is_image_item(c) for c in row):
+            row = self.formatter.encode_content(row)
+        if isinstance(row, Prompt):
+            return list(row.tokens), [runs.image_digest(p.image) for p in row.images]
+        try:
+            return [int(t) for t in row], []
+        except (TypeError, ValueError):
+            raise InputError(f"prompt row {i} is a {type(row).__name__}; give a string or a list of token "
+                             "ids") from None
 
     def _chunk_size(self, n_rows: int) -> int:
         return chunk_size(n_rows, max(1, self.live), self.max_batch_size, self.chunk_rows)

@@ -22,6 +22,7 @@ from workbench.engine.accumulator import RowAccumulator
 from workbench.engine.calls import CallGate, Calls
 from workbench.engine.interfaces import Runner
 from workbench.engine.outputs import close_events
+from workbench.errors import GenerationCancelled
 from workbench.generation import Request
 from workbench.types import StreamChunk
 
@@ -36,11 +37,23 @@ class BatchStream:
     """
 
     def __init__(self, runner: Runner, gate: CallGate, calls: Calls, requests: Sequence[Request],
-                 rows: RowAccumulator, *, what: str = "stream_batch_completion", preemptible: bool = True) -> None:
-        self.rows = len(requests)
+                 rows: RowAccumulator, *, what: str = "stream_batch_completion", preemptible: bool = True,
+                 total: int | None = None, index: Sequence[int] | None = None,
+                 replays: dict[int, list[StreamChunk]] | None = None, on_close: Callable[[], None] | None = None,
+                 partial: Callable[[list[Any]], list[Any]] | None = None) -> None:
+        # ``requests``/``rows`` are the rows to generate; with a run store (``run=``) they are some of the call's
+        # ``total`` rows (``index[j]``: the call's row of generated row j), and ``replays`` holds the chunks of
+        # each stored row, sent first.  ``on_close`` runs when the stream ends (the store's last write);
+        # ``partial`` turns the generated rows' partial results into the call's (a cancel).
+        self.rows = len(requests) if total is None else total
         self.finish: Callable[[int, Any], Any] | None = None  # (row, Completion) -> the final object
         self._accumulator = rows
         self._gate = gate
+        self._index = list(index) if index is not None else list(range(len(requests)))
+        self._slot = {row: j for j, row in enumerate(self._index)}
+        self._replays = dict(replays or {})
+        self._on_close = on_close
+        self._partial = partial
         self._gen = self._run(runner, calls, list(requests), what, preemptible)
 
     def __iter__(self) -> BatchStream:
@@ -51,8 +64,10 @@ class BatchStream:
         return next(self._gen)
 
     def cancel(self, row: int) -> None:
-        """End ``row`` at the next decode step (its final chunk says ``cancelled``); safe from any thread."""
-        self._accumulator.cancel(row)
+        """End ``row`` at the next decode step (its final chunk says ``cancelled``); safe from any thread.  A row
+        answered from the run store has nothing to stop."""
+        if row in self._slot:
+            self._accumulator.cancel(self._slot[row])
 
     def close(self) -> None:
         """Stop every row now and give the engine back (also what an abandoned stream does)."""
@@ -68,6 +83,18 @@ class BatchStream:
 
     def _run(self, runner: Runner, calls: Calls, requests: list[Request], what: str,
              preemptible: bool) -> Iterator[tuple[int, StreamChunk]]:
+        try:
+            for row, chunks in sorted(self._replays.items()):  # stored rows: no model, no engine lock
+                for chunk in chunks:
+                    yield row, chunk
+            if requests:
+                yield from self._generate(runner, calls, requests, what, preemptible)
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+    def _generate(self, runner: Runner, calls: Calls, requests: list[Request], what: str,
+                  preemptible: bool) -> Iterator[tuple[int, StreamChunk]]:
         rows = self._accumulator
         with self._gate.exclusive(what, stream=self._gen if preemptible else None):
             call = calls.begin()
@@ -77,12 +104,16 @@ class BatchStream:
                 while not calls.cancelled(call) and (event := next(events, None)) is not None:
                     chunk = rows.add(event)
                     if chunk is not None:
+                        row = self._index[event.index]
                         if chunk.final is not None and self.finish is not None:
-                            chunk = replace(chunk, final=self.finish(event.index, chunk.final))
-                        yield event.index, chunk
+                            chunk = replace(chunk, final=self.finish(row, chunk.final))
+                        yield row, chunk
                     if rows.done:
                         return
             finally:
                 close_events(events)  # closing (or abandoning) the stream stops the runner too
                 calls.end(call)
-        raise rows.cancelled()  # engine.cancel() ended the call: every unfinished row is cut
+        cancelled = rows.cancelled()  # engine.cancel() ended the call: every unfinished row is cut
+        if self._partial is not None:
+            raise GenerationCancelled(str(cancelled), partial=self._partial(cancelled.partial))
+        raise cancelled

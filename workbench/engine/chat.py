@@ -157,6 +157,7 @@ def finish_row(completion: Completion, fmt: OutputFormat | None, formatter: Chat
         prompt_tokens=completion.prompt_tokens,
         parsed=completion.parsed,
         format_error=completion.format_error,
+        cached=completion.cached,
     )
 
 
@@ -164,7 +165,8 @@ def finish_stream(chunks: Iterable[StreamChunk], fmt: OutputFormat | None,
                   formatter: ChatFormatter) -> Iterator[StreamItem]:
     """One reply's stream chunks as chat items: :class:`TextDelta` for text, :class:`ToolCallDelta` for what the
     model writes between python tags (the tags removed), then each parsed call (or the parse failure) and
-    finally the :class:`ChatCompletion` (what :func:`finish` makes of the last chunk's ``final``)."""
+    finally the :class:`ChatCompletion` (what :func:`finish` makes of the last chunk's ``final``; a final that
+    is one already — a reply the run store answered — as it is)."""
     in_tool = False
     final: Completion | None = None
     markers = _marker_ids(formatter.tokenizer)
@@ -182,7 +184,7 @@ def finish_stream(chunks: Iterable[StreamChunk], fmt: OutputFormat | None,
             break
     if final is None:
         raise RuntimeError("the engine's stream ended without a final chunk")  # an engine bug, not user input
-    result = finish_row(final, fmt, formatter)
+    result = final if isinstance(final, ChatCompletion) else finish_row(final, fmt, formatter)
     if result.message.parse_error:
         yield ToolCallDelta(text=result.message.parse_error, parse_status="failed")
     for call in result.message.tool_calls:

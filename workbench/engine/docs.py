@@ -33,6 +33,13 @@ SAMPLING_DOC = """
             every row or a list with one entry (None: unconstrained) per row.  An invalid format raises
             FormatError before anything is generated; a row cut by max_tokens says ``out_of_tokens`` and
             ``format_error``.
+
+        run (keyword-only, every completion, chat and streaming method): a name.  Every row is written to the
+            run store (``wb.runs.path()``) the moment it finishes, and a row stored before — by this run or any
+            other with the same checkpoint, settings and request: the key is exact — is answered from there
+            (``result.cached``).  Re-running an interrupted call computes only the rows it lacks.  A sampled row
+            without a seed runs with a drawn one that is recorded, so a re-run answers the same sample.
+            ``refresh=True`` recomputes and replaces.  Browse with ``wb.runs.table()`` / ``wb.runs.rows(name)``.
 """
 
 

@@ -14,10 +14,12 @@ scoring's row checks (:mod:`.scoring`), introspection (:mod:`.introspection`), d
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from workbench import runs
 from workbench.engine import chat
 from workbench.engine.accumulator import FinishHook, RowAccumulator
 from workbench.engine.batch_stream import BatchStream
@@ -26,12 +28,13 @@ from workbench.engine.chat import PromptRow
 from workbench.engine.compile import compile_and_warm_up, use_cuda_graphs
 from workbench.engine.docs import sampling_doc
 from workbench.engine.interfaces import ChatFormatter, Runner
-from workbench.engine.introspection import IntrospectionMixin
+from workbench.engine.introspection import IntrospectionMixin, model_label
 from workbench.engine.llama_stack import llama_stack_spellings
 from workbench.engine.outputs import close_events
 from workbench.engine.prompts import Content, check_lengths, encode_row, prompt_row
+from workbench.engine.remember import StoredCall, chat_request, engine_provenance, per_row_seeds, row_requests
 from workbench.engine.scoring import logits_rows, score_rows, scored_rows
-from workbench.errors import FormatError, ImageError, InputError, WorkbenchError
+from workbench.errors import FormatError, GenerationCancelled, ImageError, InputError, WorkbenchError
 from workbench.formats import make_formatter
 from workbench.formats.tokenizer import Tokenizer
 from workbench.generation import Request, SamplingParams
@@ -40,6 +43,8 @@ from workbench.models.args import ModelArgs
 from workbench.models.llama32_vision import LLAMA32_VISION_DEFAULT_NAME, is_cross_attention_vision
 from workbench.progress import TokenRate, check_progress, progress_bar
 from workbench.quantization import check_supported
+from workbench.runs import RowRequest, Run
+from workbench.runs.store import check_run_name
 from workbench.runtime.settings import Settings
 from workbench.structured import Constraint, OutputFormat, per_row_formats
 from workbench.types import ChatCompletion, Completion, ScoredRow, StreamChunk
@@ -64,6 +69,7 @@ class Engine(IntrospectionMixin):
         self._vision_eager = False  # load_vision() was asked for: keep it loaded across re-loads
         self.compile_seconds: float | None = None  # set by compile_decode(); kept across re-loads
         self.cuda_graphs: dict[str, Any] | None = None  # set by use_cuda_graphs(); kept across re-loads
+        self._identity: runs.CheckpointIdentity | None = None  # the checkpoint's content hashes, at the first run=
 
     # ----------------------------------------------------------------------------- properties
     @property
@@ -106,7 +112,8 @@ class Engine(IntrospectionMixin):
     @sampling_doc
     def completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
                    top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                   stop: str | Sequence[str] | None = None, response_format: Any = None) -> Completion:
+                   stop: str | Sequence[str] | None = None, response_format: Any = None, run: str | None = None,
+                   refresh: bool = False) -> Completion:
         """Complete one prompt and return a :class:`~workbench.types.Completion` (text, tokens, stop reason).
 
         content: a string (encoded with a BOS token), a list of token ids used exactly as given, a list
@@ -119,14 +126,18 @@ class Engine(IntrospectionMixin):
                                        seed=seed, logprobs=logprobs, stop=stop)
         prompt, tiles = encode_row(self, content, 0)
         formats = per_row_formats(response_format, 1)
-        return self.generate_tokens([prompt], params, progress=False, formats=formats, image_tiles=[tiles])[0]
+        stored = self._stored(run, refresh, [prompt], [tiles], params, formats, None, [{"prompt": content}])
+        return self.generate_tokens([prompt], params, progress=False, formats=formats, image_tiles=[tiles],
+                                    stored=stored)[0]
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
     def batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
-                         temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                         logprobs: int = 0, stop: str | Sequence[str] | None = None,
-                         progress: bool | None = None, response_format: Any = None) -> list[Completion]:
+                         temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                         seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
+                         stop: str | Sequence[str] | None = None, progress: bool | None = None,
+                         response_format: Any = None, run: str | None = None,
+                         refresh: bool = False) -> list[Completion]:
         """Complete many prompts in one batch: one :class:`~workbench.types.Completion` per prompt, in order.
 
         Each row's result equals running that prompt alone (greedy, or sampled with a seed), so
@@ -139,34 +150,47 @@ class Engine(IntrospectionMixin):
         """
         if isinstance(contents, str):
             raise InputError("batch_completion takes a list of prompts; for one string use completion()")
+        scalar, seeds = per_row_seeds(seed, len(contents))
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)
+                                       seed=scalar, logprobs=logprobs, stop=stop)
         check_progress(progress)
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
         prompts = [ids for ids, _ in rows]
+        tiles = [t for _, t in rows]
         formats = per_row_formats(response_format, len(prompts))
-        return self.generate_tokens(prompts, params, progress=progress, formats=formats,
-                                    image_tiles=[tiles for _, tiles in rows])
+        stored = self._stored(run, refresh, prompts, tiles, params, formats, seeds, [{"prompt": c} for c in contents])
+        return self.generate_tokens(prompts, params, progress=progress, formats=formats, image_tiles=tiles,
+                                    seeds=seeds, stored=stored)
 
     def generate_tokens(self, prompts: list[list[int]], params: SamplingParams, *,
                         progress: bool | None = False,
                         formats: Sequence[OutputFormat | None] | None = None,
                         image_tiles: Sequence[torch.Tensor | None] | None = None,
-                        on_finish: FinishHook | None = None) -> list[Completion]:
+                        on_finish: FinishHook | None = None,
+                        seeds: Sequence[int | None] | None = None,
+                        stored: StoredCall | None = None) -> list[Any]:
         """Run already-encoded prompts and collect one Completion per prompt: the path every batch call takes.
 
         Checks the lengths (the ids are taken as they are), compiles the rows' grammars, holds the engine for the
         call and feeds the runner's events to a :class:`~.accumulator.RowAccumulator`.  ``image_tiles`` gives,
         per prompt, its images' preprocessed tiles (or None); ``on_finish(row, completion)`` is called the moment
-        each row ends."""
+        each row ends; ``seeds`` (one per prompt) replaces ``params.seed`` row by row.  ``stored`` (a call against
+        a run store, :mod:`.remember`): only its rows to compute run, each is stored as it ends, and the result is
+        every row in order, stored ones included (chat rows as their parsed replies)."""
         if not prompts:
             return []
         tiles = list(image_tiles) if image_tiles is not None else [None] * len(prompts)
         check_lengths(self, prompts, tiles)
         formats = list(formats) if formats is not None else [None] * len(prompts)
+        index = list(range(len(prompts)))
+        if stored is not None:
+            index, seeds = stored.todo, stored.seeds
+            if not index:
+                return stored.results()
+            prompts, formats, tiles = ([xs[i] for i in index] for xs in (prompts, formats, tiles))
         constraints = self._constraints(formats)
-        requests = [Request(i, p, params, c, image_tiles=t)
-                    for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
+        requests = [Request(j, p, params if seeds is None else replace(params, seed=seeds[j]), c, image_tiles=t)
+                    for j, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
         if progress is None and len(prompts) == 1:
             progress = False  # automatic bars count rows: none for a single prompt
         rate = TokenRate()
@@ -175,35 +199,46 @@ class Engine(IntrospectionMixin):
             rate.tokens = rows.generated
             bar.set_postfix_str(str(rate), refresh=False)
             bar.update(1)
+            if stored is not None:
+                stored.finished(row, completion)
             if on_finish is not None:
-                on_finish(row, completion)
+                on_finish(index[row], completion)
 
         rows = RowAccumulator(self.tokenizer, prompts, params, formats, on_finish=finished)
-        with self._gate.exclusive("batch_completion"):
-            bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress, rate=rate)
-            call = self._calls.begin()
-            events = self._runner.generate(requests)
-            try:
-                # the cancel flag is read before each event is pulled: no forward pass starts after a cancel
-                while not self._calls.cancelled(call) and (event := next(events, None)) is not None:
-                    rows.add(event)
-            finally:
-                close_events(events)  # stops the runner (on every rank) when the call ends early
-                self._calls.end(call)
-                rate.tokens = rows.generated
-                bar.close()
-        return rows.completions()
+        try:
+            with self._gate.exclusive("batch_completion"):
+                bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress, rate=rate)
+                call = self._calls.begin()
+                events = self._runner.generate(requests)
+                try:
+                    # the cancel flag is read before each event is pulled: no forward pass starts after a cancel
+                    while not self._calls.cancelled(call) and (event := next(events, None)) is not None:
+                        rows.add(event)
+                finally:
+                    close_events(events)  # stops the runner (on every rank) when the call ends early
+                    self._calls.end(call)
+                    rate.tokens = rows.generated
+                    bar.close()
+        finally:
+            if stored is not None:
+                stored.close()  # rows still waiting for their group's write go to the store now
+        if stored is None:
+            return rows.completions()
+        if not rows.done:
+            raise GenerationCancelled(str(rows.cancelled()), partial=stored.partial(rows.partial()))
+        return stored.results()
 
     @llama_stack_spellings(content="content")
     @sampling_doc
     def stream_completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
                           top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                          stop: str | Sequence[str] | None = None,
-                          response_format: Any = None) -> Iterator[StreamChunk]:
+                          stop: str | Sequence[str] | None = None, response_format: Any = None,
+                          run: str | None = None, refresh: bool = False) -> Iterator[StreamChunk]:
         """Yield :class:`~workbench.types.StreamChunk` text deltas of one completion as tokens arrive.
 
         The last chunk carries ``final``, the complete :class:`~workbench.types.Completion`.  Stop strings
-        never leak: text that could be the start of a stop string is held back until it is decided.
+        never leak: text that could be the start of a stop string is held back until it is decided.  A row
+        answered from the run store (``run=``) streams its stored tokens the same way.
         """
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                        seed=seed, logprobs=logprobs, stop=stop)
@@ -211,18 +246,36 @@ class Engine(IntrospectionMixin):
         if isinstance(response_format, (list, tuple)):
             raise FormatError("stream_completion takes one response_format (a list is for batch_completion)")
         formats = per_row_formats(response_format, 1)
-        return self._open_stream([prompt], [tiles], params, formats, what="stream_completion").chunks()
+        stored = self._stored(run, refresh, [prompt], [tiles], params, formats, None, [{"prompt": content}])
+        return self._open_stream([prompt], [tiles], params, formats, what="stream_completion",
+                                 stored=stored).chunks()
 
     def _open_stream(self, prompts: list[list[int]], tiles: list[Any], params: SamplingParams,
                      formats: list[OutputFormat | None], *, what: str, preemptible: bool = True,
-                     on_finish: FinishHook | None = None) -> BatchStream:
-        """A stream over already-encoded prompts (lengths and grammars checked now, before the first ``next``)."""
+                     on_finish: FinishHook | None = None, seeds: Sequence[int | None] | None = None,
+                     stored: StoredCall | None = None) -> BatchStream:
+        """A stream over already-encoded prompts (lengths and grammars checked now, before the first ``next``).
+        With ``stored``, its stored rows are replayed first and only the others run."""
         check_lengths(self, prompts, tiles)
+        n, index, replays = len(prompts), list(range(len(prompts))), None
+        if stored is not None:
+            index, seeds, replays = stored.todo, stored.seeds, stored.replays(self.tokenizer)
+            prompts, tiles, formats = ([xs[i] for i in index] for xs in (prompts, tiles, formats))
         constraints = self._constraints(formats)
-        rows = RowAccumulator(self.tokenizer, prompts, params, formats, stream=True, on_finish=on_finish)
-        requests = [Request(i, p, params, c, image_tiles=t, cancel=rows.cancels[i])
-                    for i, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
-        return BatchStream(self._runner, self._gate, self._calls, requests, rows, what=what, preemptible=preemptible)
+
+        def finished(row: int, completion: Completion) -> None:
+            if stored is not None:
+                stored.finished(row, completion)
+            if on_finish is not None:
+                on_finish(index[row], completion)
+
+        rows = RowAccumulator(self.tokenizer, prompts, params, formats, stream=True, on_finish=finished)
+        requests = [Request(j, p, params if seeds is None else replace(params, seed=seeds[j]), c, image_tiles=t,
+                            cancel=rows.cancels[j])
+                    for j, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
+        return BatchStream(self._runner, self._gate, self._calls, requests, rows, what=what, preemptible=preemptible,
+                           total=n, index=index, replays=replays, on_close=stored.close if stored else None,
+                           partial=stored.partial if stored else None)
 
     def _rendered(self, prompts: Sequence[PromptRow]) -> tuple[list[list[int]], list[Any]]:
         """The chat layer's prompts as token ids and image tiles (ids as the formatter built them)."""
@@ -249,6 +302,38 @@ class Engine(IntrospectionMixin):
             out.append(constraint)
         return out
 
+    # ----------------------------------------------------------------------------- the run store
+    def open_run(self, name: str) -> Run:
+        """The run ``name`` in the run store (``wb.runs.path()``) as this engine writes it: its provenance is this
+        engine's checkpoint identity (content hashes, computed at the first ``run=`` call of this engine and
+        remembered; the store keeps each file's hash, so a checkpoint is hashed once), load settings, model and
+        device, plus the versions, host and git commit of this process.  ``run=`` on every completion and chat
+        method uses it; integrations that store rows of their own (``runs.Run.put``) can too."""
+        store = runs.store()
+        if self._identity is None:
+            self._identity = store.checkpoint_identity(self.settings.checkpoint_dir)
+        provenance = engine_provenance(self.settings, self._identity, model=model_label(self), family=self.family)
+        return store.open_run(name, provenance)
+
+    def _stored(self, run: str | None, refresh: bool, prompts: list[list[int]], tiles: list[Any],
+                params: SamplingParams, formats: list[OutputFormat | None], seeds: Sequence[int | None] | None,
+                given: Sequence[Any], *, kind: str = "completion") -> StoredCall | None:
+        """The call's rows against run ``run`` (None: no run store), looked up now."""
+        if run is None:
+            if refresh:
+                raise InputError("refresh=True recomputes the rows a run stored; give the run's name too "
+                                 "(run='name', refresh=True)")
+            return None
+        check_run_name(run)
+        requests = row_requests(prompts, tiles, params, formats, seeds, kind=kind, max_seq_len=self.max_seq_len)
+        finish = None
+        if kind == "chat":
+            formatter = self.formatter
+            finish = lambda i, completion: chat.finish_row(completion, formats[i], formatter)  # noqa: E731
+        return StoredCall(self.open_run(run), requests, given, refresh=bool(refresh),
+                          parsed_types=[f.model if f is not None else None for f in formats], finish=finish,
+                          stop=params.stop)
+
     # ----------------------------------------------------------------------------- chat
     @llama_stack_spellings(chat=True)
     @sampling_doc
@@ -257,7 +342,8 @@ class Engine(IntrospectionMixin):
                         max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                         seed: int | None = None, logprobs: int = 0, stop: str | Sequence[str] | None = None,
                         response_format: Any = None, constrain_tools: bool = False,
-                        system_message_behavior: str = "append") -> Any:
+                        system_message_behavior: str = "append", run: str | None = None,
+                        refresh: bool = False) -> Any:
         """One assistant reply in the model's official prompt format (a :class:`~workbench.types.ChatCompletion`).
 
         messages: the dialog, :class:`~workbench.types.Message` objects or dicts like
@@ -281,26 +367,31 @@ class Engine(IntrospectionMixin):
             raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
         if stream:
             return self._chat_stream(messages, tools, tool_choice, tool_prompt_format, response_format, constrain_tools,
-                                     system_message_behavior, max_tokens=max_tokens, temperature=temperature,
-                                     top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs, stop=stop)
+                                     system_message_behavior, run, refresh, max_tokens=max_tokens,
+                                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
+                                     stop=stop)
         prompts, formats = chat.prepare(self.formatter, [messages], tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                        seed=seed, logprobs=logprobs, stop=stop)
         ids, tiles = self._rendered(prompts)
-        completions = self.generate_tokens(ids, params, progress=False, formats=formats, image_tiles=tiles)
-        return chat.finish_row(completions[0], formats[0], self.formatter)
+        stored = self._stored(run, refresh, ids, tiles, params, formats, None,
+                              [chat_request(messages, tools, tool_choice, tool_prompt_format)], kind="chat")
+        completions = self.generate_tokens(ids, params, progress=False, formats=formats, image_tiles=tiles,
+                                           stored=stored)
+        return completions[0] if stored is not None else chat.finish_row(completions[0], formats[0], self.formatter)
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
     def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
                               tool_choice: str = "auto", tool_prompt_format: str | None = None,
                               max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                              top_k: int = 0, seed: int | None = None, logprobs: int = 0,
+                              top_k: int = 0, seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
                               stop: str | Sequence[str] | None = None, progress: bool | None = None,
                               response_format: Any = None, constrain_tools: bool = False,
-                              system_message_behavior: str = "append") -> list[ChatCompletion]:
+                              system_message_behavior: str = "append", run: str | None = None,
+                              refresh: bool = False) -> list[ChatCompletion]:
         """One reply per dialog, generated in one batch (per-row results equal single calls).
 
         dialogs: a list of dialogs (each a list of messages, or a bare string for one user message);
@@ -313,12 +404,46 @@ class Engine(IntrospectionMixin):
                                         system_message_behavior=system_message_behavior)
         if not prompts:
             return []
+        scalar, seeds = per_row_seeds(seed, len(prompts))
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)
+                                       seed=scalar, logprobs=logprobs, stop=stop)
         check_progress(progress)
         ids, tiles = self._rendered(prompts)
-        completions = self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles)
-        return chat.finish(completions, formats, self.formatter)
+        stored = self._stored(run, refresh, ids, tiles, params, formats, seeds,
+                              [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], kind="chat")
+        completions = self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles,
+                                           seeds=seeds, stored=stored)
+        return completions if stored is not None else chat.finish(completions, formats, self.formatter)
+
+    @sampling_doc
+    def batch_chat_rendered(self, prompts: Sequence[PromptRow], formats: Sequence[OutputFormat | None] | None = None,
+                            *, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                            top_k: int = 0, seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
+                            stop: str | Sequence[str] | None = None, progress: bool | None = None,
+                            requests: Sequence[Any] | None = None, run: str | None = None,
+                            refresh: bool = False) -> list[ChatCompletion]:
+        """Replies to dialogs already rendered by ``chat.prepare`` (``prompts``, and ``formats``: each row's
+        output format, as ``prepare`` returned them), parsed: one batch for dialogs that each offer their own
+        tools.  This is one turn of the tool loop and of ``workbench.evals`` (``workbench.tools.complete_turn``);
+        with ``run=`` every turn is stored as chat rows keyed by the turn's prompt ids, so a re-run loop is
+        answered turn by turn up to where it stopped.  ``requests``: each row's request as given (stored for
+        browsing; default the prompt ids)."""
+        if not prompts:
+            return []
+        formats = list(formats) if formats is not None else [None] * len(prompts)
+        if len(formats) != len(prompts):
+            raise FormatError(f"formats has {len(formats)} entries for {len(prompts)} prompts; give one per prompt "
+                              "(chat.prepare returns them)")
+        scalar, seeds = per_row_seeds(seed, len(prompts))
+        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=scalar, logprobs=logprobs, stop=stop)
+        check_progress(progress)
+        ids, tiles = self._rendered(prompts)
+        given = list(requests) if requests is not None else [{"prompt_ids": p} for p in ids]
+        stored = self._stored(run, refresh, ids, tiles, params, formats, seeds, given, kind="chat")
+        completions = self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles,
+                                           seeds=seeds, stored=stored)
+        return completions if stored is not None else chat.finish(completions, formats, self.formatter)
 
     @llama_stack_spellings(chat=True)
     @sampling_doc
@@ -327,67 +452,80 @@ class Engine(IntrospectionMixin):
                                max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
                                top_k: int = 0, seed: int | None = None, logprobs: int = 0,
                                stop: str | Sequence[str] | None = None, response_format: Any = None,
-                               constrain_tools: bool = False,
-                               system_message_behavior: str = "append") -> Iterator[Any]:
+                               constrain_tools: bool = False, system_message_behavior: str = "append",
+                               run: str | None = None, refresh: bool = False) -> Iterator[Any]:
         """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
         if isinstance(response_format, (list, tuple)):
             raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
         return self._chat_stream(messages, tools, tool_choice, tool_prompt_format, response_format, constrain_tools,
-                                 system_message_behavior, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                 top_k=top_k, seed=seed, logprobs=logprobs, stop=stop)
+                                 system_message_behavior, run, refresh, max_tokens=max_tokens,
+                                 temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
+                                 stop=stop)
 
     def _chat_stream(self, messages: Sequence[Any], tools: Sequence[Any] | None, tool_choice: str,
                      tool_prompt_format: str | None, response_format: Any, constrain_tools: bool,
-                     system_message_behavior: str, **sampling: Any) -> Iterator[chat.StreamItem]:
+                     system_message_behavior: str, run: str | None, refresh: bool,
+                     **sampling: Any) -> Iterator[chat.StreamItem]:
         prompts, formats = chat.prepare(self.formatter, [messages], tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
         params = SamplingParams.create(**sampling)
         ids, tiles = self._rendered(prompts)
-        stream = self._open_stream(ids, tiles, params, formats, what="stream_completion")
+        stored = self._stored(run, refresh, ids, tiles, params, formats, None,
+                              [chat_request(messages, tools, tool_choice, tool_prompt_format)], kind="chat")
+        stream = self._open_stream(ids, tiles, params, formats, what="stream_completion", stored=stored)
         return chat.finish_stream(stream.chunks(), formats[0], self.formatter)
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
     def stream_batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
-                                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                                logprobs: int = 0, stop: str | Sequence[str] | None = None, response_format: Any = None,
-                                preemptible: bool = True) -> BatchStream:
+                                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                                seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
+                                stop: str | Sequence[str] | None = None, response_format: Any = None,
+                                preemptible: bool = True, run: str | None = None,
+                                refresh: bool = False) -> BatchStream:
         """Stream many prompts in one batch: ``(row, StreamChunk)`` pairs as tokens arrive (rows interleave).
 
         Each row's tokens equal ``batch_completion``'s; its last chunk carries ``final``.  ``stream.cancel(row)``
         ends one row at the next step (final ``stop_reason="cancelled"``) and the others go on.
         preemptible: False keeps other threads' calls waiting while the stream is suspended between items
             (a server draining it from its own thread); True (default) lets them close an abandoned stream.
+        With ``run=``, rows the run store holds are streamed first (from their stored tokens), then the others.
         """
+        scalar, seeds = per_row_seeds(seed, len(contents))
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)
+                                       seed=scalar, logprobs=logprobs, stop=stop)
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
         prompts, tiles = [ids for ids, _ in rows], [t for _, t in rows]
         formats = per_row_formats(response_format, len(prompts))
+        stored = self._stored(run, refresh, prompts, tiles, params, formats, seeds, [{"prompt": c} for c in contents])
         return self._open_stream(prompts, tiles, params, formats, what="stream_batch_completion",
-                                 preemptible=preemptible)
+                                 preemptible=preemptible, seeds=seeds, stored=stored)
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
     def stream_batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
                                      tool_choice: str = "auto", tool_prompt_format: str | None = None,
                                      max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                                     top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                                     stop: str | Sequence[str] | None = None, response_format: Any = None,
-                                     constrain_tools: bool = False, preemptible: bool = True,
-                                     system_message_behavior: str = "append") -> BatchStream:
+                                     top_k: int = 0, seed: int | Sequence[int | None] | None = None,
+                                     logprobs: int = 0, stop: str | Sequence[str] | None = None,
+                                     response_format: Any = None, constrain_tools: bool = False,
+                                     preemptible: bool = True, system_message_behavior: str = "append",
+                                     run: str | None = None, refresh: bool = False) -> BatchStream:
         """``batch_chat_completion`` streamed: ``(row, StreamChunk)`` pairs of raw reply text; each row's last
         chunk's ``final`` is its ChatCompletion (equal to ``batch_chat_completion``'s).  See
-        ``stream_batch_completion`` for ``cancel(row)`` and ``preemptible``."""
+        ``stream_batch_completion`` for ``cancel(row)``, ``preemptible`` and ``run=``."""
         prompts, formats = chat.prepare(self.formatter, dialogs, tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
+        scalar, seeds = per_row_seeds(seed, len(prompts))
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)
+                                       seed=scalar, logprobs=logprobs, stop=stop)
         ids, tiles = self._rendered(prompts)
+        stored = self._stored(run, refresh, ids, tiles, params, formats, seeds,
+                              [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], kind="chat")
         stream = self._open_stream(ids, tiles, params, formats, what="stream_batch_completion",
-                                   preemptible=preemptible)
+                                   preemptible=preemptible, seeds=seeds, stored=stored)
         formatter = self.formatter
         stream.finish = lambda row, completion: chat.finish_row(completion, formats[row], formatter)
         return stream
@@ -406,7 +544,8 @@ class Engine(IntrospectionMixin):
                 return self._runner.logits(prompts, images)
             return self._runner.logits(prompts)
 
-    def score(self, sequences: Sequence[Sequence[int]], starts: Sequence[int] | int = 1) -> list[ScoredRow]:
+    def score(self, sequences: Sequence[Sequence[int]], starts: Sequence[int] | int = 1, *, run: str | None = None,
+              refresh: bool = False) -> list[ScoredRow]:
         """Log-probabilities of ``sequences[i][starts[i]:]`` (each token given all before it) and whether each
         token is the greedy choice: one :class:`~workbench.types.ScoredRow` per sequence.
 
@@ -418,13 +557,33 @@ class Engine(IntrospectionMixin):
 
         ``starts``: one int for all rows or one per row, ``1 <= start < len(sequence)`` (1 scores every token
         after the first); ``len(sequence) - 1`` tokens (the last is only predicted) must fit ``max_seq_len``.
+        ``run="name"``: each row is remembered in the run store (kind ``score``) and a stored row is answered
+        from there (``row.cached``); ``refresh=True`` recomputes and replaces.
         """
         rows, firsts = score_rows(self, sequences, starts)
         if not rows:
             return []
-        with self._gate.exclusive("score"):
-            logprobs, greedy, counts = self._runner.score(rows, firsts)
-        return scored_rows(logprobs, greedy, counts)
+        if run is None and not refresh:
+            with self._gate.exclusive("score"):
+                logprobs, greedy, counts = self._runner.score(rows, firsts)
+            return scored_rows(logprobs, greedy, counts)
+        if run is None:
+            raise InputError("refresh=True recomputes the rows a run stored; give the run's name too "
+                             "(run='name', refresh=True)")
+        check_run_name(run)
+        requests = [RowRequest(r, {"start": f}, "score") for r, f in zip(rows, firsts)]
+        stored = StoredCall(self.open_run(run), requests, [{"sequence": r, "start": f} for r, f in zip(rows, firsts)],
+                            refresh=bool(refresh))
+        try:
+            if stored.todo:
+                with self._gate.exclusive("score"):
+                    logprobs, greedy, counts = self._runner.score([rows[i] for i in stored.todo],
+                                                                  [firsts[i] for i in stored.todo])
+                for j, row in enumerate(scored_rows(logprobs, greedy, counts)):
+                    stored.finished(j, row)
+        finally:
+            stored.close()
+        return stored.results()
 
     # ----------------------------------------------------------------------------- images
     def load_vision(self) -> None:

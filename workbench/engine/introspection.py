@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from workbench import runs
 from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.engine.interfaces import ModelIdentity, Runner
 from workbench.models.args import ModelArgs
@@ -37,7 +38,7 @@ class IntrospectionMixin:
         return "loaded" if getattr(self.runner, "vision_loaded", False) else "not loaded"
 
     def info(self) -> dict[str, Any]:
-        """Model id, family, sizes, dtype, device, parallelism, quantization and memory.
+        """Model id, family, sizes, dtype, device, parallelism, quantization, memory and the run store's file.
 
         A dict of raw numbers (``info()["weights_bytes"]`` is an int) that displays with human sizes;
         ``.readable()`` gives the human strings.
@@ -60,6 +61,7 @@ class IntrospectionMixin:
             "load_seconds": round(self.load_seconds, 2),
             "compile_seconds": None if self.compile_seconds is None else round(self.compile_seconds, 2),
             "cuda_graphs": self.cuda_graphs,
+            "run_store": str(runs.path()),  # where run="name" remembers rows ($WORKBENCH_STORE or the data folder)
         })
 
     def _compute_dtype(self) -> str:

@@ -4,6 +4,7 @@ Prints one summary row per setting and a final JSON line, e.g.::
 
     python -m workbench.evals --cases 150 --quantization none bf16 fp8_mixed int4_mixed
     python -m workbench.evals --tools unseen      # generated tools the demo model never trained on
+    python -m workbench.evals --run evals-demo    # remembered in the run store: a re-run answers from there
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tool-prompt-format", nargs="*", default=None, help="formats to compare")
     parser.add_argument("--temperature", nargs="*", type=float, default=None, help="temperatures to compare")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--run", default=None, help="remember every model step in the run store under this name "
+                        "(a re-run answers from there: see wb.runs)")
+    parser.add_argument("--refresh", action="store_true", help="with --run: recompute and replace the stored rows")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -61,11 +65,12 @@ def main(argv: list[str] | None = None) -> int:
             values = [None if v in ("none", "None") else v for v in values]
             settings = [{**s, key: v} for s in settings for v in values]
     started = time.perf_counter()
+    stored = {"run": args.run, "refresh": args.refresh} if args.run else {}
     if settings == [{}]:
-        results = evals.run_cases(engine, cases, tools=tools, progress=True)
+        results = evals.run_cases(engine, cases, tools=tools, progress=True, **stored)
         summary = evals.summarize(results)
     else:
-        results = evals.compare(engine, cases, settings, tools=tools, progress=True)
+        results = evals.compare(engine, cases, settings, tools=tools, progress=True, **stored)
         summary = evals.summarize(results, by=[k for k in evals.SETTING_KEYS if k in results.columns])
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(evals.rate_table(summary, metrics=list(evals.RATES)).to_string())  # rate [95% Wilson interval] n=cases

@@ -110,9 +110,16 @@ def run_cases(
     temperature: float = 0.0,
     seed: int = 0,
     progress: bool = False,
+    run: str | None = None,
+    refresh: bool = False,
 ) -> pd.DataFrame:
-    """Run ``cases`` and return one scored row per case (see :func:`score_columns`)."""
+    """Run ``cases`` and return one scored row per case (see :func:`score_columns`).
 
+    ``run="name"``: every model step is remembered in the run store (``wb.runs``), keyed by its prompt, so
+    running the cases again — after a crash, or to score them another way — answers each step from there
+    instead of the model (the tools run again; ``refresh=True`` recomputes)."""
+
+    stored = {"run": run, "refresh": refresh} if run is not None or refresh else {}  # `run` names a case below
     registry = dict(DEMO_TOOLS if tools is None else tools)
     runs = []
     for case in cases:
@@ -125,7 +132,7 @@ def run_cases(
         run = _Run(case, Dialog(Transcript(messages), Toolbox.create([registry[n] for n in case.tools])))
         _start_turn(run, tool_choice)
         runs.append(run)
-    sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "progress": False}
+    sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "progress": False, **stored}
     bar = _progress(progress, len(runs))
     while True:
         active = [r for r in runs if not r.done]

@@ -24,11 +24,12 @@ a reply may mix syntaxes.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
 import uuid
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workbench.errors import InputError
@@ -97,8 +98,17 @@ def new_call_id() -> str:
     return str(uuid.uuid4())
 
 
+def reply_call_ids(body: str, n: int) -> list[str]:
+    """The ids of a reply's ``n`` calls: a function of the reply's text (``call_<12 hex>_<k>``), so parsing a reply
+    again — the same reply recomputed, or answered from the run store — gives the same calls, ids included, and
+    a re-run equals the first run; the calls of one reply are numbered."""
+    digest = hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return [f"call_{digest}_{k}" for k in range(n)]
+
+
 def parse_assistant(text: str, stop_reason: str | None = None) -> Message:
-    """The assistant :class:`Message` for a reply's text (stop-token names at the end set ``stop_reason``)."""
+    """The assistant :class:`Message` for a reply's text (stop-token names at the end set ``stop_reason``); its
+    calls' ids derive from the text (:func:`reply_call_ids`)."""
     if not isinstance(text, str):
         text = "" if text is None else str(text)
     body = text.strip(" ")
@@ -118,10 +128,11 @@ def parse_assistant(text: str, stop_reason: str | None = None) -> Message:
         # Cut by max_tokens while writing a call: whatever parsed is a fragment (arguments missing, a list of
         # calls short of its end), and running it would act on a call the model never finished.
         return Message(role="assistant", content=body.strip(), stop_reason="out_of_tokens", parse_error=CUT_CALL)
+    ids = reply_call_ids(body, len(result.tool_calls))
     return Message(
         role="assistant",
         content=result.content,
-        tool_calls=result.tool_calls,
+        tool_calls=[replace(call, call_id=i) for call, i in zip(result.tool_calls, ids)],
         stop_reason=stop_reason,  # type: ignore[arg-type]
         parse_error=result.error,
     )

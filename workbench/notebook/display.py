@@ -184,6 +184,7 @@ def engine_html(engine: Engine) -> str:
         ("memory", f"weights {human_bytes(info['weights_bytes'])} · KV cache {human_bytes(info['kv_cache_bytes'])}"),
         ("limits", f"max_batch_size {info['max_batch_size']} · max_seq_len {info['max_seq_len']}"),
         ("checkpoint", short_path(info["checkpoint"])),
+        ("run store", short_path(info["run_store"])),
     ]
     cells = "".join(f'<tr><td style="color:#777;padding:0 10px 0 0;text-align:left">{esc(k)}</td>'
                     f'<td style="text-align:left">{esc(v)}</td></tr>' for k, v in rows)

@@ -6,7 +6,7 @@ imports this package; the browsing functions (pandas, and inspect_ai for :func:`
 
 For people (``wb.runs``)::
 
-    wb.runs.path()                       # the store file ($WORKBENCH_STORE, else runs.sqlite in the cache)
+    wb.runs.path()                       # the store file ($WORKBENCH_STORE, else runs.sqlite in the data folder)
     wb.runs.table()                      # DataFrame: one row per run
     wb.runs.rows("sweep")                # DataFrame: one row per stored result, with provenance columns
     wb.runs.compare("bf16", "int4")      # DataFrame: requests both answered whose outputs differ
@@ -61,8 +61,8 @@ _LAZY = {"table": "workbench.runs.browse", "rows": "workbench.runs.browse", "com
 
 
 def path() -> Path:
-    """The run store file this process uses: ``$WORKBENCH_STORE``, else ``runs.sqlite`` in the workbench cache
-    (``$WORKBENCH_CACHE`` or ``~/.cache/workbench``)."""
+    """The run store file this process uses: ``$WORKBENCH_STORE``, else ``runs.sqlite`` in workbench's data
+    folder (``$WORKBENCH_DATA_DIR``, by default ``~/.local/share/workbench``)."""
     return store_path()
 
 

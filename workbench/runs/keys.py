@@ -6,7 +6,8 @@ A row's key hashes two halves:
 * the **request identity** (:func:`request_identity`, the ``match`` of a stored row): what was asked —
   the exact prompt token ids after rendering (tools, response formats and chat templates are already in
   them), the images by content, every sampling setting, the kind of result (``completion`` / ``chat``,
-  which parse the same tokens differently) and any ``extra`` output-shaping option;
+  which parse the same tokens differently; ``score``: a teacher-forced scoring, its ``sampling`` the scored
+  span's start) and any ``extra`` output-shaping option;
 * the **engine identity**: the checkpoint's content identity (:mod:`workbench.runs.identity`), the load
   settings that change numbers (dtype, quantization, model-parallel size, device type: :func:`load_fields`)
   and :data:`NUMERICS_VERSION`.
@@ -45,7 +46,7 @@ NUMERICS_VERSION = 1
 # ones too); these are the ones callers are expected to give, resolved (defaults filled in).
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "logprobs", "response_format",
                  "constrain_tools", "seed")
-KINDS = ("completion", "chat", "transcript")
+KINDS = ("completion", "chat", "transcript", "score")
 
 _SEED_RANGE = 2**63  # drawn seeds: non-negative 63-bit, valid for torch.Generator and SQLite integers
 

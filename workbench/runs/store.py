@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from workbench.checkpoints.factory import cache_root
 from workbench.errors import InputError, StoreError, StoreWarning
+from workbench.places import data_dir
 from workbench.reports import BOX, esc, human_bytes
 from workbench.runs import codec
 from workbench.runs.identity import CheckpointIdentity, FileStat, checkpoint_identity
@@ -60,7 +60,7 @@ BUSY_TIMEOUT_S = 30.0
 SYNCHRONOUS = ("NORMAL", "FULL")
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _MAX_VARS = 500  # keys per SELECT ... IN (...)
-_NAME_MAX = 200
+RUN_NAME_MAX = 200  # characters of a run name
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -133,12 +133,13 @@ def _close_stores() -> None:
 
 def store_path() -> Path:
     """Where the run store lives: ``$WORKBENCH_STORE`` (a file; a folder gets ``runs.sqlite`` inside), else
-    ``runs.sqlite`` in the workbench cache (``$WORKBENCH_CACHE`` or ``~/.cache/workbench``)."""
+    ``runs.sqlite`` in workbench's data folder (:func:`workbench.places.data_dir`: ``$WORKBENCH_DATA_DIR``, by
+    default ``~/.local/share/workbench``) — not the cache: stored results are not made again by themselves."""
     named = os.environ.get(STORE_ENV, "").strip()
     if named:
         path = Path(named).expanduser()
         return path / DEFAULT_NAME if path.is_dir() else path
-    return cache_root() / DEFAULT_NAME
+    return data_dir() / DEFAULT_NAME
 
 
 def open_store(where: str | Path | Store | None = None, *, readonly: bool = False) -> Store:
@@ -176,8 +177,8 @@ def check_run_name(name: Any) -> str:
     """A run name: a non-empty string of at most 200 printable characters."""
     if not isinstance(name, str) or not name.strip():
         raise InputError(f"a run name must be a non-empty string, got {name!r}; e.g. run='sweep-bf16'")
-    if len(name) > _NAME_MAX or not name.isprintable():
-        raise InputError(f"run name {name[:80]!r} must be at most {_NAME_MAX} printable characters")
+    if len(name) > RUN_NAME_MAX or not name.isprintable():
+        raise InputError(f"run name {name[:80]!r} must be at most {RUN_NAME_MAX} printable characters")
     return name
 
 

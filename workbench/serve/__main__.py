@@ -30,6 +30,8 @@ def parser() -> argparse.ArgumentParser:
                                       "else ~/.local/share/workbench)")
     p.add_argument("--batch-rows", type=int, help="most rows a batch puts in one engine call (default: 8 x "
                                                   "max_batch_size; interactive requests wait at most one such call)")
+    p.add_argument("--run", help="remember every served row in the run store under this name, and answer requests "
+                                 "it holds from there (see wb.runs)")
     add_load_options(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
@@ -42,7 +44,8 @@ def main(argv: Sequence[str] | None = None, *, ready: threading.Event | None = N
     try:
         engine = load_engine(args)
         srv = serve(engine, host=args.host, port=args.port, api_key=args.api_key, data_dir=args.data_dir,
-                    batch_rows=args.batch_rows, **({"model_id": args.model_id} if args.model_id else {}))
+                    batch_rows=args.batch_rows, run=args.run,
+                    **({"model_id": args.model_id} if args.model_id else {}))
     except WorkbenchError as exc:
         if args.debug:
             raise

@@ -8,12 +8,15 @@ vLLM ``run-batch``'s formats (see :mod:`workbench.batches.cli`); a re-run skips 
 output file.  The requests go through the same translation as ``workbench.serve`` (a line's answer equals
 that request sent to the endpoint) and run as engine batches of up to ``--batch-rows`` rows.  Prints a
 progress bar and, last, one JSON summary line.  Exit status: 0 once every request has its line, 130 after
-Ctrl-C (re-run to finish), 2 for a usage error.
+Ctrl-C (re-run to finish), 2 for a usage error.  Every answered row is also remembered in the run store
+(``wb.runs``, run ``batch:<output path>``), so a re-run after a kill gets back the rows of the engine batch that
+was in flight, not only the lines already written.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Sequence
@@ -21,6 +24,7 @@ from pathlib import Path
 
 from workbench.batches.cli import run_file
 from workbench.errors import WorkbenchError
+from workbench.runs.store import RUN_NAME_MAX
 
 from .app import Context
 from .bulk import BULK_FACTOR, BulkBackend
@@ -46,6 +50,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def batch_run_name(output_file: str | Path) -> str:
+    """The run-store name of a batch file's rows: ``batch:`` and the output file's absolute path (a re-run with the
+    same output file finds the rows its killed predecessor stored); a path too long for a run name keeps its end
+    and a hash of the whole."""
+    path = str(Path(output_file).resolve())
+    name = "batch:" + path
+    if len(name) <= RUN_NAME_MAX and name.isprintable():
+        return name
+    digest = hashlib.sha256(path.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    tail = "".join(c if c.isprintable() else "?" for c in path)[-(RUN_NAME_MAX - 32):]
+    return f"batch:{digest}:...{tail}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if not Path(args.input_file).is_file():
@@ -65,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ctx = Context(engine, gatherer, args.model_id or served_model_id(engine), None)
         backend = BulkBackend(ctx, bulk_rows=args.batch_rows, quiet_s=0.0)
-        run = "batch:" + str(Path(args.output_file).resolve())  # the run-store name (phase 2)
+        run = batch_run_name(args.output_file)
         summary = run_file(backend, args.input_file, args.output_file, run=run,
                            progress=False if args.no_progress else None)
     finally:

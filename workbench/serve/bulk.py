@@ -34,9 +34,8 @@ BULK_FACTOR = 8  # rows per engine call when the batch has the engine alone: thi
 
 def run_keywords(run: str | None) -> dict[str, Any]:
     """Engine keywords that store a batch's rows in the run store under the batch's run name, so that a
-    restarted batch gets its finished rows back instead of recomputing them.  Phase 2 (the run store):
-    ``return {"run": run} if run else {}``."""
-    return {}
+    restarted batch gets its finished rows back instead of recomputing them."""
+    return {"run": run} if run else {}
 
 
 @dataclass

@@ -48,10 +48,11 @@ class Row:
 
 @dataclass
 class StreamJob:
-    """A stream the worker runs alone: ``start(engine)`` gives the engine's iterator, ``sink`` receives
-    ``("item", x)``, then ``("end", None)`` or ``("error", APIError)``."""
+    """A stream the worker runs alone: ``start(engine, keywords)`` gives the engine's iterator (``keywords``: the
+    server's own engine keywords, e.g. its ``run``), ``sink`` receives ``("item", x)``, then ``("end", None)`` or
+    ``("error", APIError)``."""
 
-    start: Callable[[Any], Iterator[Any]]
+    start: Callable[[Any, dict[str, Any]], Iterator[Any]]
     sink: Callable[[tuple[str, Any]], None]
     where: str = "messages"
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -117,11 +118,15 @@ class Gatherer:
     """The worker thread that owns the server's side of the engine (see the module docstring).
 
     window_s: the quiet gap that closes a gathering window; max_wait_s: the longest a first arrival waits for
-    company.  Both are short next to a generation, so a lone request pays almost nothing for them.
+    company.  Both are short next to a generation, so a lone request pays almost nothing for them.  keywords: engine
+    keywords every call of the server gets unless its rows carry their own (``run``: the server's run store name;
+    a batch's rows carry the batch's).
     """
 
-    def __init__(self, engine: Engine, *, window_s: float = 0.02, max_wait_s: float = 0.1) -> None:
+    def __init__(self, engine: Engine, *, window_s: float = 0.02, max_wait_s: float = 0.1,
+                 keywords: dict[str, Any] | None = None) -> None:
         self.engine = engine
+        self.keywords = dict(keywords or {})
         self.window_s = window_s
         self.max_wait_s = max_wait_s
         self.stats = Stats()
@@ -219,7 +224,7 @@ class Gatherer:
     def _run_rows(self, rows: list[Row]) -> None:
         started = time.perf_counter()
         try:
-            results = run_rows(self.engine, rows)
+            results = run_rows(self.engine, rows, self.keywords)
         except GenerationCancelled as exc:  # engine.cancel() from the notebook: every row of the call ends
             for row in rows:
                 _fail(row, from_engine_error(exc, row.where))
@@ -242,7 +247,7 @@ class Gatherer:
         started = time.perf_counter()
         tokens = 0
         try:
-            items = job.start(self.engine)
+            items = job.start(self.engine, self.keywords)
             try:
                 for item in items:
                     if job.cancelled.is_set():
@@ -265,7 +270,7 @@ class Gatherer:
         started = time.perf_counter()
         owners = [(job, choice) for job in jobs for choice in range(job.rows)]
         try:
-            stream = open_stream(self.engine, jobs)
+            stream = open_stream(self.engine, jobs, self.keywords)
         except Exception as exc:
             if len(jobs) > 1 and isinstance(exc, WorkbenchError):
                 for job in jobs:  # isolate the bad request: the others still stream
@@ -343,9 +348,10 @@ def _by_rows(jobs: list[BatchedStreamJob], max_rows: int) -> list[list[BatchedSt
     return chunks
 
 
-def open_stream(engine: Engine, jobs: list[BatchedStreamJob]) -> Any:
-    """One non-preemptible engine batch stream over every row of ``jobs`` (all of one key), in order."""
-    kwargs = dict(jobs[0].kwargs)
+def open_stream(engine: Engine, jobs: list[BatchedStreamJob], keywords: dict[str, Any] | None = None) -> Any:
+    """One non-preemptible engine batch stream over every row of ``jobs`` (all of one key), in order;
+    ``keywords``: the server's own engine keywords (under the jobs' own)."""
+    kwargs = {**(keywords or {}), **jobs[0].kwargs}
     payloads = [p for job in jobs for p in job.payloads]
     if jobs[0].kind == "chat":
         formats = [fmt for _, fmt in payloads]
@@ -360,10 +366,11 @@ def open_stream(engine: Engine, jobs: list[BatchedStreamJob]) -> Any:
     return engine.stream_batch_completion(payloads, preemptible=False, **kwargs)
 
 
-def run_rows(engine: Engine, rows: list[Row]) -> list[Any]:
-    """One engine call for rows of one key: chat replies, completions, or prompt scores (in row order)."""
+def run_rows(engine: Engine, rows: list[Row], keywords: dict[str, Any] | None = None) -> list[Any]:
+    """One engine call for rows of one key: chat replies, completions, or prompt scores (in row order);
+    ``keywords``: the server's own engine keywords (under the rows' own)."""
     kind = rows[0].kind
-    kwargs = dict(rows[0].kwargs)
+    kwargs = {**(keywords or {}), **rows[0].kwargs}
     if kind == "chat":
         formats = [r.payload[1] for r in rows]
         fmt = formats if any(f is not None for f in formats) else None
@@ -373,7 +380,7 @@ def run_rows(engine: Engine, rows: list[Row]) -> list[Any]:
         )
     if kind == "completion":
         return engine.batch_completion([r.payload for r in rows], progress=False, **kwargs)
-    if kind == "score":
+    if kind == "score":  # teacher-forced logits of the prompt (echo): not stored
         return [score_prompt(engine, r.payload, r.kwargs["k"]) for r in rows]
     raise ValueError(f"unknown row kind {kind!r}")
 

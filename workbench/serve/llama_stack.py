@@ -191,11 +191,12 @@ def _chat_row(messages: Any, tools: Any, fmt: Any, kwargs: dict[str, Any]) -> Ro
 
 # ----------------------------------------------------------------------------------------------- streams
 def _completion_stream(content: Any, kwargs: dict[str, Any]) -> Callable[[Any], Any]:
-    return lambda engine: engine.stream_completion(content, **kwargs)
+    return lambda engine, keywords: engine.stream_completion(content, **{**keywords, **kwargs})
 
 
 def _chat_stream(messages: Any, tools: Any, fmt: Any, kwargs: dict[str, Any]) -> Callable[[Any], Any]:
-    return lambda engine: engine.stream_chat_completion(messages, tools, response_format=fmt, **kwargs)
+    return lambda engine, keywords: engine.stream_chat_completion(messages, tools, response_format=fmt,
+                                                                  **{**keywords, **kwargs})
 
 
 def _completion_events(logprobs: bool = False) -> Callable[[Any], list[dict[str, Any]]]:

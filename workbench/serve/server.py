@@ -17,11 +17,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from workbench import runs
 from workbench.batches import BatchService
 from workbench.batches.routes import DEFAULT_MAX_FILE
 from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.engine import Engine
 from workbench.errors import ConfigError
+from workbench.reports import short_path
+from workbench.runs.store import check_run_name
 from workbench.session import current, load
 
 from .app import DEFAULT_MAX_BODY, Context, build_app
@@ -79,6 +82,7 @@ class Server:
         data_dir: str | Path | None = None,
         batch_rows: int | None = None,
         max_file_bytes: int = DEFAULT_MAX_FILE,
+        run: str | None = None,
     ) -> None:
         try:
             import uvicorn
@@ -104,7 +108,10 @@ class Server:
         self._sock = self._bind(host, port)
         self.port = self._sock.getsockname()[1]
         self.started_at = time.time()
-        self._gatherer = Gatherer(engine, window_s=window_s)
+        if run is not None:
+            check_run_name(run)
+        self.run = run
+        self._gatherer = Gatherer(engine, window_s=window_s, keywords={"run": run} if run is not None else None)
         ctx = Context(engine, self._gatherer, self.model, api_key, max_body_bytes, int(self.started_at),
                       max_file_bytes=max_file_bytes)
         self._bulk = BulkBackend(ctx, bulk_rows=batch_rows)
@@ -206,6 +213,9 @@ class Server:
             ("tokens generated", str(s.tokens)),
             ("tokens/s (engine time)", f"{s.tokens_per_second:.1f}"),
         ]
+        if self.run is not None:
+            where = html.escape(short_path(runs.path()))
+            rows.append(("run store", f"run {html.escape(self.run)} in <code>{where}</code>"))
         body = "".join(
             f"<tr><th style='text-align:left'>{k}</th><td style='text-align:left'>{v}</td></tr>" for k, v in rows
         )
@@ -224,7 +234,10 @@ def serve(engine: Engine | None = None, *, host: str = "127.0.0.1", port: int = 
     options: ``window_s`` (the gathering window, 0.02 s), ``max_body_bytes`` (16 MiB), ``model_id`` (the id
         clients send; default the engine's), ``data_dir`` (where the Batch API keeps files and batches;
         default ``$WORKBENCH_DATA_DIR`` or ``~/.local/share/workbench``), ``batch_rows`` (the most rows a
-        batch puts in one engine call; default 8 x max_batch_size), ``max_file_bytes`` (uploads, 200 MiB).
+        batch puts in one engine call; default 8 x max_batch_size), ``max_file_bytes`` (uploads, 200 MiB),
+        ``run`` (a run-store name: every served row is remembered under it and a request the store already
+        answered — by this server or any run with the same engine — is answered from there; batches keep their
+        own run per batch).
 
     Requests that arrive together share engine batches; answers equal the same in-process calls (omitted
     sampling fields take the engine's defaults: greedy).  A notebook cell may use the engine meanwhile: the

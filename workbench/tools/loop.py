@@ -1,15 +1,22 @@
 """The tool loop: dialogs whose replies call tools until they answer, each dialog with its own tools.
 
 A turn is :func:`complete_turn`: every running :class:`Dialog` rendered with its own tools and tool choice
-(``chat.prepare``), one batch of replies from the engine (``batch_completion``), the replies parsed
-(``chat.finish``).  The caller then answers each reply's calls with its dialog's :class:`~.toolbox.Toolbox`
-(:meth:`Dialog.answer`).  :func:`run_batch` / :func:`run` drive it for dialogs sharing one set of tools until each
-answers; the evals harness (:mod:`workbench.evals.harness`) drives it for cases that each offer their own tools
-and ask several questions.
+(``chat.prepare``), one batch of replies from the engine (``batch_chat_rendered``, which parses them; an engine
+without it: ``batch_completion`` and ``chat.finish``).  The caller then answers each reply's calls with its
+dialog's :class:`~.toolbox.Toolbox` (:meth:`Dialog.answer`).  :func:`run_batch` / :func:`run` drive it for
+dialogs sharing one set of tools until each answers; the evals harness (:mod:`workbench.evals.harness`) drives it
+for cases that each offer their own tools and ask several questions.
 
 A dialog whose prompt no longer fits ``max_seq_len`` (a long tool result) ends with ``prompt_too_long`` while the
 others go on; a cancelled call (``engine.cancel()``, Ctrl-C) leaves every dialog's cut reply in its transcript
 (``stop_reason="cancelled"``) and raises.
+
+``run="name"`` (with the sampling keywords) stores every turn in the run store as chat rows keyed by the turn's
+prompt ids, which hold the dialog so far, tool results included.  Re-running a loop answers each turn from the
+store while its prompt is the same — the tools run again (their code is not keyed: their results enter the
+next prompt) — so a loop killed at turn 3 is answered up to turn 2 and computes from turn 3, and a tool that
+now returns something else changes every later key.  A transcript whose replies all came from the store says
+``cached``.
 """
 
 from __future__ import annotations
@@ -127,10 +134,23 @@ def _complete_prepared(engine: CompletionEngine, dialogs: list[Dialog], tool_pro
         formats.append(fmt)
     if not kept:
         return []
+    rendered = getattr(engine, "batch_chat_rendered", None)
+    if rendered is not None:  # the engine parses, so a run store keeps the parsed replies (kind "chat")
+        requests = [_request(d) for d in kept]
+        return list(zip(kept, _generate(kept, lambda: rendered(prompts, formats, requests=requests, **sampling))))
     if any(f is not None for f in formats):
         sampling["response_format"] = formats
     completions = _generate(kept, lambda: engine.batch_completion(prompts, **sampling))
     return list(zip(kept, chat.finish(completions, formats, formatter)))
+
+
+def _request(dialog: Dialog) -> dict[str, Any]:
+    """A turn's request as the run store keeps it for browsing: the dialog so far and the offered tools' names."""
+    request: dict[str, Any] = {"messages": list(dialog.transcript),
+                               "tools": [d.tool_name for d in dialog.toolbox.definitions]}
+    if dialog.tool_choice != "auto":
+        request["tool_choice"] = dialog.tool_choice
+    return request
 
 
 def _complete_by_chat(engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any,
@@ -156,7 +176,9 @@ def later_choice(tool_choice: Any) -> Any:
 def _turns(engine: LoopEngine, dialogs: list[Dialog], max_turns: int, tool_choice: Any, tool_prompt_format: Any,
            constrain_tools: bool, chat_options: dict[str, Any], sampling: dict[str, Any], bar: Any,
            rate: TokenRate) -> None:
-    """The turns of :func:`run_batch`: complete the running dialogs, run their calls, until none is running."""
+    """The turns of :func:`run_batch`: complete the running dialogs, run their calls, until none is running.  A
+    transcript is ``cached`` when every reply of it came from a run store."""
+    from_store: dict[int, bool] = {}  # dialog -> every reply so far came from a run store
     for turn in range(max_turns):
         running = [d for d in dialogs if d.running]
         if not running:
@@ -167,6 +189,7 @@ def _turns(engine: LoopEngine, dialogs: list[Dialog], max_turns: int, tool_choic
                                 sampling=sampling, too_long="raise" if turn == 0 else "end")
         for dialog, reply in replies:
             dialog.add(reply)
+            from_store[id(dialog)] = from_store.get(id(dialog), True) and reply.cached
             rate.add(len(reply.tokens))
             calls = reply.message.tool_calls
             if not calls:  # a call cut by max_tokens is no call (it stays text)
@@ -181,6 +204,8 @@ def _turns(engine: LoopEngine, dialogs: list[Dialog], max_turns: int, tool_choic
     bar.update(len(still))
     for dialog in still:  # every reply so far called tools
         dialog.end("max_turns")
+    for dialog in dialogs:
+        dialog.transcript.cached = from_store.get(id(dialog), False)
 
 
 @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
@@ -209,7 +234,9 @@ def run_batch(
     them.  Each transcript's ``stop_reason`` says why it ended (see :func:`run`).  A cancelled call
     (``engine.cancel()``, Ctrl-C) raises :class:`~workbench.errors.GenerationCancelled` whose ``transcripts``
     hold every dialog so far, the cut replies included (``stop_reason="cancelled"``).  ``tool_timeout`` (seconds)
-    bounds each Python tool call."""
+    bounds each Python tool call.  ``run="name"`` (``refresh=True`` to recompute) remembers every turn in the run
+    store, so a re-run loop is answered from there up to where the last one stopped (see the module docstring);
+    the other keywords (``max_tokens``, ``temperature``, ``seed``...) go to every turn's engine call."""
     if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
         raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
     if not isinstance(dialogs, (list, tuple)):
@@ -252,7 +279,8 @@ def run(
 
     The transcript ends with the model's final answer, or — when ``max_turns`` replies all called tools —
     with the tool messages answering the last calls; its ``stop_reason`` says which (``"answered"``,
-    ``"max_turns"``, ``"prompt_too_long"``, ``"out_of_tokens"``, ``"tool_choice_none"``).
+    ``"max_turns"``, ``"prompt_too_long"``, ``"out_of_tokens"``, ``"tool_choice_none"``).  ``run="name"``
+    remembers every turn in the run store (see :func:`run_batch`).
     """
     return run_batch(
         engine,

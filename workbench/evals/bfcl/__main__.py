@@ -40,14 +40,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-tokens", type=int, default=512, help="tokens per reply")
     parser.add_argument("--results", default=None, help="write every scored row to this JSONL file")
+    parser.add_argument("--run", default=None, help="remember every reply in the run store under this name (a "
+                        "re-run computes only the entries not stored: see wb.runs)")
     parser.add_argument("--plot", default=None, help="save the accuracy bars to this image file")
     args = parser.parse_args(argv)
     try:
         check_categories(args.categories)  # before the model loads
         engine = load(args.checkpoint, model=args.model, max_batch_size=args.max_batch_size)
         started = time.perf_counter()
-        frames = [run(engine, args.categories, limit=args.limit, prompt=p, max_tokens=args.max_tokens, progress=True)
-                  for p in args.prompt]
+        frames = [run(engine, args.categories, limit=args.limit, prompt=p, max_tokens=args.max_tokens, progress=True,
+                      run=args.run) for p in args.prompt]
     except WorkbenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -30,7 +30,7 @@ from .package import (
 #: The categories run by default: BFCL's non-live Python AST categories and irrelevance.
 DEFAULT_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 PROMPTS = ("official", "bfcl")
-COLUMNS = ["id", "category", "calls", "valid", "error", "prompt", "reply", "prompt_tokens", "tokens"]
+COLUMNS = ["id", "category", "calls", "valid", "error", "prompt", "reply", "prompt_tokens", "tokens", "cached"]
 
 # BFCL's Llama handler writes each message as header, role, header end, "\n\n", stripped content, end of turn.
 _CHAT_TOKENS = {
@@ -41,7 +41,8 @@ _CHAT_TOKENS = {
 
 def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit: int | None = None,
         prompt: Literal["official", "bfcl"] = "official", max_tokens: int = 512, temperature: float = 0.0,
-        seed: int | None = None, progress: bool | None = None) -> pd.DataFrame:
+        seed: int | None = None, progress: bool | None = None, run: str | None = None,
+        refresh: bool = False) -> pd.DataFrame:
     """Answer BFCL entries with ``engine`` and score them; one row per entry, in BFCL's order per category.
 
     categories: BFCL single-turn category names (see ``SUPPORTED_CATEGORIES``).
@@ -50,9 +51,13 @@ def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit
         ``"bfcl"`` reproduces BFCL's Llama handler prompt (its system prompt, raw function docs, every message
         closed by the end-of-turn token), so accuracies compare with the public leaderboard.
     max_tokens, temperature, seed: sampling of every reply (greedy by default; BFCL runs at temperature 0.001).
+    run: remember every reply in the run store under this name (``wb.runs``), so running the categories again —
+        more of them, a larger ``limit``, after a crash — computes only the entries not stored (``cached``
+        says which came from there); ``refresh=True`` recomputes.
 
     Columns: ``id``, ``category``, ``calls`` (BFCL's ``[{name: {arg: value}}]``), ``valid`` (BFCL's checker's
-    verdict), ``error`` (why not, or None), ``prompt``, ``reply`` (the raw text), ``prompt_tokens``, ``tokens``.
+    verdict), ``error`` (why not, or None), ``prompt``, ``reply`` (the raw text), ``prompt_tokens``, ``tokens``,
+    ``cached`` (the reply came from the run store).
     An entry that cannot be rendered (a function BFCL describes that workbench cannot offer) or does not fit
     ``engine.max_seq_len`` is not generated: it counts as wrong, with the reason in ``error``.
     """
@@ -69,7 +74,7 @@ def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit
     for category in cats:
         for entry in load_entries(category, limit):
             row = {"id": entry["id"], "category": category, "calls": [], "valid": False, "error": None,
-                   "prompt": prompt, "reply": None, "prompt_tokens": 0, "tokens": 0}
+                   "prompt": prompt, "reply": None, "prompt_tokens": 0, "tokens": 0, "cached": False}
             rows.append(row)
             try:
                 ids = encode_entry(engine, entry, prompt)
@@ -83,12 +88,13 @@ def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit
                 continue
             work.append((row, entry, ids))
     if work:
+        stored = {"run": run, "refresh": refresh} if run is not None or refresh else {}
         completions = engine.batch_completion([ids for _, _, ids in work], max_tokens=max_tokens,
-                                              temperature=temperature, seed=seed, progress=progress)
+                                              temperature=temperature, seed=seed, progress=progress, **stored)
         for (row, entry, _), completion in zip(work, completions):
             message = engine.formatter.decode_assistant(completion.text, completion.stop_reason)
             calls = [{call.tool_name: dict(call.arguments)} for call in message.tool_calls]
-            row.update(reply=completion.text, tokens=len(completion.tokens), calls=calls)
+            row.update(reply=completion.text, tokens=len(completion.tokens), calls=calls, cached=completion.cached)
             valid, error = check_calls(entry, row["category"], calls)
             if not valid and message.parse_error and not calls:
                 error = f"the reply's tool call could not be parsed: {message.parse_error}"

@@ -71,11 +71,15 @@ class WorkbenchLM(TemplateLM):
     ``max_batch_size`` waves, scoring takes ``max_batch_size`` rows per call).  ``max_gen_toks`` is the
     default generation budget when a task sets none (lm-eval's 256).  ``tools``: tools every chat-template
     prompt offers (what ``chat_completion(..., tools=...)`` renders): a model trained to answer with tool calls
-    can only call a tool its prompt offers, so tasks about tool calls need them there.
+    can only call a tool its prompt offers, so tasks about tool calls need them there.  ``run``: a run-store name
+    (``--model_args ...,run=name``): every scored sequence (kind ``score``) and every generation is remembered in
+    the run store, so evaluating again — another metric, after a crash, more tasks sharing requests — answers
+    from there (``rows_from_store`` and ``rows_computed`` count both); ``refresh=True`` recomputes.
     """
 
     def __init__(self, engine: wb.Engine | None = None, *, batch_size: int | str | None = None,
-                 max_gen_toks: int = 256, tools: Sequence[Any] | None = None, **load_kwargs: Any) -> None:
+                 max_gen_toks: int = 256, tools: Sequence[Any] | None = None, run: str | None = None,
+                 refresh: bool | str = False, **load_kwargs: Any) -> None:
         super().__init__()
         if load_kwargs.get("device") == "auto":  # lm-eval's --device, left to workbench (see __main__)
             del load_kwargs["device"]
@@ -94,6 +98,11 @@ class WorkbenchLM(TemplateLM):
         self.batch_size = parse_batch_size(batch_size)
         self.max_gen_toks = max_gen_toks
         self.tools = list(tools) if tools else None
+        if isinstance(refresh, str):  # from --model_args text
+            refresh = refresh.strip().lower() in ("1", "true", "yes")
+        self.stored: dict[str, Any] = {"run": run, "refresh": bool(refresh)} if run is not None or refresh else {}
+        self.rows_from_store = 0
+        self.rows_computed = 0
         self._rank, self._world_size = 0, 1
         self._device = engine.info().get("device", "cpu")
         self._bos = engine.tokenizer.bos_id
@@ -213,8 +222,14 @@ class WorkbenchLM(TemplateLM):
     def _score(self, rows: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
         """(sequence, start) rows -> (sum of log P(sequence[start:]), whether each was the argmax), through the
         engine's memory-light scoring (shared contexts computed once, only continuation positions projected)."""
-        scored = self.engine.score([seq for seq, _ in rows], [start for _, start in rows])
+        scored = self.engine.score([seq for seq, _ in rows], [start for _, start in rows], **self.stored)
+        self._count(scored)
         return [(row.logprob, row.is_greedy) for row in scored]
+
+    def _count(self, results: Sequence[Any]) -> None:
+        cached = sum(bool(r.cached) for r in results)
+        self.rows_from_store += cached
+        self.rows_computed += len(results) - cached
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
         """Log-likelihood of whole documents, each cut into its own windows (lm-eval's rolling windows with
@@ -261,7 +276,8 @@ class WorkbenchLM(TemplateLM):
                 contexts = [context for context, _ in batch]
                 until, sampling = self._sampling(batch[0][1])
                 completions = self.engine.batch_completion([encoded[c] for c in contexts], stop=until or None,
-                                                           progress=False, **sampling)
+                                                           progress=False, **sampling, **self.stored)
+                self._count(completions)
                 for (context, gen_kwargs), completion in zip(batch, completions):
                     text = postprocess_generated_text(self._generated_text(completion.tokens), until, None)
                     out.append(text)

@@ -1,0 +1,296 @@
+"""``run="name"`` on the engine's methods: the rows of a call that the run store already holds come from there,
+only the others are computed, and each computed row is written the moment it ends.
+
+A row is keyed (:mod:`workbench.runs.keys`) by what decides its output: the prompt token ids as the engine runs
+them (a chat row's tools, tool choice, call syntax and response-format instruction are rendered into them),
+its images by content (their tiles), its resolved sampling (every keyword; ``max_tokens=None`` adds the
+``max_seq_len`` that then bounds the row; an output format by its grammar, so ``constrain_tools`` and
+``response_format`` are in it; the benchmark flag ``ignore_stop_tokens``) and, for chat rows, the prompt format
+that parses the reply.  The engine half of the key (checkpoint content, load settings, numerics version) is the
+run's :class:`~workbench.runs.Provenance`.
+
+Stored rows come back in place, as they were first returned (``cached=True``); the rest run as one batch, where
+a sampled row without a seed runs with a drawn one that the store records (so it can be replayed), and
+re-running the call answers the same samples (``refresh=True`` draws new ones and replaces them).  Computed rows
+reach the store through a :class:`RowWriter` from the accumulator's ``on_finish``: a row that ends after a quiet
+spell is written at once, rows ending close together share one transaction at most :data:`GROUP_S` later, so a
+killed process loses only the rows still running (and at most that fraction of a second).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from workbench.engine.interfaces import TextTokenizer
+from workbench.errors import SamplingError
+from workbench.generation import SamplingParams
+from workbench.runs import (
+    CheckpointIdentity,
+    Provenance,
+    RowKey,
+    RowRequest,
+    Run,
+    draw_seed,
+    image_digest,
+    needs_seed,
+)
+from workbench.runtime.settings import Settings
+from workbench.structured import OutputFormat
+from workbench.types import ChatCompletion, Completion, StreamChunk
+
+# Rows ending within this many seconds of the last write share one transaction (a timer writes them).
+GROUP_S = 0.2
+
+Finish = Callable[[int, Completion], Any]  # (row, Completion) -> what the call returns for the row
+
+
+# The sampling keywords of a completion or chat call that SamplingParams.create takes (``seed`` apart: it may be
+# one per row).
+SAMPLING_KEYWORDS = ("max_tokens", "temperature", "top_p", "top_k", "logprobs", "stop")
+
+
+def engine_provenance(settings: Settings, identity: CheckpointIdentity | str, *, model: str | None, family: str,
+                      **extra: Any) -> Provenance:
+    """What a run records about the engine that writes it: the checkpoint identity and path, the load settings
+    (all of them: the ones that change numbers are also in every key), model, family, device; ``extra``: more
+    (a pool's replica count)."""
+    load = {"dtype": str(settings.dtype).replace("torch.", ""), "quantization": settings.quantization,
+            "device": settings.device, "model_parallel_size": settings.model_parallel_size,
+            "max_batch_size": settings.max_batch_size, "max_seq_len": settings.max_seq_len}
+    return Provenance.of(settings, identity, model=model, family=family, load_settings=load, **extra)
+
+
+# ---------------------------------------------------------------------------------------------- keys
+def row_sampling(params: SamplingParams, fmt: OutputFormat | None, seed: int | None,
+                 max_seq_len: int) -> dict[str, Any]:
+    """One row's sampling as its key sees it (see the module docstring)."""
+    sampling: dict[str, Any] = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+                                "max_tokens": params.max_tokens, "stop": list(params.stop),
+                                "logprobs": params.logprobs, "seed": seed}
+    if params.max_tokens is None:
+        sampling["max_seq_len"] = max_seq_len  # the row runs until the context is full
+    if params.ignore_stop_tokens:
+        sampling["ignore_stop_tokens"] = True
+    if fmt is not None:
+        sampling["response_format"] = {"kind": fmt.kind, "grammar": fmt.grammar}
+        if fmt.kind == "tool_call":
+            sampling["constrain_tools"] = True
+    return sampling
+
+
+def tile_digests(tiles: Any) -> list[str]:
+    """A row's images by content: its preprocessed tiles (a Llama 4 tile batch, or a 3.2 Vision image set)."""
+    if tiles is None:
+        return []
+    if isinstance(tiles, torch.Tensor):
+        return [image_digest(tiles.detach().float().cpu().contiguous().numpy())]
+    parts = getattr(tiles, "tiles", None)
+    if parts is None:
+        return [image_digest(repr(tiles).encode())]
+    return [image_digest(torch.as_tensor(t).detach().float().cpu().contiguous().numpy()) for t in parts] + \
+        [f"aspects:{list(tiles.aspects)}", f"spans:{list(tiles.spans)}"]
+
+
+def row_requests(prompts: Sequence[Sequence[int]], tiles: Sequence[Any], params: SamplingParams,
+                 formats: Sequence[OutputFormat | None], seeds: Sequence[int | None] | None, *, kind: str,
+                 max_seq_len: int, extra: Mapping[str, Any] | None = None) -> list[RowRequest]:
+    """The :class:`~workbench.runs.RowRequest` of every row of a call (rows of one format and seed share their
+    sampling dict: a 10,000-row call holds a few, not 10,000)."""
+    out = []
+    shared: dict[tuple[int, int | None], dict[str, Any]] = {}
+    for i, prompt in enumerate(prompts):
+        seed = seeds[i] if seeds is not None else params.seed
+        slot = (id(formats[i]), seed)
+        if slot not in shared:
+            shared[slot] = row_sampling(params, formats[i], seed, max_seq_len)
+        out.append(RowRequest(prompt, shared[slot], kind, tile_digests(tiles[i]), extra))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- writing
+class RowWriter:
+    """Finished rows to the store as they come (see the module docstring).  ``close()`` writes what is left."""
+
+    def __init__(self, run: Run, group_s: float = GROUP_S) -> None:
+        self.run = run
+        self.group_s = group_s
+        self._rows: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._last = 0.0  # time.monotonic() of the last write
+        self._timer: threading.Timer | None = None
+
+    def add(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            self._rows.append(row)
+            wait = self._last + self.group_s - time.monotonic()
+            if wait > 0 and self._timer is None:
+                self._timer = threading.Timer(wait, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+        if wait <= 0:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            rows, self._rows = self._rows, []
+            timer, self._timer = self._timer, None
+        if timer is not None and timer is not threading.current_thread():
+            timer.cancel()
+        if rows:
+            self.run.put_many(rows)  # never raises: a failing store warns once and the call goes on
+            self._last = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+
+
+# ---------------------------------------------------------------------------------------------- one call
+class StoredCall:
+    """One call's rows against a run: ``found`` (row -> stored result), ``todo`` (rows to compute, in order) and
+    ``seeds`` (the seed each of them runs with, drawn where needed).  Feed each computed row to
+    :meth:`finished`; :meth:`results` gives every row in order; :meth:`close` writes what is still buffered.
+
+    given: each row's request as the caller gave it (stored for browsing); parsed_types: each row's pydantic
+    ``response_format`` class (or None), to rebuild ``parsed``; finish: ``(row, Completion) -> result`` for
+    chat rows (the stored and returned result is the parsed reply); stop: the call's stop strings (a stored
+    chat row's raw text, for streams, is its tokens' text cut at the first of them)."""
+
+    def __init__(self, run: Run, requests: Sequence[RowRequest], given: Sequence[Any], *, refresh: bool = False,
+                 parsed_types: Sequence[Any] | None = None, finish: Finish | None = None,
+                 stop: Sequence[str] = ()) -> None:
+        n = len(requests)
+        self.run = run
+        self.requests = list(requests)
+        self.given = list(given)
+        self.finish = finish
+        self.stop = tuple(stop)
+        self.keys: list[RowKey] = run.keys(self.requests)
+        self.found: dict[int, Any] = {} if refresh else self._lookup(parsed_types or [None] * n)
+        self.todo = [i for i in range(n) if i not in self.found]
+        self.drawn: list[bool] = []
+        self.seeds: list[int | None] = []
+        for i in self.todo:
+            sampling = self.requests[i].sampling
+            drawn = needs_seed(sampling)
+            self.seeds.append(draw_seed() if drawn else sampling.get("seed"))
+            self.drawn.append(drawn)
+        self.outputs: dict[int, Any] = {}
+        self.started = time.monotonic()
+        self.writer = RowWriter(run)
+
+    def _lookup(self, parsed_types: Sequence[Any]) -> dict[int, Any]:
+        by_type: dict[int, tuple[Any, list[int]]] = {}
+        for i, kind in enumerate(parsed_types):
+            by_type.setdefault(id(kind), (kind, []))[1].append(i)
+        found: dict[int, Any] = {}
+        for kind, rows in by_type.values():
+            answers = self.run.lookup([self.keys[i] for i in rows], parsed_type=kind)
+            used: set[str] = set()
+            for i in rows:
+                stored = answers.get(self.keys[i].key)
+                if stored is not None:  # a key repeated in one call (a greedy prompt twice): each row its own copy
+                    found[i] = copy.deepcopy(stored.output) if self.keys[i].key in used else stored.output
+                    used.add(self.keys[i].key)
+        return found
+
+    @property
+    def cached(self) -> int:
+        return len(self.found)
+
+    def finished(self, j: int, completion: Completion) -> None:
+        """Computed row ``j`` (its place in ``todo``) ended: keep its result and write it."""
+        i = self.todo[j]
+        result = self.finish(i, completion) if self.finish is not None else completion
+        self.outputs[i] = result
+        sampling = self.requests[i].sampling
+        if self.drawn[j]:  # the row ran with a drawn seed: the store records it, so the row can be replayed
+            sampling = {**sampling, "seed": self.seeds[j]}
+        self.writer.add({"key": self.keys[i], "request": self.given[i], "prompt_ids": self.requests[i].prompt_ids,
+                         "output": result, "sampling": sampling, "seed_drawn": self.drawn[j],
+                         "timings": {"seconds": round(time.monotonic() - self.started, 4)}})
+
+    def results(self) -> list[Any]:
+        """Every row's result in call order (stored ones ``cached``)."""
+        return [self.found[i] if i in self.found else self.outputs[i] for i in range(len(self.requests))]
+
+    def so_far(self) -> list[Any]:
+        """Every row's result in call order once it is known (stored, or computed and ended), else None."""
+        return [self.found.get(i, self.outputs.get(i)) for i in range(len(self.requests))]
+
+    def partial(self, cut: Sequence[Completion]) -> list[Any]:
+        """A cancelled call's rows in call order: stored and finished rows whole, ``cut[j]`` for the others."""
+        out = self.so_far()
+        for j, i in enumerate(self.todo):
+            if out[i] is None:
+                out[i] = cut[j]
+        return out
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def replays(self, tokenizer: TextTokenizer) -> dict[int, list[StreamChunk]]:
+        """Each stored row as the chunks a stream of it sends (:func:`replay_chunks`)."""
+        return {i: replay_chunks(tokenizer, out, self.stop) for i, out in self.found.items()}
+
+
+def raw_text(tokenizer: TextTokenizer, result: Any, stop: Sequence[str]) -> str:
+    """The text a stream of ``result`` sent: a Completion's text; a chat reply's tokens decoded and cut at the
+    first stop string, as the engine cut them."""
+    if isinstance(result, Completion):
+        return result.text
+    text = tokenizer.decode(list(result.tokens))
+    hits = [h for h in (text.find(s) for s in stop) if h >= 0]
+    return text[:min(hits)] if hits else text
+
+
+def replay_chunks(tokenizer: TextTokenizer, result: Completion | ChatCompletion,
+                  stop: Sequence[str] = ()) -> list[StreamChunk]:
+    """A stored result as a stream sends it: one chunk per token with its text (a token ending in half a UTF-8
+    character sends nothing until the character is whole), the last chunk carrying ``final``."""
+    text = raw_text(tokenizer, result, stop)
+    tokens = list(result.tokens)
+    chunks: list[StreamChunk] = []
+    emitted, decoded, start = 0, "", 0
+    for k in range(len(tokens) - 1):
+        piece = tokenizer.decode(tokens[start:k + 1])
+        if piece.endswith("\ufffd"):
+            continue
+        decoded, start = decoded + piece, k + 1
+        upto = min(len(decoded), len(text))
+        chunks.append(StreamChunk(token=tokens[k], text=text[emitted:upto]))
+        emitted = max(emitted, upto)
+    chunks.append(StreamChunk(token=tokens[-1] if tokens else None, text=text[emitted:], final=result))
+    return chunks
+
+
+# ---------------------------------------------------------------------------------------------- call values
+def per_row_seeds(seed: Any, n: int) -> tuple[int | None, list[int | None] | None]:
+    """A batch call's ``seed``: one for every row (``(seed, None)``) or a list with one per row
+    (``(None, seeds)``, each checked as ``seed=`` is)."""
+    if not isinstance(seed, (list, tuple)):
+        return seed, None
+    if len(seed) != n:
+        raise SamplingError(f"seed has {len(seed)} entries for {n} prompts; give one seed for all rows or one entry "
+                            "(None for none) per row")
+    for s in seed:
+        SamplingParams.create(seed=s)  # the same checks and message as one seed
+    return None, list(seed)
+
+
+def chat_request(messages: Any, tools: Any, tool_choice: Any, tool_prompt_format: Any) -> dict[str, Any]:
+    """A chat row's request as given (what the store keeps for browsing): the dialog and the tool options
+    that differ from the defaults."""
+    request: dict[str, Any] = {"messages": messages}
+    if tools:
+        request["tools"] = tools
+    if tool_choice != "auto":
+        request["tool_choice"] = tool_choice
+    if tool_prompt_format is not None:
+        request["tool_prompt_format"] = tool_prompt_format
+    return request
