@@ -161,6 +161,17 @@ def test_max_turns_stops_a_model_that_keeps_calling() -> None:
         tools.run(engine, [USER], tools=[add], max_turns=0)
 
 
+def test_a_repeated_reply_gets_call_ids_of_its_own_turn() -> None:
+    # call ids derive from the reply's text (a re-run equals the first run), so the same call in a later turn
+    # needs the turn in its id: every tool message answers exactly one call of the transcript
+    engine = FakeEngine(lambda prompt, n: "[add(a=1, b=1)]<|eom|>")
+    first = tools.run(engine, [USER], tools=[add], max_turns=3)
+    calls = [c.call_id for m in first if m.role == "assistant" for c in m.tool_calls]
+    answers = [m.call_id for m in first if m.role == "tool"]
+    assert len(set(calls)) == 3 and answers == calls
+    assert first == tools.run(engine, [USER], tools=[add], max_turns=3)  # deterministic: the same ids again
+
+
 def test_run_batch_batches_each_turn_over_running_dialogs() -> None:
     def script(prompt: str, n: int) -> str:
         question = _last_user(prompt).split("<|")[0]  # dialog k needs k tool calls before it answers

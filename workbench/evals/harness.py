@@ -147,8 +147,7 @@ def run_cases(
                 run.done = True
                 bar.update(1)
                 continue
-            message = reply.message
-            run.dialog.add(reply)
+            message = run.dialog.add(reply)
             run.replies += 1
             run.replies_in_turn += 1
             run.tokens += len(reply.tokens)

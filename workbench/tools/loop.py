@@ -22,7 +22,7 @@ now returns something else changes every later key.  A transcript whose replies 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from workbench.engine import chat
@@ -64,10 +64,22 @@ class Dialog:
         """End the dialog (``reason``: one of :data:`~workbench.types.TRANSCRIPT_STOP_REASONS`)."""
         self.transcript.stop_reason = reason
 
-    def add(self, reply: ChatCompletion) -> None:
-        """Append a reply's message to the transcript and count its tokens."""
-        self.transcript.append(reply.message)
+    def add(self, reply: ChatCompletion) -> Message:
+        """Append a reply's message to the transcript, count its tokens and return the message as appended.
+
+        A call's id derives from its reply's text, so the same reply in a later turn would repeat an id the
+        transcript already answered; such calls get the turn's number appended (still a function of the dialog,
+        so a re-run's transcript equals the first run's), and every tool message answers exactly one call."""
+        message = reply.message
+        seen = {m.call_id for m in self.transcript if m.role == "tool"}
+        seen |= {c.call_id for m in self.transcript for c in (m.tool_calls or [])}
+        if any(c.call_id in seen for c in message.tool_calls or []):
+            turn = sum(m.role == "assistant" for m in self.transcript)
+            calls = [replace(c, call_id=f"{c.call_id}_t{turn}") if c.call_id in seen else c for c in message.tool_calls]
+            message = replace(message, tool_calls=calls)
+        self.transcript.append(message)
         self.transcript.generated_tokens += len(reply.tokens)
+        return message
 
     def answer(self, calls: Sequence[ToolCall], fixed: Sequence[str] | None = None) -> list[Message]:
         """Answer each call with a tool message (``fixed[k]`` when given, else the toolbox runs the call),
@@ -188,10 +200,9 @@ def _turns(engine: LoopEngine, dialogs: list[Dialog], max_turns: int, tool_choic
         replies = complete_turn(engine, running, tool_prompt_format=tool_prompt_format, chat_options=options,
                                 sampling=sampling, too_long="raise" if turn == 0 else "end")
         for dialog, reply in replies:
-            dialog.add(reply)
+            calls = dialog.add(reply).tool_calls
             from_store[id(dialog)] = from_store.get(id(dialog), True) and reply.cached
             rate.add(len(reply.tokens))
-            calls = reply.message.tool_calls
             if not calls:  # a call cut by max_tokens is no call (it stays text)
                 dialog.end("out_of_tokens" if reply.stop_reason == "out_of_tokens" else "answered")
             elif tool_choice == "none":
