@@ -5,12 +5,14 @@
 
 Cells are tagged for nbval (``nbval-check-output``: deterministic, compared in CI;
 ``nbval-ignore-output``: depends on the model or the machine), so the code a reader copies carries no
-test comments.  Execution metadata (timings) is stripped; widget state is saved so that the widgets
-render from the stored notebook, and every widget also carries a text/HTML fallback.
+test comments.  Execution metadata (timings) is stripped; the state of the widgets a stored output shows is
+saved so that they render from the stored notebook (closed progress bars' leftovers are dropped), and every
+widget also carries a text/HTML fallback.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import tempfile
@@ -65,7 +67,9 @@ engine''', IGNORE),
 Tools are plain Python functions: the schema comes from the signature, type hints and docstring. The
 reply is parsed into `tool_calls` (name + arguments); press Shift+Tab inside the parentheses to see
 every option with its default. The demo model was trained with one to four tools offered at a time;
-here it gets four."""),
+here it gets four. The demo tools return **made-up values**: a hash of the arguments picks them, so the
+same call always gets the same result (Paris is always "29 C and snowy") — reproducible, and checkable
+in the model's answer, but not real weather, times, rates or populations."""),
     ("code", '''from workbench import tools
 from workbench.demo.tools import convert_currency, get_capital, get_local_time, get_weather
 
@@ -154,10 +158,16 @@ try:
     engine.batch_completion(["Tell me a story"] * 4, max_tokens=500, progress=False)
     print("the call finished before Stop was pressed")
 except GenerationCancelled as stopped:
-    print("stopped after", [len(r.tokens) for r in stopped.partial], "tokens per row;",
-          {r.stop_reason for r in stopped.partial})
+    rows = [r.tokens for r in stopped.partial]
+    shortest = min(len(t) for t in rows)
+    print("stopped after", [len(t) for t in rows], "tokens per row;", {r.stop_reason for r in stopped.partial})
+    print("the rows agree token for token up to the shortest:", all(t[:shortest] == rows[0][:shortest] for t in rows))
 finally:
     stop.cancel()  # a Stop that comes too late must not hit the next call''', IGNORE),
+    ("md", """The four rows are the same prompt, decoded greedily, so they are the same tokens; where one row is a token
+longer, that is when the Stop landed: a decode step computes every row's next token, the call hands them
+over row by row, and the cancel is seen after the first row's token of that step was taken — the others'
+tokens of the same step are dropped with the call."""),
     ("code", '''first = engine.chat_completion(dialog, tools=demo_tools, max_tokens=24)
 again = engine.chat_completion(dialog, tools=demo_tools, max_tokens=24)
 print("same result after a cancel:", first.tokens == again.tokens)''', CHECK),
@@ -178,7 +188,13 @@ print(len(engine.completion("still works", max_tokens=3).tokens))''', CHECK),
 
 `info()` and `memory()` display human sizes (the raw numbers are the dict's values); `memory()` says per part
 of the model what is stored in which type. The checkpoint is shown from `~`: the demo model is expanded into
-`~/.cache/workbench` (or `$WORKBENCH_CACHE`) on first use."""),
+`~/.cache/workbench` (or `$WORKBENCH_CACHE`) on first use.
+
+`packed_bytes` is memory beside `weights_bytes`, not in it: on a CPU, an unquantized (float32) model keeps a
+second, oneDNN-packed float32 copy of its output matrix, on which batched decode runs 1.2–2× faster
+(`ColumnParallel.pack_for_cpu`, `docs/design/model.md`). So the weights here really occupy `weights_bytes` +
+`packed_bytes`; bf16 and the quantized modes keep no such copy (`packed_bytes` 0), and
+`04_quantization.ipynb` counts it when it compares their memory."""),
     ("code", "engine.info()", IGNORE),
     ("code", '''memory = engine.memory()
 print(memory["weights_bytes"], "bytes of weights =", memory.readable()["weights_bytes"])
@@ -231,8 +247,10 @@ Tools are plain Python functions: their schema comes from the signature, type hi
 With no checkpoint, `wb.load()` gives the project's **demo model**, a tiny Llama 4 trained on synthetic
 tool dialogs in the official python-list format (model card: `docs/demo-model.md`): it knows the demo
 tools in `workbench.demo.tools`, was offered one to four of them at a time, and answers by restating their
-results. Where it goes wrong, this notebook says so and why; its accuracy on questions it never saw is
-measured at the end. Under a minute on a 2-core CPU."""),
+results. Those results are **made up**: a hash of the arguments picks them ("29 C and snowy" for Paris,
+every run), so transcripts are reproducible and an answer can be checked against its tool's result, but the
+values are not real. Where the model goes wrong, this notebook says so and why; its accuracy on questions it
+never saw is measured at the end. Under a minute on a 2-core CPU."""),
     ("code", "%matplotlib inline\n" + LOAD + "\nengine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)\n\n"
      + TOOLS + "\n\nengine", IGNORE),
     ("md", """## The playground
@@ -387,39 +405,56 @@ a warm-up, several times (medians, min–max spread). Every row generates exactl
 (stop tokens are kept as ordinary tokens, so no mode or batch "wins" by stopping early), and the speeds have
 one definition here, in `04_quantization.ipynb` and in `bench/`: **prefill** = prompt tokens / time to first
 token (a call that generates one token per row); **decode** = the tokens after each row's first / the rest of
-the call's time. Numbers depend on the machine and its load, and on the thread count printed below;
-`bench/` holds the scripted versions. Under a minute on a 2-core CPU."""),
+the call's time. Three modes: `none` (the checkpoint's float32), `bf16`, and `int4_mixed` (int4 experts, the
+rest in bfloat16 — so `bf16` is its baseline as much as `none`). Numbers depend on the machine and its load,
+and on the thread count and CPU kernels printed below; `bench/` holds the scripted versions. About a minute on
+a 2-core CPU."""),
     ("code", "%matplotlib inline\n" + LOAD + '''
+import pandas as pd
 import torch
 
 from workbench import bench, plots
 
 engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512)
-print("torch threads:", torch.get_num_threads())
+print("torch threads:", torch.get_num_threads(), "| CPU kernels:", torch.backends.cpu.get_cpu_capability())
 engine''', IGNORE),
     ("code", '''table = bench.throughput(engine, batch_sizes=(1, 2, 4, 8), prompt_lens=(32, 256), max_tokens=12, repeats=3,
-                         modes=[None, "int4_mixed"])
+                         modes=[None, "bf16", "int4_mixed"])
 table[["mode", "prompt_len", "batch_size", "generated_tokens", "tok_s", "tok_s_min", "tok_s_max", "prefill_tok_s",
-       "decode_tok_s", "latency_p90_s", "speedup_vs_batch1"]].round(2)''', IGNORE),
+       "decode_tok_s", "total_s", "speedup_vs_batch1"]].round(2)''', IGNORE),
     ("md", """**What to look at:** every cell generated the same 12 tokens per row (`generated_tokens` = batch size ×
-12), so the rates compare equal work. Tokens/s should grow with the batch size (left) — the speed-up over running
-the prompts one by one (right); longer prompts cost more prefill per call. Error bars show the spread over the
-repeats; one line per quantization mode and prompt length."""),
+12), so the rates compare equal work. `tok_s` is the median of 3 runs, `tok_s_min`–`tok_s_max` their spread,
+`total_s` the median wall time of one call. Tokens/s should grow with the batch size (left) — the speed-up over
+running the prompts one by one (right); longer prompts cost more prefill per call. Error bars show the spread
+over the repeats; one line per quantization mode and prompt length.
+
+`decode_tok_s` is the call's time minus a prefill measured in a separate call, so its noise is both calls'
+noise: where it comes out *higher* after 256-token prompts than after 32 that is noise, not a speed-up. Per
+step, decode here barely depends on the prompt length — each step's cost is the 202k-row output projection,
+not attention over 32 or 256 keys."""),
     ("code", 'plots.throughput(table)  # save="throughput.png" writes a PNG too', IGNORE),
     ("code", "plots.latency(table)", IGNORE),
-    ("md", "What quantization does to the rate here, cell by cell (same work in both modes):"),
+    ("md", "What the modes do to the rate here, cell by cell (the same work in every mode):"),
     ("code", '''pivot = table.pivot_table(index=["prompt_len", "batch_size"], columns="mode", values="tok_s")
-ratio = (pivot["int4_mixed"] / pivot["none"]).rename("int4_mixed tokens/s ÷ none")
-spread = table.groupby("mode")[["tok_s_min", "tok_s_max"]].apply(lambda g: ((g.tok_s_max - g.tok_s_min)
-                                                                              / g.tok_s_min).median())
-print(f"int4_mixed ÷ none: median {ratio.median():.2f}, from {ratio.min():.2f} to {ratio.max():.2f} over "
-      f"{len(ratio)} cells; the median min–max spread of one cell is {spread.max():.0%}")
-ratio.round(2).to_frame()''', IGNORE),
-    ("md", """Read the ratio against the spread: a difference smaller than the spread of one cell's repeats is not
-shown by this run. On a CPU, int4 weights go through torch's int4 kernel and the rest of the model runs in
-bfloat16 (as Llama Stack stores a quantized model's other parts), which a CPU without native bfloat16
-instructions (like this AVX2 one) computes slowly; the demo model's 202k-row embedding and output also dwarf
-the few expert weights int4 shrinks. What int4 surely buys here is memory (`04_quantization.ipynb`).
+ratios = pd.DataFrame({"bf16 ÷ none": pivot["bf16"] / pivot["none"],
+                       "int4_mixed ÷ none": pivot["int4_mixed"] / pivot["none"],
+                       "int4_mixed ÷ bf16": pivot["int4_mixed"] / pivot["bf16"]})
+spread = ((table.tok_s_max - table.tok_s_min) / table.tok_s_min).median()
+print(f"the median min–max spread of one cell's repeats: {spread:.0%}")
+for name, ratio in ratios.items():
+    median = ratio.median()
+    verdict = "not shown to differ" if abs(median - 1) <= spread else "faster" if median > 1 else "slower"
+    print(f"{name:<18} median {median:.2f} (from {ratio.min():.2f} to {ratio.max():.2f} over {len(ratio)} cells): "
+          f"{verdict}")
+ratios.round(2)''', IGNORE),
+    ("md", """Read each ratio against the spread: a median ratio within one cell's typical min–max spread of 1 is not
+shown by this run to differ (the verdicts above apply that rule). What the modes change on a CPU: `none` runs
+float32 products, with a packed copy of the output matrix for batched decode (`packed_bytes`,
+`01_quickstart.ipynb`); `bf16` runs the same products in bfloat16 — half the bytes, no packed copy, and native
+speed only on CPUs with AVX-512 BF16 or AMX instructions; `int4_mixed` is bf16 with the experts in int4 through
+torch's int4 kernel. On the demo model those experts are a few MiB beside the 202k-row embedding and output
+that both store alike, so `int4_mixed ÷ bf16` is the ratio that isolates int4, and int4 has little to win.
+What bf16 and int4 surely buy here is memory (`04_quantization.ipynb`).
 
 Batching never changes results: every row equals the prompt run alone."""),
     ("code", '''prompts = [f"Tell me about topic number {i}. " * (1 + i % 5) for i in range(8)]
@@ -454,6 +489,8 @@ runs = {"workbench": (peers.workbench_runner(peer_engine), prompts),
                                             contenders.reference_model(ckpt, 8, 256)), 8), prompts)}
 if importlib.util.find_spec("transformers") is not None:
     runs["transformers"] = (peers.batched(partial(contenders.hf_generate, contenders.hf_llama(ckpt, 256)), 8), prompts)
+else:
+    print('transformers is not installed: skipped (pip install -e ".[bench]" adds it as a third contender)')
 for run, rows in runs.values():  # warm-up: first calls allocate and pick kernels
     run(rows[:2], 2)
 results = peers.measure(runs, max_tokens=16, repeats=1)
@@ -475,8 +512,9 @@ QUANTIZATION = [
 
 `engine.set_quantization(mode)` re-loads the weights under another mode (one model resident at a time).
 The modes are Meta's meta-reference scheme: `bf16` stores every weight in bfloat16; `fp8_mixed` stores the
-routed experts of the middle MoE layers (Llama 3: the middle feed-forwards) in fp8, `int4_mixed` every
-expert (Llama 3: every feed-forward) in int4 — and, as in Llama Stack, **every part a mode leaves unquantized
+routed experts of the MoE layers in fp8 except those of the first and last layers (Llama 3: the feed-forwards
+of every layer but the first and last), `int4_mixed` every expert (Llama 3: every feed-forward) in int4 — and,
+as in Llama Stack, **every part a mode leaves unquantized
 is stored in bfloat16** unless `wb.load(..., dtype=...)` asks for another type, so memory falls from bf16 to
 fp8_mixed to int4_mixed on every device. `bench.quantization` measures every mode against the unquantized
 model on the prompts you give it: here, tool dialogs as the demo model was trained on them (one or two tools
@@ -490,31 +528,71 @@ dialogs = [("What's the weather in Paris?", [get_weather]), ("Convert 20 EUR to 
            ("What is the capital of Peru?", [get_capital, get_local_time]), ("Tell me a joke.", [get_capital])]
 prompts = [engine.formatter.encode_dialog([{"role": "user", "content": q}], tools=t) for q, t in dialogs]''',
      IGNORE),
-    ("code", '''table = bench.quantization(engine, prompts, max_tokens=16, repeats=2)
-shown = table[["weights_bytes", "weights_ratio", "kernels", "prefill_tok_s", "decode_tok_s", "positions",
-               "top1_agreement", "mean_kl", "greedy_match", "same_reply", "same_reply_low", "same_reply_high",
-               "rows"]].round(3)
-shown["mean_kl"] = table["mean_kl"].map("{:.1e}".format)  # nats: small numbers, shown whole
-shown''', IGNORE),
-    ("md", """**What to look at:** `weights_ratio` (memory against unquantized), the speeds (same definitions as
-`03_throughput.ipynb`, on fresh prompts of the same lengths, each row generating the same 16 tokens), and how
-closely each mode follows the unquantized model on the replies to these dialogs: `top1_agreement` and `mean_kl`
-over the reply positions, `greedy_match` (reference tokens reproduced before the first divergence) and
-`same_reply` — the share of dialogs whose whole reply (the call and its arguments) is unchanged, with its 95%
-Wilson interval over the `rows` dialogs.
+    ("code", '''import pandas as pd
 
-What each part of the model is stored as, per mode:"""),
+table = bench.quantization(engine, prompts, max_tokens=16, repeats=5)
+
+
+def mib(column):
+    return (table[column] / 2**20).round(1)
+
+
+def speed(column):  # the median of the runs, with their min–max
+    return [f"{m:,.0f} ({lo:,.0f}–{hi:,.0f})" for m, lo, hi in
+            zip(table[column], table[f"{column}_min"], table[f"{column}_max"])]
+
+
+for column in ("prefill_tok_s", "decode_tok_s"):  # each mode against none: where the ranges overlap, no verdict
+    low, high, base = table[f"{column}_min"], table[f"{column}_max"], table.loc["none", column]
+    print(f"{column.split('_')[0]:>7} ÷ none:", ", ".join(
+        f"{mode} {table.loc[mode, column] / base:.2f}"
+        + (" (ranges overlap)" if low[mode] <= high["none"] and high[mode] >= low["none"] else "")
+        for mode in table.index[1:]))
+pd.DataFrame({"weights MiB": mib("weights_bytes"), "+ packed copy MiB": mib("packed_bytes"),
+              "= resident MiB": mib("resident_bytes"), "resident ÷ none": table["resident_ratio"].round(3),
+              "kernels": table["kernels"], "prefill tok/s (min–max)": speed("prefill_tok_s"),
+              "decode tok/s (min–max)": speed("decode_tok_s")}, index=table.index)''', IGNORE),
+    ("md", """**What to look at:** the memory the weights really occupy (`resident`): the weights, plus — for the
+unquantized float32 model on a CPU — the packed float32 copy of the output matrix its batched-decode kernel
+keeps (`packed_bytes`, see `01_quickstart.ipynb`; bf16 and the quantized modes keep none). Against the weights
+alone bf16 looks like a halving; counted whole it is about a third. Then the speeds: the same definitions as
+`03_throughput.ipynb`, on fresh prompts of the same lengths, every row generating the same 16 tokens, each the
+median of 5 runs with their spread.
+
+How closely each mode follows the unquantized model on the replies to these dialogs: `top1_agreement` and
+`mean_kl` (nats) over the reply positions, `greedy_match` (reference tokens reproduced before the first
+divergence) and `same_reply` — the share of dialogs whose whole reply (the call and its arguments) is
+unchanged, with its 95% Wilson interval over the `rows` dialogs:"""),
+    ("code", '''fidelity = table[["positions", "top1_agreement", "mean_kl", "greedy_match", "same_reply",
+                  "same_reply_low", "same_reply_high", "rows"]].round(3)
+fidelity["mean_kl"] = table["mean_kl"].map("{:.1e}".format)  # small numbers, shown whole
+fidelity''', IGNORE),
+    ("md", "What each part of the model is stored as, per mode (every type a part is stored in):"),
     ("code", "bench.memory_table(table)", IGNORE),
     ("md", """The demo model is 82M parameters, 77.6M of them its 202k-row embedding and output matrices, which no
-mode quantizes: bf16 halves them, and fp8/int4 then shrink only the few MiB of experts. On a real Llama the
-experts and feed-forwards are most of the weights, and the same table shows where the memory goes.
+mode quantizes: bf16 halves them (and drops the packed copy), and fp8/int4 then shrink only the few MiB of
+experts. Under `fp8_mixed` the routed experts are stored in **two** types: fp8 for the MoE layers in the
+middle, bfloat16 for the first and last layer's — here the demo model's six layers hold MoE at layers 1, 3 and
+5, and layer 5, the last, keeps its experts in bfloat16, a third of them. That is Llama Stack's fp8_mixed
+(`llama_models`' fp8 loader skips `layer_id == 0` and `n_layers - 1`; workbench's `quantization_plan` does
+the same), which leaves the layers nearest the embedding and the output unquantized. `int4_mixed`
+quantizes every MoE layer's routed and shared experts. On a real Llama the experts and feed-forwards are most
+of the weights, and the same table shows where the memory goes.
 
-On speed, read `kernels`: a CPU has no fp8 matmul, so `fp8/dequant` widens the fp8 weights before every
-product (on a CPU fp8_mixed checks numerics and saves memory, it does not save time); `int4/cpu` is torch's
-int4 kernel; and the bfloat16 parts run without native bfloat16 instructions on a CPU like this one (AVX2).
-On GPUs with fp8 tensor cores the kernel is `fp8/scaled_mm`."""),
+On speed, read the spreads (where two modes' min–max ranges overlap, this run does not tell them apart) and
+`kernels`; the lines printed above the first table compare each mode's median with `none`'s and say where
+the ranges overlap. Every product a mode does not quantize runs in bfloat16 under bf16, fp8_mixed and
+int4_mixed, and in float32 under `none`. **Prefill** (products over many prompt tokens at once) gains from
+bfloat16 on a CPU with AVX-512 BF16 or AMX instructions, which computes it natively on half the bytes (a CPU
+without them converts, and bf16 loses). **Decode** (a few rows per step) weighs two things: bfloat16 reads
+half the bytes, but only float32 has the packed copy of the 202k-row output matrix, each step's largest
+product; it is also where this machine's noise shows most, since decode is a call's time minus a separately
+timed prefill. On top of that, a CPU has no fp8 matmul, so `fp8/dequant` widens the fp8 weights before every
+product (on a CPU fp8_mixed checks numerics and saves memory; it is not built to save time), and `int4/cpu`
+is torch's int4 kernel, on expert matrices too small here to gain much. On GPUs with fp8 tensor cores the
+kernel is `fp8/scaled_mm`."""),
     ("code", 'plots.quantization(table)  # save="quantization.png" writes a PNG too', IGNORE),
-    ("code", '''print("mode after the comparison:", engine.settings.quantization)
+    ("code", '''print("mode after the comparison:", engine.settings.quantization or "none")
 print("memory falls bf16 > fp8_mixed > int4_mixed:",
       table.loc["bf16", "weights_bytes"] > table.loc["fp8_mixed", "weights_bytes"] > table.loc["int4_mixed", "weights_bytes"])
 print("quantized layers at most 0.55x (fp8) / 0.30x (int4) of bf16:",
@@ -547,8 +625,8 @@ loop and `workbench.evals` run on a pool unchanged, and every row is what one en
 
 These cells run a local Ray on this machine. To run the **same cells on a cluster of GPU nodes**, set
 `WORKBENCH_RAY_ADDRESS=auto` (on a node of the cluster) or `ray://head:10001` (from outside), and
-`WORKBENCH_NOTEBOOK_CHECKPOINT` to a checkpoint folder that every node can read. About a minute and a half
-on a 2-core CPU, most of it starting Ray and the replicas."""),
+`WORKBENCH_NOTEBOOK_CHECKPOINT` to a checkpoint folder that every node can read. About a minute on a 2-core
+CPU, most of it starting Ray and the replicas."""),
     ("code", '''import logging
 import os
 
@@ -567,7 +645,7 @@ pool''', IGNORE),
 one node. `pool.replicas` says where each one runs."""),
     ("code", '''import pandas as pd
 
-pd.DataFrame(pool.replicas)[["index", "state", "host", "pid", "cuda_visible_devices"]]''', IGNORE),
+pd.DataFrame(pool.replicas)[["index", "state", "host", "cuda_visible_devices"]]''', IGNORE),
     ("md", """## The same rows as one engine
 
 A batch is cut into chunks that the replicas pull; rows come back in input order. Batching never changes a
@@ -593,10 +671,13 @@ transcripts[0]''', IGNORE),
     mark = "✓" if called[:1] == ([expected] if expected else []) and not broken else "✗"
     print(f"{mark} {question:<34} calls={called} -> {transcript[-1].content!r}" + (f" ({broken[0]})" if broken else ""))''',
      CHECK),
-    ("md", """Where a mark is ✗, the model did something it should not: for the story no offered tool fits, and a
-demo-model reply that calls a tool it was not offered (the loop answers with an error, which the model then
-garbles) is the failure its training meant to prevent — it declines in words in most such dialogs, not in all;
-`02_tool_experiments.ipynb` measures how often (direct answers, with n and an interval)."""),
+    ("md", """The tool results are the demo tools' made-up values (a hash of the arguments picks them: Brazil's
+"32.3 million" is not its population). Where a mark is ✗, the model did something it should not: for the
+story no offered tool fits, and here the model called `get_capital` — a tool it was **not offered** — so the
+loop answered with an error, which the model then garbled into the answer above. Declining in words is what
+its training meant it to do when no offered tool fits; it does so in most such dialogs, not in all
+(`02_tool_experiments.ipynb`, with another tool set, declines the same story, and measures direct answers on
+held-out cases with n and an interval)."""),
     ("md", """## A sweep
 
 `wbc.sweep(grid, dialogs, tools)` runs every grid point (load settings such as `quantization` or
@@ -610,22 +691,27 @@ table = wbc.sweep({"quantization": [None, "int4_mixed"], "tool_choice": ["auto",
                   dialogs, TOOLS, pool=pool, max_tokens=48)
 expected = {i: tool for i, (_, tool) in enumerate(asked)}
 table["called_a_tool"] = table["tool_calls"].map(bool)
+table["repeats_a_call"] = table["tool_calls"].map(  # the same call (name and arguments) twice in one reply
+    lambda calls: len({(c["tool_name"], repr(c["arguments"])) for c in calls}) < len(calls))
 table["right_first_reply"] = [([c["tool_name"] for c in calls][:1] == ([expected[i]] if expected[i] else []))
                               for i, calls in zip(table["dialog"], table["tool_calls"])]
 table["quantization"] = table["quantization"].fillna("none")
 rates = table.groupby(["quantization", "tool_choice"], sort=False).agg(
     dialogs=("dialog", "size"), called=("called_a_tool", "sum"), right=("right_first_reply", "sum"),
-    tokens=("tokens", "mean"))
+    repeated=("repeats_a_call", "sum"), tokens=("tokens", "mean"))
 rates["called a tool"] = [rate_text(k, n) for k, n in zip(rates["called"], rates["dialogs"])]
 rates["right first reply"] = [rate_text(k, n) for k, n in zip(rates["right"], rates["dialogs"])]
-rates[["called a tool", "right first reply", "tokens"]].round(1)''', IGNORE),
+rates["replies that repeat a call"] = [f"{k}/{n}" for k, n in zip(rates["repeated"], rates["dialogs"])]
+rates["generated tokens per reply (mean)"] = rates["tokens"].round(1)
+rates[["called a tool", "right first reply", "replies that repeat a call", "generated tokens per reply (mean)"]]''',
+     IGNORE),
     ("md", """`tool_choice="required"` adds Llama Stack's sentence *"You MUST use one of the provided functions/tools to
 answer the user query."* to the system prompt. The demo model never saw that sentence in training, so what it
-does with it is not something it was taught: compare the `required` rows with the `auto` ones (here the same
-first calls, some written twice — hence more tokens per reply), and the int4_mixed rows with none's. To enforce a
-call
-whatever the model was trained on, `constrain_tools=True` masks every token that would not continue a valid
-call of an offered tool (see the README, "Structured output")."""),
+does with it is not something it was taught: compare the `required` rows with the `auto` ones — here the same
+first calls, but most `required` replies write their call twice (the same name and arguments), hence more
+generated tokens per reply (the `tokens` of each first reply, stop token excluded) — and the int4_mixed rows
+with none's. To enforce a call whatever the model was trained on, `constrain_tools=True` masks every token
+that would not continue a valid call of an offered tool (see the README, "Structured output")."""),
     ("md", """## Jobs: progress across replicas, cancel
 
 `pool.submit_batch_chat_completion(...)` returns at once with a job: a progress bar of rows and tokens/s
@@ -633,7 +719,8 @@ over all replicas, `job.result()`, `job.cancel()` (stops within a decode step on
 rows stay in `job.partial()`), `job.done` and per-replica statistics."""),
     ("code", '''job = pool.submit_batch_chat_completion(dialogs * 3, TOOLS, max_tokens=48, progress=True)
 replies = job.result()
-pd.DataFrame(job.stats()["per_replica"]).T''', IGNORE),
+per_replica = pd.DataFrame(job.stats()["per_replica"]).T.sort_index().rename_axis("replica")
+per_replica.astype({"rows": int, "tokens": int}).round({"seconds": 2, "tok_s": 1})''', IGNORE),
     ("md", """## Throughput against the replica count
 
 The same seeded batch (32 prompts, up to 24 tokens each) on 1 and 2 replicas; each bar says how many tokens
@@ -728,6 +815,7 @@ import pandas as pd
 from lm_eval.tasks import TaskManager
 
 from workbench.evals.lm_eval import WorkbenchLM
+from workbench.progress import tqdm_bars_off
 
 datasets.disable_progress_bars()  # the task files are local: no download bars
 folder = Path(tempfile.mkdtemp(prefix="lm-eval-tasks-"))
@@ -746,9 +834,10 @@ gen = {**{k: v for k, v in mc.items() if k != "doc_to_choice"}, "task": "calls_g
        "metric_list": metric("exact_match")}
 runs = {}
 for label, offered in (("the three tools", [get_weather, get_local_time, convert_currency]), ("no tools", None)):
-    runs[label] = lm_eval.simple_evaluate(
-        model=WorkbenchLM(engine, tools=offered), tasks=[mc, gen], apply_chat_template=True, log_samples=True,
-        bootstrap_iters=0, task_manager=TaskManager(include_defaults=False), verbosity="ERROR")
+    with tqdm_bars_off():  # lm-eval draws a tqdm bar per task and per request type; no option of its own stops them
+        runs[label] = lm_eval.simple_evaluate(
+            model=WorkbenchLM(engine, tools=offered), tasks=[mc, gen], apply_chat_template=True, log_samples=True,
+            bootstrap_iters=0, task_manager=TaskManager(include_defaults=False), verbosity="ERROR")
 pd.DataFrame({label: {"calls_mc acc": rate_text(r["results"]["calls_mc"]["acc,none"] * len(docs), len(docs)),
                       "calls_gen exact_match": rate_text(r["results"]["calls_gen"]["exact_match,none"] * len(docs),
                                                          len(docs))}
@@ -784,15 +873,35 @@ entry with its own function set, all of them in one batch — and scores each re
 checker**. `prompt="official"` renders each entry in the model's own tool-calling format (what it was
 trained on); `prompt="bfcl"` reproduces BFCL's Llama handler prompt, so numbers compare with the public
 leaderboard. On a real checkpoint the two side by side show what the prompt format is worth. **The demo
-model cannot show it:** it knows only its 14 demo tools, so on BFCL's functions (none of which it saw) it
-calls one of its own tools or none, and scores 0 on the four AST categories under both prompts; on
-`irrelevance` (where no function fits and the right answer is no call) it scores by declining, which it
-does to nearly every question it was not trained on (`docs/demo-model.md`, unseen tools)."""),
-    ("code", '''from workbench.evals import bfcl
+model cannot show it:** it knows only its 14 demo tools and none of BFCL's functions. On a BFCL question it
+calls one of its *own* tools, calls some other name (garbled ones such as `convert`), writes a call that does
+not parse, or writes no call at all — the count below says which, per category and prompt (under BFCL's own
+prompt, which it never saw in training, it writes no call). BFCL's checker rejects every one of them ("Function
+name ... not found", the wrong number of functions, no call), so it scores 0 on the four AST categories under
+both prompts; on `irrelevance` (where no function fits and the right answer is no call) it scores where it
+writes no call."""),
+    ("code", '''from IPython.display import display
+
+from workbench.demo.tools import DEMO_TOOLS
+from workbench.evals import bfcl
 
 categories = ["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"]
-results = pd.concat([bfcl.run(engine, categories, limit=5, prompt=p, max_tokens=64) for p in ("official", "bfcl")])
-results[["prompt", "id", "calls", "valid", "error"]].head(8)''', IGNORE),
+results = pd.concat([bfcl.run(engine, categories, limit=5, prompt=p, max_tokens=64) for p in ("official", "bfcl")],
+                    ignore_index=True)
+display(results[["prompt", "id", "calls", "valid", "error"]].head(8))
+
+
+def what_it_wrote(row):
+    if row["calls"]:  # BFCL's [{name: {argument: value}}]
+        names = [name for call in row["calls"] for name in call]
+        return "its own tools" if all(name in DEMO_TOOLS for name in names) else "another name"
+    return "a call that does not parse" if "could not be parsed" in str(row["error"]) else "no call"
+
+
+kinds = results.apply(what_it_wrote, axis=1).rename("the reply")
+order = {"prompt": ["official", "bfcl"], "category": categories}
+pd.crosstab([results[k].astype(pd.CategoricalDtype(v)) for k, v in order.items()], kinds)  # entries per kind''',
+     IGNORE),
     ("code", '''summary = bfcl.summarize(results)     # accuracy per category, as BFCL counts it
 summary["accuracy (95% interval)"] = [rate_text(k, n) for k, n in zip(summary["correct"], summary["entries"])]
 summary''', IGNORE),
@@ -803,9 +912,9 @@ Installing workbench registers a `workbench` provider with [Inspect](https://ins
 `inspect eval task.py --model workbench/<checkpoints.toml name or folder>` works from a shell; in a notebook
 pass the loaded engine. Tools reach the model in its official format, and the samples Inspect runs
 concurrently are gathered into engine batches (the plot: rows per engine call). The tool below returns what
-the demo tool of the same name returns (the kind of result the model was trained to restate), and the scorer
-checks what a tool-using answer must get right: the call went to the asked city and the answer restates the
-tool's result."""),
+the demo tool of the same name returns — a made-up value that a hash of the city picks, the kind of result
+the model was trained to restate — and the scorer checks what a tool-using answer must get right: the call
+went to the asked city, and the answer names that city and restates the tool's result."""),
     ("code", '''from inspect_ai import Task, eval
 from inspect_ai.dataset import Sample
 from inspect_ai.model import get_model
@@ -831,14 +940,16 @@ def get_weather():
 
 @scorer(metrics=[accuracy()])
 def restates_tool_result():
-    """Correct when the model called the tool for the target city and its answer contains the tool's result."""
+    """Correct when the model called the tool for the target city and its answer names that city and contains
+    the tool's result."""
     async def score(state, target):
         calls = [c for m in state.messages if m.role == "assistant" for c in (m.tool_calls or [])]
         results = [m.text for m in state.messages if m.role == "tool"]
         answer = state.output.completion
         right_city = any(c.arguments.get("city") == target.text for c in calls)
+        names_city = target.text in answer
         restated = bool(results) and all(r in answer for r in results)
-        return Score(value=CORRECT if right_city and restated else INCORRECT, answer=answer,
+        return Score(value=CORRECT if right_city and names_city and restated else INCORRECT, answer=answer,
                      explanation=f"calls={[(c.function, c.arguments) for c in calls]} results={results}")
 
     return score
@@ -860,7 +971,9 @@ pd.DataFrame({
     ("md", """A sample the scorer marks incorrect (`I`) is one where the model wrote another city into the call — for
 *Cairo*, a held-out value, as in the lm-eval task above — and then restated that city's weather. Inspect's
 built-in `includes()` would look only for the target city's name in the answer, and so pass an answer that
-names the city but garbles the weather; this scorer checks the call and the restated result instead."""),
+names the city but garbles the weather; a check of the call and the result alone would pass a right call
+whose answer names another city (`02_tool_experiments.ipynb`: "The weather in tiger is 0 C and windy." after
+a correct call for Lima). This scorer asks for all three."""),
     ("code", '''sizes = model.api.batcher.stats.sizes
 fig = Figure(figsize=(4.6, 2.8))
 ax = fig.subplots()
@@ -1037,8 +1150,9 @@ def make(cells: list[tuple]) -> nbformat.NotebookNode:
 
 
 def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Strip what differs between runs and says nothing to a reader: timings, cell ids' noise, and the redraws
-    of third-party text bars (stored as what a reader sees: each line after its last carriage return)."""
+    """Strip what differs between runs and says nothing to a reader: timings, cell ids' noise, the redraws
+    of third-party text bars (stored as what a reader sees: each line after its last carriage return), and
+    the saved state of widgets no stored output shows (closed progress bars leave their models behind)."""
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         outputs = cell.get("outputs", [])
@@ -1048,6 +1162,12 @@ def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
                 if o.get("output_type") == "stream":
                     o.text = _output_texts(o)[0]
     nb.metadata["language_info"] = {"name": "python"}
+    widgets = nb.metadata.get("widgets", {}).get(WIDGET_STATE)
+    if widgets is not None:
+        shown = _shown_widget_models(nb)
+        widgets["state"] = {k: v for k, v in widgets.get("state", {}).items() if k in shown}
+        if not widgets["state"]:
+            del nb.metadata["widgets"]
     return nb
 
 
@@ -1080,11 +1200,35 @@ def _coalesced(outputs: list) -> list:
     return merged
 
 
+WIDGET_REFERENCE = re.compile(r"IPY_MODEL_([\w-]+)")
+
+
+def _shown_widget_models(nb: nbformat.NotebookNode) -> set[str]:
+    """The widget models a stored output shows: those its views name, and every model their state refers to
+    (a box's children, a widget's layout and style), transitively."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    todo = [o["data"][WIDGET_VIEW].get("model_id") for cell in nb.cells for o in cell.get("outputs", [])
+            if WIDGET_VIEW in o.get("data", {})]
+    shown: set[str] = set()
+    while todo:
+        model = todo.pop()
+        if model in shown or model not in state:
+            continue
+        shown.add(model)
+        todo += WIDGET_REFERENCE.findall(json.dumps(state[model]))
+    return shown
+
+
 def stale_outputs(nb: nbformat.NotebookNode) -> list[str]:
-    """What a reader of the stored notebook would see as broken: a half-finished progress bar, or a widget
-    output whose model is missing from the saved widget state (it renders as "model not found")."""
+    """What a reader of the stored notebook would see as broken: a half-finished progress bar, a widget
+    output whose model is missing from the saved widget state (it renders as "model not found"), or saved
+    widget state that no output shows (a closed progress bar's leftovers)."""
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     problems = []
+    unshown = sorted(set(state) - _shown_widget_models(nb))
+    if unshown:
+        kinds = sorted({state[m].get("model_name", "?") for m in unshown})
+        problems.append(f"widget state saved for {len(unshown)} model(s) no output shows ({', '.join(kinds)})")
     for number, cell in enumerate(nb.cells):
         for output in _coalesced(cell.get("outputs", [])):
             if any(HALF_BAR.search(text) for text in _output_texts(output)):
@@ -1101,14 +1245,17 @@ MACHINE_PATH = re.compile(r"/root/|/home/[^/\s\"']+/|/Users/[^/\s\"']+/|(?<![\w.
                           r"|[A-Za-z]:\\+Users|\btmp[a-z0-9_]{8}\b|pytest-of-")
 UNNAMED_MODEL = re.compile(r"model_id\s+none|model=None\b")
 WARNING = re.compile(r"warn|deprecat|traceback|error:", re.IGNORECASE)
-FINISHED_BAR = re.compile(r"100%\|")
+# A tqdm bar, finished or not: "requests: 100%|██████████| 8/8 [00:00<00:00, ...]" or, without a total,
+# "tokens: 24it [00:01, 20.1it/s]".  workbench's own bars end as one summary line and match neither.
+TEXT_BAR = re.compile(r"(?<![0-9])[0-9]{1,3}%\||\[[0-9]{2}:[0-9]{2}(?::[0-9]{2})?(?:<|, |\])")
 
 
 def output_problems(nb: nbformat.NotebookNode) -> list[str]:
     """What a reader of the stored notebook should never see, beyond :func:`stale_outputs`: machine paths,
-    an unnamed model (``model_id none``), warnings or other log lines on stderr (finished progress bars
-    aside), error outputs, progress or output widgets without a readable fallback (third-party bars,
-    an empty ``Output()``), empty outputs, and the same figure shown twice in a cell."""
+    an unnamed model (``model_id none``), tqdm bars (finished ones too: a call's output is its result, and
+    workbench's own bars leave one summary line), warnings or other log lines on stderr, error outputs,
+    progress or output widgets without a readable fallback (third-party bars, an empty ``Output()``), empty
+    outputs, and the same figure shown twice in a cell."""
     problems = []
     for number, cell in enumerate(nb.cells):
         images: list[str] = []
@@ -1122,8 +1269,11 @@ def output_problems(nb: nbformat.NotebookNode) -> list[str]:
                 problems.append(f"cell {number}: an unnamed model ({UNNAMED_MODEL.search(joined).group(0)!r})")
             if kind == "error":
                 problems.append(f"cell {number}: an error ({output.get('ename')})")
+            if TEXT_BAR.search(joined):
+                line = next(line for line in joined.splitlines() if TEXT_BAR.search(line))
+                problems.append(f"cell {number}: a progress bar ({line.strip()[:80]!r})")
             if kind == "stream" and output.get("name") == "stderr":
-                lines = [line for line in joined.splitlines() if line.strip() and not FINISHED_BAR.search(line)]
+                lines = [line for line in joined.splitlines() if line.strip() and not TEXT_BAR.search(line)]
                 if lines:
                     label = "a warning" if WARNING.search("\n".join(lines)) else "log output"
                     problems.append(f"cell {number}: {label} on stderr ({lines[0].strip()[:80]!r})")

@@ -84,3 +84,16 @@ def test_quantization_plot(engine, tmp_path):
     fig = plots.quantization(frame, save=tmp_path / "q.png")
     assert [ax.get_title() for ax in fig.axes] == ["memory", "speed", "accuracy"]
     assert (tmp_path / "q.png").read_bytes()[:4] == b"\x89PNG"
+    # memory: what the weights occupy, the float32 model's packed copy included, one bar height per mode
+    memory, speed, accuracy = fig.axes
+    tops = {}
+    for bar in memory.patches:
+        tops[round(bar.get_x(), 3)] = max(tops.get(round(bar.get_x(), 3), 0), bar.get_y() + bar.get_height())
+    assert sorted(tops.values(), reverse=True) == pytest.approx(list(frame["resident_bytes"] / 2**20))
+    assert plots.PACKED_LABEL in [t.get_text() for t in memory.get_legend().get_texts()]
+    # speed: prefill and decode each relative to the first mode, so both show on one axis
+    heights = [bar.get_height() for bar in speed.patches]
+    assert heights[0] == pytest.approx(1.0) and heights[len(frame)] == pytest.approx(1.0)
+    assert heights[len(frame) - 1] == pytest.approx(frame["prefill_tok_s"].iloc[-1] / frame["prefill_tok_s"].iloc[0])
+    # accuracy: the share of unchanged replies, with its interval
+    assert [bar.get_height() for bar in accuracy.patches] == pytest.approx(list(frame["same_reply"]))

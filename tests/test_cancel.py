@@ -6,9 +6,11 @@ import inspect
 import threading
 
 import pytest
+from tqdm import tqdm
 
 import workbench as wb
 from workbench.errors import GenerationCancelled, InputError
+from workbench.progress import tqdm_bars_off
 from workbench.session import build_engine, resolve_settings
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def f(x):", "Llamas are"]
@@ -175,3 +177,16 @@ def test_shard_loading_and_set_quantization_show_progress(make_checkpoint, capsy
     assert "quantization -> bf16" in err and "1/1" in err
     assert engine.settings.quantization == "bf16"
     engine.close()
+
+
+def test_tqdm_bars_off_silences_every_tqdm_bar_in_the_block_and_restores_tqdm(capsys):
+    """Third-party bars (lm-eval's) pass ``disable=False`` or nothing; inside the block neither draws, and tqdm
+    is itself again after it, an exception included."""
+    with tqdm_bars_off():
+        assert list(tqdm(range(3), desc="building")) == [0, 1, 2]  # the iterable still runs through
+        list(tqdm(range(3), desc="requests", disable=False))
+    assert capsys.readouterr().err == ""
+    with pytest.raises(RuntimeError), tqdm_bars_off():
+        raise RuntimeError("a failing evaluation")
+    list(tqdm(range(3), desc="after"))
+    assert "after" in capsys.readouterr().err

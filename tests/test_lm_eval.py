@@ -23,6 +23,7 @@ from oracle import reference_greedy, reference_logits
 from workbench import runs as wb_runs
 from workbench.demo.tools import get_weather
 from workbench.errors import ConfigError, InputError, PromptTooLongError
+from workbench.progress import tqdm_bars_off
 
 lm_eval = pytest.importorskip("lm_eval", reason="the lm-eval extra is not installed: pip install -e '.[lm-eval]'")
 
@@ -278,6 +279,20 @@ def test_apply_chat_template_scores_and_generates_like_the_reference(lm: Workben
         for stop in GEN_TASK["generation_kwargs"]["until"]:
             want = want.split(stop)[0]
         assert sample["resps"][0][0] == want
+
+
+def test_lm_evals_bars_go_quiet_inside_tqdm_bars_off(lm: WorkbenchLM, data_dir: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """lm-eval draws tqdm bars that none of its options turns off (building each task's requests, tokenizing,
+    running them): a notebook stores them as stderr.  Inside ``tqdm_bars_off`` there are none; the results
+    are the same."""
+    mc = task(data_dir, "mc", **MC_TASK)
+    loud = evaluate(lm, [mc])
+    assert "%|" in capsys.readouterr().err  # lm-eval's own bars, by default
+    with tqdm_bars_off():
+        quiet = evaluate(lm, [mc])
+    assert "%|" not in capsys.readouterr().err
+    assert quiet["results"][mc["task"]] == loud["results"][mc["task"]]
 
 
 # --------------------------------------------------------------------------------------------- bad input

@@ -52,6 +52,7 @@ from workbench.quantization import (
     quantize_model,
     summary,
 )
+from workbench.reports import human_bytes
 from workbench.runtime.loading import load_model_for_rank
 from workbench.runtime.memory import model_memory
 from workbench.session import build_engine, resolve_settings
@@ -359,12 +360,13 @@ def test_memory_falls_from_bf16_to_fp8_mixed_to_int4_mixed(dirs, which):
     where the unquantized default is float32."""
     ckpt = None if which == "demo" else dirs["llama4"]  # None: the embedded demo model
     engine = build_engine(resolve_settings(ckpt, max_batch_size=2, max_seq_len=64, device="cpu"))
-    sizes, parts, kv = {}, {}, {}
+    sizes, parts, kv, packed = {}, {}, {}, {}
     try:
         for mode in (None, "bf16", "fp8_mixed", "int4_mixed"):
             engine.set_quantization(mode, progress=False)
             memory = engine.memory()
             sizes[mode], parts[mode], kv[mode] = memory["weights_bytes"], memory["by_part"], memory["kv_cache_bytes"]
+            packed[mode] = memory["packed_bytes"]
             # the per-part table accounts for every byte of the weights
             assert sum(n for types in memory["by_part"].values() for n in types.values()) == memory["weights_bytes"]
             want = "float32" if mode is None else "bfloat16"
@@ -378,6 +380,14 @@ def test_memory_falls_from_bf16_to_fp8_mixed_to_int4_mixed(dirs, which):
     assert {"float8_e4m3fn", "float32 scales"} <= set(parts["fp8_mixed"]["routed_experts"])
     assert {"int4", "bfloat16 scales"} <= set(parts["int4_mixed"]["routed_experts"])
     assert set(parts["int4_mixed"]["shared_expert"]) == {"int4", "bfloat16 scales"}
+    # the float32 model also keeps a packed float32 copy of its output matrix for the CPU's batched-decode
+    # kernel, beside the weights; no bfloat16 or quantized mode keeps one, so what the weights occupy falls more
+    assert packed[None] == parts[None]["output"]["float32"] and packed["bf16"] == packed["int4_mixed"] == 0
+    assert packed["fp8_mixed"] == 0
+    if which == "demo":  # MoE at layers 1, 3, 5 of 6: fp8_mixed leaves the last one's experts in bfloat16
+        experts, all_bf16 = parts["fp8_mixed"]["routed_experts"], parts["bf16"]["routed_experts"]["bfloat16"]
+        assert experts["bfloat16"] * 3 == all_bf16  # one layer of three, as Llama Stack's fp8_mixed leaves it
+        assert experts["float8_e4m3fn"] * 3 == all_bf16  # two layers at one byte a weight
 
 
 def test_an_explicit_dtype_keeps_the_unquantized_parts_in_it(dirs):
@@ -523,3 +533,19 @@ def test_bench_quantization_table(dirs):
     ffn = parts.loc["feed_forward", "int4_mixed"]
     assert ffn.startswith("int4") and "bfloat16 scales" in ffn
     assert list(parts.index)[-1] == "total" and list(parts.columns) == list(table.index)
+    # what the weights occupy: their bytes plus the packed float32 copy a CPU kernel keeps (bfloat16: none)
+    assert (table.resident_bytes == table.weights_bytes + table.packed_bytes).all()
+    assert table.loc["none"].packed_bytes > 0 and table.loc["bf16"].packed_bytes == 0
+    assert table.loc["none"].resident_ratio == 1.0
+    assert table.loc["bf16"].resident_ratio < table.loc["bf16"].weights_ratio
+    assert parts.loc["output: CPU packed copy", "none"].startswith("float32") and \
+        parts.loc["output: CPU packed copy", "bf16"] == "-"
+    assert parts.loc["weights", "none"] == human_bytes(table.loc["none"].weights_bytes)
+    assert parts.loc["total", "none"] == human_bytes(table.loc["none"].resident_bytes)
+    # every cell displays whole (pandas cuts cells at 50 characters by default)
+    long = "int4 1.0 MiB + bfloat16 scales 1.0 KiB + bfloat16 1.0 MiB + something else that is long"
+    parts.loc["feed_forward", "int4_mixed"] = long
+    assert long in repr(parts) and long in parts._repr_html_()
+    # medians with their spread, from every repeat
+    for speed in ("prefill_tok_s", "decode_tok_s"):
+        assert (table[f"{speed}_min"] <= table[speed]).all() and (table[speed] <= table[f"{speed}_max"]).all()

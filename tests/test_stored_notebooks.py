@@ -1,5 +1,6 @@
 """The stored notebooks read well on their own: no progress bar frozen part-way, no widget output whose
-model is missing from the saved widget state, no machine paths, unnamed models, warnings, errors, stray
+model is missing from the saved widget state and no saved widget state that no output shows, no tqdm bar
+(finished or not), no machine paths, unnamed models, warnings, errors, stray
 widgets, empty outputs or figures shown twice; each opens with the check of the extra it needs and ends
 saying where to go next (notebooks/build.py refuses to store a notebook with any of these).  Every check is
 shown to fire on a bad sample."""
@@ -67,6 +68,29 @@ def test_the_check_finds_a_half_bar_and_an_orphan_widget_view() -> None:
     assert build.stale_outputs(nb) == ["cell 0: a progress bar stopped part-way"]
 
 
+def test_widget_state_no_output_shows_is_stale_and_build_strips_it() -> None:
+    """A closed progress bar leaves its models (IntProgress, Label, their layouts) in the saved widget state:
+    nothing shows them, so the check names them and build.clean keeps only what a stored view reaches."""
+    ref = "IPY_MODEL_{}".format
+    state = {
+        "box": {"model_name": "HBoxModel", "state": {"children": [ref("label")], "layout": ref("layout")}},
+        "label": {"model_name": "LabelModel", "state": {"value": "chat", "layout": ref("layout")}},
+        "layout": {"model_name": "LayoutModel", "state": {}},
+        "bar": {"model_name": "IntProgressModel", "state": {"value": 3, "layout": ref("barlayout")}},
+        "barlayout": {"model_name": "LayoutModel", "state": {}},
+    }
+    nb = _cell_with(nbformat.v4.new_output("display_data", data={
+        build.WIDGET_VIEW: {"model_id": "box", "version_major": 2}, "text/html": "<b>chat</b>", "text/plain": "chat"}))
+    nb.metadata["widgets"] = {build.WIDGET_STATE: {"state": state, "version_major": 2, "version_minor": 0}}
+    assert build.stale_outputs(nb) == [
+        "widget state saved for 2 model(s) no output shows (IntProgressModel, LayoutModel)"]
+    cleaned = build.clean(nb)
+    assert set(cleaned.metadata["widgets"][build.WIDGET_STATE]["state"]) == {"box", "label", "layout"}
+    assert build.stale_outputs(cleaned) == []
+    nb.cells[0].outputs = []  # no view left: no state kept at all
+    assert "widgets" not in build.clean(nb).metadata
+
+
 def _cell_with(*outputs) -> nbformat.NotebookNode:  # noqa: ANN002
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("run()")
@@ -91,6 +115,16 @@ PNG = "iVBORw0KGgo="
     (nbformat.v4.new_output("execute_result", data={"text/plain": "engine info:\n  model_id   none\n"}),
      "an unnamed model"),
     (nbformat.v4.new_output("stream", name="stderr", text="/x.py:3: FutureWarning: use y\n"), "a warning"),
+    # any tqdm bar, finished ones too (lm-eval's request bars), on stderr or stdout, with or without a total
+    (nbformat.v4.new_output("stream", name="stderr", text="requests: 100%|██████████| 8/8 [00:00<00:00]\n"),
+     "a progress bar"),
+    (nbformat.v4.new_output("stream", name="stderr",
+                            text="100%|██████████| 8/8 [00:00<00:00, 301.99it/s]\n"
+                                 "Tokenizing inputs: 100%|██████████| 24/24 [00:00<00:00, 19347.16it/s]\n"),
+     "a progress bar"),
+    (nbformat.v4.new_output("stream", name="stdout", text="Running loglikelihood requests: 100%|#####| 24/24\n"),
+     "a progress bar"),
+    (nbformat.v4.new_output("stream", name="stderr", text="tokens: 24it [00:01, 20.1it/s]\n"), "a progress bar"),
     (nbformat.v4.new_output("stream", name="stderr", text="2026 WARNING worker.py:85 -- Token auth\n"), "a warning"),
     (nbformat.v4.new_output("stream", name="stderr", text="[Task: mc] metric acc: using default aggregation\n"),
      "log output"),
@@ -115,7 +149,10 @@ def test_the_same_figure_twice_and_clean_outputs() -> None:
     assert build.output_problems(_cell_with(figure, figure)) == ["cell 0: the same figure twice"]
     fine = [
         figure,
-        nbformat.v4.new_output("stream", name="stderr", text="requests: 100%|██████████| 8/8 [00:00<00:00]\n"),
+        # workbench's own bars end as one summary line; a rate of 100% in words is no bar either
+        nbformat.v4.new_output("display_data", data={"text/plain": "generating: 25 rows · 555 tokens · 2.7 s · "
+                                                                   "207.2 tok/s"}),
+        nbformat.v4.new_output("stream", name="stdout", text="same reply: 100% of 4 | 4/4 rows [01:02 wall]\n"),
         nbformat.v4.new_output("execute_result", data={"text/plain": "checkpoint ~/.cache/workbench/demo-llama4"}),
         nbformat.v4.new_output("display_data", data={build.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
                                                      "text/html": "<b>playground</b>", "text/plain": "playground"}),

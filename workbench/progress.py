@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from tqdm import tqdm
@@ -207,3 +209,29 @@ class TokenRate:
     def __str__(self) -> str:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         return f"{self.tokens} tok, {self.tokens / elapsed:.1f} tok/s"
+
+
+@contextmanager
+def tqdm_bars_off() -> Iterator[None]:
+    """Inside the block every ``tqdm`` bar stays off, whoever draws it.
+
+    Why: third-party code draws bars that none of its options turns off (lm-evaluation-harness draws one per
+    task while building requests, and more while tokenizing and running them), and tqdm reads
+    ``TQDM_DISABLE`` only when it is first imported — too late in a running kernel.  The block switches
+    tqdm's default to ``disable=True`` (an explicit ``disable=False`` included) and restores it on exit;
+    the switch holds for the whole process while the block runs, so do not start bars meant to show from
+    other threads meanwhile.  workbench's own bars are widgets in a notebook (untouched) and tqdm bars in a
+    terminal (off in the block too; their summary line still prints).
+    """
+    original = tqdm.__dict__["__init__"]  # tqdm wraps it (its environment defaults): restored as it was
+    init = tqdm.__init__
+
+    def off(self: tqdm, *args: Any, **kwargs: Any) -> None:
+        kwargs["disable"] = True
+        init(self, *args, **kwargs)
+
+    tqdm.__init__ = off
+    try:
+        yield
+    finally:
+        tqdm.__init__ = original

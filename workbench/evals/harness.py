@@ -383,15 +383,15 @@ def plot_summary(summary: pd.DataFrame, *, by: str | None = None, metrics: Seque
         counts = summary[RATES[metric][1]].astype(int).tolist() if metric in RATES and RATES[metric][1] in summary \
             else None
         label = metric.replace("_", " ") + (f" (n={counts[0]})" if counts and len(set(counts)) == 1 else "")
-        bars = ax.bar(xs, values.tolist(), width, yerr=errors, capsize=2, label=label)
-        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+        bars = ax.bar(xs, values.tolist(), width, yerr=errors, capsize=3, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=5)  # above the interval's cap, clear of it
     ax.set_xticks([i + width * (len(metrics) - 1) / 2 for i in range(len(labels))], labels, rotation=15, ha="right")
-    ax.set_ylim(0, 1.2)  # room for the labels above a full bar
+    ax.set_ylim(0, 1.25)  # room for the labels above a full bar
     ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     ax.set_ylabel("rate (95% Wilson interval)")
     ax.set_xlabel(by or "setting")
     ax.set_title("tool calling per setting")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=110)

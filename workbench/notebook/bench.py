@@ -35,7 +35,10 @@ counting:
 ``load_s``: the ``engine.set_quantization(mode)`` call that switched to the mode (re-load from the
 checkpoint and quantize; ~0 for mode None, which is already loaded as the reference).
 Memory: ``weights_bytes`` from ``engine.memory()`` (all ranks; quantized buffers, scales and zeros
-included) and its ratio to mode None; ``quantized_vs_bf16``: bytes of the quantized modules (scales
+included) and its ratio to mode None; ``packed_bytes``: the extra copy a CPU kernel keeps of a float32
+weight (the output projection's oneDNN-packed copy, ``ColumnParallel.pack_for_cpu``; 0 in the bfloat16 and
+quantized modes), so ``resident_bytes`` = weights + packed copies is what the weights really occupy, and
+``resident_ratio`` its ratio to mode None's; ``quantized_vs_bf16``: bytes of the quantized modules (scales
 included) over what they take in bfloat16 — the part of the model quantization actually shrinks;
 ``by_part``: per module kind, what is stored in which type (:func:`memory_table` lays it out).
 """
@@ -47,6 +50,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -109,15 +113,14 @@ def throughput(engine: Engine, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), pro
     * ``ttft_s`` / ``prefill_tok_s``: the same prompts with ``max_tokens=1`` (time to first token, prompt
       tokens per second);
     * ``decode_tok_s``: tokens after the first per second of the time beyond that prefill;
-    * ``latency_p50_s`` / ``latency_p90_s``: percentiles of the call's wall time over the repeats;
+    * ``latency_p50_s`` / ``latency_p90_s``: percentiles of the call's wall time over the repeats (interpolated:
+      with a few repeats p90 is close to their max, so ``total_s_min``/``total_s_max`` say more);
     * ``speedup_vs_batch1``: ``tok_s`` over the batch-size-1 row of the same mode and prompt length (the
       gain over running the prompts one by one; needs 1 in ``batch_sizes``).
 
     ``modes``: quantization modes to measure (the engine is switched and restored afterwards; default:
     only the current mode).
     """
-    import numpy as np
-
     if warmup < 0 or repeats < 1:
         raise InputError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     original = engine.settings.quantization
@@ -186,9 +189,10 @@ def quantization(engine_or_settings: Any, prompts: Sequence[str | Sequence[int]]
     ``engine_or_settings``: a loaded :class:`~workbench.engine.engine.Engine` (toggled through ``modes`` and
     restored to its mode afterwards) or a :class:`~workbench.config.Settings` (loaded here and freed
     afterwards).  ``prompts``: strings (encoded with BOS) or token-id lists — e.g. tool dialogs rendered by
-    ``engine.formatter.encode_dialog(messages, tools=...)``.  ``repeats``: each timing is the best of this
-    many runs (use 3+ on a shared machine).  ``progress``: a bar over the modes (None: shown once the call
-    takes a couple of seconds).
+    ``engine.formatter.encode_dialog(messages, tools=...)``.  ``repeats``: each speed is the median of this
+    many timed runs, with their min–max spread in ``prefill_tok_s_min``/``_max`` and ``decode_tok_s_min``/
+    ``_max`` (use 3+ on a shared machine; :func:`throughput` reports its speeds the same way).
+    ``progress``: a bar over the modes (None: shown once the call takes a couple of seconds).
     """
     if isinstance(engine_or_settings, Engine):
         engine, owned = engine_or_settings, False
@@ -204,18 +208,45 @@ def quantization(engine_or_settings: Any, prompts: Sequence[str | Sequence[int]]
             engine.set_quantization(original, progress=False)
 
 
-def memory_table(table: pd.DataFrame) -> pd.DataFrame:
+class MemoryTable(pd.DataFrame):
+    """:func:`memory_table`'s frame: a DataFrame that displays every cell whole.  pandas cuts a displayed cell
+    at 50 characters, and the cells that matter most are the long ones: a part stored in several types (under
+    fp8_mixed the routed experts of the first and last MoE layers stay bfloat16 beside the fp8 ones)."""
+
+    @property
+    def _constructor(self) -> type[MemoryTable]:
+        return MemoryTable
+
+    def __repr__(self) -> str:
+        with pd.option_context("display.max_colwidth", None, "display.max_columns", None):
+            return super().__repr__()
+
+    def _repr_html_(self) -> str | None:
+        with pd.option_context("display.max_colwidth", None, "display.max_columns", None):
+            return super()._repr_html_()
+
+
+def memory_table(table: pd.DataFrame) -> MemoryTable:
     """What each part of the model is stored as under each mode: one row per part (embedding, attention,
     feed_forward, routed_experts, ..., output), one column per mode of a :func:`quantization` table, each
-    cell ``"bfloat16 37.0 MiB"`` (or ``"int4 1.1 MiB + bfloat16 scales 0.1 MiB"``)."""
+    cell ``"bfloat16 37.0 MiB"`` (or ``"int4 1.1 MiB + bfloat16 scales 0.1 MiB"``; every type a part is
+    stored in, none cut from the display).  Then ``weights`` (their sum), and where the table has
+    ``packed_bytes``: the CPU kernel's packed float32 copy of the output projection and ``total``, what the
+    weights occupy with it (``resident_bytes``); without it ``total`` is the weights."""
     parts = list(dict.fromkeys(kind for by_part in table["by_part"] for kind in by_part))
     out = pd.DataFrame(index=pd.Index(parts, name="part"))
     for mode, by_part in zip(table.index, table["by_part"]):
         out[mode] = [" + ".join(f"{label} {human_bytes(n)}" for label, n in by_part.get(part, {}).items()) or "-"
                      for part in parts]
-    total = pd.DataFrame([{mode: human_bytes(n) for mode, n in zip(table.index, table["weights_bytes"])}],
-                         index=pd.Index(["total"], name="part"))
-    return pd.concat([out, total])
+    sums = {"weights": {mode: human_bytes(n) for mode, n in zip(table.index, table["weights_bytes"])}}
+    if "packed_bytes" in table.columns:
+        sums["output: CPU packed copy"] = {mode: f"float32 {human_bytes(n)}" if n else "-"
+                                           for mode, n in zip(table.index, table["packed_bytes"])}
+        sums["total"] = {mode: human_bytes(w + p) for mode, w, p in
+                         zip(table.index, table["weights_bytes"], table["packed_bytes"])}
+    else:
+        sums["total"] = sums.pop("weights")
+    return MemoryTable(pd.concat([out, pd.DataFrame(list(sums.values()), index=pd.Index(list(sums), name="part"))]))
 
 
 def _measure(engine: Engine, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
@@ -238,7 +269,9 @@ def _measure_modes(engine: Engine, prompts: Sequence[str | Sequence[int]], modes
     sequences = [p + r.tokens for p, r in zip(encoded, ref_runs)]
     starts = [len(p) - 1 for p in encoded]  # the position that predicts the reply's first token, and on
     ref_logprobs = _reply_logprobs(engine, sequences, starts)  # [n_i, V] each
-    baseline_bytes = engine.memory()["weights_bytes"]
+    baseline = engine.memory()
+    baseline_bytes = baseline["weights_bytes"]
+    baseline_resident = baseline_bytes + baseline.get("packed_bytes", 0)
     lengths = [len(p) for p in encoded]
     prompt_tokens = sum(lengths)
     rows = []
@@ -251,10 +284,13 @@ def _measure_modes(engine: Engine, prompts: Sequence[str | Sequence[int]], modes
         # speed on fresh prompts of the same lengths (nothing resident reused; the module doc's definitions)
         fresh = _seeds(len(encoded), *lengths)
         fixed_length_run(engine, _random_prompts(engine, lengths[:2], next(fresh)), 2)  # warm-up
-        prefill_s = min(_timed(first_token_run, engine, _random_prompts(engine, lengths, next(fresh)))
-                        for _ in range(repeats))
-        total_s = min(_timed(fixed_length_run, engine, _random_prompts(engine, lengths, next(fresh)), max_tokens)
-                      for _ in range(repeats))
+        prefills = [_timed(first_token_run, engine, _random_prompts(engine, lengths, next(fresh)))
+                    for _ in range(repeats)]
+        totals = [_timed(fixed_length_run, engine, _random_prompts(engine, lengths, next(fresh)), max_tokens)
+                  for _ in range(repeats)]
+        prefill_s = float(np.median(prefills))
+        generated = max_tokens * len(encoded)
+        decodes = [_decode_rate(generated, len(encoded), total, prefill_s) for total in totals]
         runs = fixed_length_run(engine, encoded, max_tokens)  # fidelity: the given prompts
         agree = positions = 0
         kl_sum = 0.0
@@ -265,12 +301,15 @@ def _measure_modes(engine: Engine, prompts: Sequence[str | Sequence[int]], modes
         # greedy runs of equal length: up to the reference's end they are what a normal run writes
         matched = [_prefix_match(r.tokens, q.tokens) for r, q in zip(ref_runs, runs)]
         same = sum(m == len(r.tokens) and _ends_alike(r, q, engine) for m, r, q in zip(matched, ref_runs, runs))
-        generated = max_tokens * len(encoded)
         low, high = wilson_interval(same, len(encoded))
+        packed = memory.get("packed_bytes", 0)
         rows.append({
             "mode": mode or "none",
             "weights_bytes": memory["weights_bytes"],
             "weights_ratio": memory["weights_bytes"] / baseline_bytes,
+            "packed_bytes": packed,
+            "resident_bytes": memory["weights_bytes"] + packed,
+            "resident_ratio": (memory["weights_bytes"] + packed) / baseline_resident,
             "quantized_bytes": memory.get("quantized_bytes", 0),
             "scale_bytes": memory.get("scale_bytes", 0),
             "quantized_vs_bf16": ((memory.get("quantized_bytes", 0) + memory.get("scale_bytes", 0))
@@ -280,8 +319,13 @@ def _measure_modes(engine: Engine, prompts: Sequence[str | Sequence[int]], modes
             "load_s": load_s,
             "prompt_tokens": prompt_tokens,
             "generated_tokens": generated,
+            "repeats": repeats,
             "prefill_tok_s": prompt_tokens / prefill_s,
-            "decode_tok_s": _decode_rate(generated, len(encoded), total_s, prefill_s),
+            "prefill_tok_s_min": prompt_tokens / max(prefills),
+            "prefill_tok_s_max": prompt_tokens / min(prefills),
+            "decode_tok_s": float(np.median(decodes)),
+            "decode_tok_s_min": min(decodes),
+            "decode_tok_s_max": max(decodes),
             "positions": positions,
             "top1_agreement": agree / positions,
             "mean_kl": kl_sum / positions,

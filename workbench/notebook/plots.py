@@ -97,73 +97,133 @@ def throughput(frame: pd.DataFrame, *, save: str | Path | None = None, title: st
 
 
 def latency(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figure:
-    """Wall time of one batch call (median, whisker up to p90 over the repeats) and its time to first token
-    (the prefill), against batch size, from zero seconds."""
+    """Wall time of one batch call (median, whiskers from min to max over the repeats) and its time to first
+    token (the prefill), against batch size, from zero seconds."""
     fig = Figure(figsize=(10, 4.6))
     call, first = fig.subplots(1, 2)
     for label, group, style in _series(frame):
         x = group["batch_size"]
-        upper = (group["latency_p90_s"] - group["latency_p50_s"]).clip(lower=0)
-        call.errorbar(x, group["latency_p50_s"], yerr=[[0] * len(group), upper], capsize=3, label=label, **style)
+        spread = [(group["total_s"] - group["total_s_min"]).clip(lower=0),
+                  (group["total_s_max"] - group["total_s"]).clip(lower=0)]
+        call.errorbar(x, group["total_s"], yerr=spread, capsize=3, label=label, **style)
         first.plot(x, group["ttft_s"], label=label, **style)
     for ax in (call, first):
         _batch_axis(ax, frame)
         ax.set_ylabel("seconds")
-    call.set_title(f"one batch call ({_tokens_per_row(frame)}; median, to p90)", fontsize=10)
+    call.set_title(f"one batch call ({_tokens_per_row(frame)}; median, min–max)", fontsize=10)
     first.set_title("time to first token (prefill of the batch)", fontsize=10)
     _figure_legend(fig, call, "quantization mode" + (", prompt length" if frame["prompt_len"].nunique() > 1 else ""))
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     return _finish(fig, save, layout=False)
 
 
+PACKED_LABEL = "float32 packed copy (CPU kernel)"
+PLAIN_TYPES = ("float32", "bfloat16", "float16", "float64")
+SPEED_COLORS = {"prefill_tok_s": "#5c6bc0", "decode_tok_s": "#26a69a"}  # apart from the memory panel's types
+
+
+def _stored_types(frame: pd.DataFrame) -> dict[str, list[float]]:
+    """MiB per stored type and mode, each quantized type with its scales (a scale is a sliver no bar shows
+    apart), and the CPU kernel's packed copy where the frame has it."""
+    types: dict[str, list[float]] = {}
+    for i, by_part in enumerate(frame["by_part"]):
+        for part in by_part.values():
+            scaled = any(label.endswith(" scales") for label in part)
+            quantized = [label for label in part if not label.endswith(" scales") and label not in PLAIN_TYPES]
+            for label, n in part.items():
+                if scaled and quantized and (label.endswith(" scales") or label == quantized[0]):
+                    label = f"{quantized[0]} + scales"
+                types.setdefault(label, [0.0] * len(frame))[i] += n / 2**20
+    if "packed_bytes" in frame.columns and frame["packed_bytes"].any():
+        types[PACKED_LABEL] = [n / 2**20 for n in frame["packed_bytes"]]
+    return types
+
+
 def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figure:
-    """Memory (stacked by stored type), speed and accuracy of each quantization mode (the frame of
-    ``workbench.notebook.bench.quantization``)."""
-    fig = Figure(figsize=(12, 4.4))
+    """Memory, speed and accuracy of each quantization mode (the frame of
+    ``workbench.notebook.bench.quantization``).
+
+    memory: what the weights occupy, stacked by stored type (with the CPU kernel's packed copy, where the
+    frame has ``packed_bytes``).  speed: prefill and decode as multiples of the first mode's (the baseline,
+    so both show on one axis however far apart their tokens/s are), median with min–max whiskers where the
+    frame has them, the tokens/s written on each bar.  accuracy: the share of prompts whose whole greedy reply
+    equals the baseline's, with its 95% Wilson interval (top-1 agreement and KL written on each bar)."""
+    fig = Figure(figsize=(13, 4.8))
     axes = fig.subplots(1, 3)
     modes = [str(m) for m in frame.index]
     xs = list(range(len(modes)))
+    resident = frame["resident_bytes"] if "resident_bytes" in frame.columns else frame["weights_bytes"]
+    totals = (resident / 2**20).tolist()
+    notes = [""] * len(modes)  # types too thin to see as a segment, written on the bar instead
     if "by_part" in frame.columns:  # stacked by what the bytes are stored as
-        types: dict[str, list[float]] = {}
-        for i, by_part in enumerate(frame["by_part"]):
-            for part in by_part.values():
-                for label, n in part.items():
-                    types.setdefault(label, [0.0] * len(modes))[i] += n / 2**20
         bottom = [0.0] * len(modes)
-        for label, values in sorted(types.items(), key=lambda kv: -sum(kv[1])):
-            axes[0].bar(xs, values, bottom=bottom, label=label)
+        types = sorted(_stored_types(frame).items(), key=lambda kv: (kv[0] == PACKED_LABEL, -sum(kv[1])))
+        for color, (label, values) in enumerate(types):
+            visible = max(values) >= 0.01 * max(totals)  # a segment under 1% of the axis is a hairline
+            style = {"hatch": "//", "color": "#cfd8dc", "edgecolor": "#607d8b"} if label == PACKED_LABEL else \
+                {"color": f"C{color}"}
+            axes[0].bar(xs, values, bottom=bottom, label=label if visible else "_hidden", **style)
             bottom = [b + v for b, v in zip(bottom, values)]
+            if not visible:
+                short = label.replace("float8_e4m3fn", "fp8")
+                notes = [f"{note}\n{short}\n{v:.1f} MiB" if v else note for note, v in zip(notes, values)]
         _legend_below(fig, axes[0], "stored as", ncols=2)
     else:
-        axes[0].bar(xs, frame["weights_bytes"] / 2**20, color=[f"C{i}" for i in range(len(modes))])
-    totals = (frame["weights_bytes"] / 2**20).tolist()
-    for x, total in zip(xs, totals):  # the total on each bar: small differences stay readable
+        axes[0].bar(xs, resident / 2**20, color=[f"C{i}" for i in range(len(modes))])
+    for x, total, note in zip(xs, totals, notes):  # the total on each bar: small differences stay readable
         axes[0].annotate(f"{total:.1f}", (x, total), ha="center", va="bottom", fontsize=8)
+        if note:  # inside the bar: what it holds beyond its visible segments
+            axes[0].annotate(f"incl.{note}", (x, total / 2), ha="center", va="center", fontsize=7, color="white")
     axes[0].set_ylim(0, 1.15 * max(totals))
-    axes[0].set_ylabel("weights (MiB)")
+    axes[0].set_ylabel("weights in memory (MiB)")
     axes[0].set_title("memory")
     width = 0.4
     for offset, column, label in ((-width / 2, "prefill_tok_s", "prefill (prompt tokens/s)"),
                                   (width / 2, "decode_tok_s", "decode (generated tokens/s)")):
-        bars = axes[1].bar([x + offset for x in xs], frame[column], width, label=label)
-        axes[1].bar_label(bars, fmt="%.0f", fontsize=7)
-    axes[1].set_ylim(0, 1.15 * float(max(frame["prefill_tok_s"].max(), frame["decode_tok_s"].max())))
-    axes[1].set_ylabel("tokens / s")
+        base = float(frame[column].iloc[0])
+        values = frame[column] / base
+        errors = None
+        if f"{column}_min" in frame.columns:
+            errors = [(values - frame[f"{column}_min"] / base).clip(lower=0),
+                      (frame[f"{column}_max"] / base - values).clip(lower=0)]
+        bars = axes[1].bar([x + offset for x in xs], values, width, yerr=errors, capsize=3, label=label,
+                           color=SPEED_COLORS[column])
+        axes[1].bar_label(bars, labels=[f"{v:.0f}" for v in frame[column]], fontsize=8, padding=3)
+    top = 1.0
+    for column in ("prefill_tok_s", "decode_tok_s"):
+        high = frame[f"{column}_max"] if f"{column}_max" in frame.columns else frame[column]
+        top = max(top, float((high / float(frame[column].iloc[0])).max()))
+    axes[1].axhline(1.0, color="#999", lw=1, ls="--")
+    axes[1].set_ylim(0, 1.25 * top)
+    spread = ", median, min–max" if "prefill_tok_s_min" in frame.columns else ""
+    axes[1].set_ylabel(f"× {modes[0]}'s tokens/s{spread}")
     axes[1].set_title("speed")
-    _legend_below(fig, axes[1], ncols=1)
-    bars = axes[2].bar(xs, frame["top1_agreement"], color=[f"C{i}" for i in range(len(modes))])
-    axes[2].bar_label(bars, fmt="%.3f", fontsize=8)
-    axes[2].set_ylim(0, 1.15)
+    _legend_below(fig, axes[1], "tokens/s on each bar", ncols=1)
+    if {"same_reply", "same_reply_low", "same_reply_high"} <= set(frame.columns):
+        values = frame["same_reply"].astype(float)
+        errors = [(values - frame["same_reply_low"]).clip(lower=0), (frame["same_reply_high"] - values).clip(lower=0)]
+        bars = axes[2].bar(xs, values, yerr=errors, capsize=3, color="#90a4ae")
+        labels = [f"{int(round(v * n))}/{int(n)}" for v, n in zip(values, frame["rows"])]
+        if {"top1_agreement", "mean_kl"} <= set(frame.columns):
+            labels = [f"{text}\ntop-1 {t:.3f}\nKL {k:.0e}" for text, t, k in
+                      zip(labels, frame["top1_agreement"], frame["mean_kl"])]
+        axes[2].bar_label(bars, labels=labels, fontsize=8, padding=3)
+        axes[2].set_ylabel(f"same greedy reply as {modes[0]} (95% Wilson)")
+    else:
+        bars = axes[2].bar(xs, frame["top1_agreement"], color="#90a4ae")
+        axes[2].bar_label(bars, fmt="%.3f", fontsize=8)
+        axes[2].set_ylabel(f"top-1 agreement with {modes[0]}")
+    axes[2].set_ylim(0, 1.45)
     axes[2].set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
-    axes[2].set_ylabel("top-1 agreement with none")
     axes[2].set_title("accuracy")
     for ax in axes:
         ax.set_xticks(xs, modes, rotation=20)
         ax.grid(axis="y", alpha=0.3)
     if {"rows", "generated_tokens", "positions"} <= set(frame.columns):
         first = frame.iloc[0]
+        repeats = f"; speeds over {int(first['repeats'])} runs" if "repeats" in frame.columns else ""
         fig.suptitle(f"{int(first['rows'])} prompts, {int(first['generated_tokens']) // int(first['rows'])} generated "
-                     f"tokens each; agreement over {int(first['positions'])} reply positions", fontsize=10)
+                     f"tokens each; agreement over {int(first['positions'])} reply positions{repeats}", fontsize=10)
     return _finish(fig, save)
 
 

@@ -168,15 +168,15 @@ def plot(summary: pd.DataFrame, *, ax: Any = None, path: str | None = None) -> A
         errors = [[max(v - lo, 0) for v, (lo, _) in zip(values, bounds)],
                   [max(hi - v, 0) for v, (_, hi) in zip(values, bounds)]]
         label = "accuracy" if group is None else f"prompt={group}"
-        bars = ax.bar([i + j * width for i in range(len(cats))], values, width, yerr=errors, capsize=2, label=label)
+        bars = ax.bar([i + j * width for i in range(len(cats))], values, width, yerr=errors, capsize=3, label=label)
         ax.bar_label(bars, labels=[f"{v:.2f}\nn={rows[c][2]}" if c in rows else "" for v, c in zip(values, cats)],
-                     fontsize=6, padding=2)
+                     fontsize=8, padding=4)
     ax.set_xticks([i + width * (len(groups) - 1) / 2 for i in range(len(cats))], cats, rotation=20, ha="right")
-    ax.set_ylim(0, 1.2)  # room for the labels above a full bar
+    ax.set_ylim(0, 1.3)  # room for the labels above a full bar
     ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     ax.set_ylabel("BFCL accuracy (95% Wilson interval)")
-    ax.set_title("BFCL (AST checker)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
+    ax.set_title("BFCL accuracy per category (AST checker)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=110)
