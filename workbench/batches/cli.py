@@ -22,7 +22,7 @@ from typing import Any
 
 from workbench.progress import progress_bar
 
-from .lines import LineError, error_message, iter_lines, parse_line, vllm_line
+from .lines import LineError, error_message, iter_lines, parse_line, read_appended, vllm_line
 from .runner import Answer, Backend, Interrupted, Work, prepare, run_chunks
 
 
@@ -31,8 +31,12 @@ def done_ids(path: Path) -> tuple[set[str], set[str]]:
     a torn last line (a killed write) is cut off so the file stays valid JSONL."""
     ids: set[str] = set()
     anonymous: set[str] = set()
-    if not path.exists():
-        return ids, anonymous
+    for line in read_appended(path):
+        if isinstance(line, dict) and isinstance(line.get("custom_id"), str):
+            ids.add(line["custom_id"])
+        elif isinstance(line, dict):
+            anonymous.add(str(line.get("error")))
+    return ids, anonymous
     good = 0
     with open(path, "rb") as f:
         for raw in f:

@@ -112,3 +112,25 @@ def error_message(body: dict[str, Any]) -> str:
     """The message of an OpenAI error body (for vLLM's one-string ``error``)."""
     error = body.get("error") if isinstance(body, dict) else None
     return str(error.get("message")) if isinstance(error, dict) else json.dumps(body)[:500]
+
+
+def read_appended(path: Path) -> list[Any]:
+    """The JSON lines of a file this package appends to as work finishes (a batch's answered lines, the CLI's
+    output); a torn last line, left by a killed write, is cut off the file so later appends stay valid JSONL."""
+    entries: list[Any] = []
+    if not path.exists():
+        return entries
+    good = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                entries.append(json.loads(raw))
+            except ValueError:
+                break
+            good += len(raw)
+    if good != path.stat().st_size:
+        with open(path, "r+b") as f:
+            f.truncate(good)
+    return entries

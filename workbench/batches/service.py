@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BatchAPIError
-from .lines import ENDPOINTS, LineError, error_line, iter_lines, output_line, parse_line
+from .lines import ENDPOINTS, LineError, error_line, iter_lines, output_line, parse_line, read_appended
 from .runner import Answer, Backend, Interrupted, Work, prepare, run_chunks, run_name
 from .store import BatchRecords, FileStore, default_data_dir, new_id
 
@@ -356,24 +356,7 @@ class BatchService:
 
 def read_done(path: Path) -> dict[int, dict[str, Any]]:
     """The answered lines of a batch by line number; a torn last line (a killed write) is cut off."""
-    done: dict[int, dict[str, Any]] = {}
-    if not path.exists():
-        return done
-    good = 0
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                break
-            if not raw.endswith(b"\n"):
-                break
-            done[int(entry["line"])] = entry
-            good += len(raw)
-    if good != path.stat().st_size:
-        with open(path, "r+b") as f:
-            f.truncate(good)
-    return done
+    return {int(entry["line"]): entry for entry in read_appended(path)}
 
 
 def _lock(path: Path) -> Any:

@@ -401,12 +401,7 @@ class Store:
             raise InputError(f"provenance must be a workbench.runs.Provenance, got {type(provenance).__name__}")
         signature = _json(provenance.to_dict())
         with self._lock:
-            try:
-                self.connection()
-            except StoreError:
-                raise
-            except (sqlite3.Error, OSError) as exc:
-                self.fault(exc, "opened")
+            self.check()
             cached = self._runs.get((name, signature))
             if cached is not None:
                 return cached
