@@ -211,4 +211,6 @@ def _check_definition(index: Index, ref: str, name: str) -> str | None:
         for where, at in index.definitions.get(qualified, []):
             if where == file and first_line <= at <= last_line:
                 return None
-    return f"{name} is not defined at {path}:{lines}"
+    found = [f"{w.relative_to(PACKAGE).as_posix()}:{at}" for q in (".".join(key), key[-1])
+             for w, at in index.definitions.get(q, []) if w == file]
+    return f"{name} is not defined at {path}:{lines}" + (f"; it is at {found[0]}" if found else "")
