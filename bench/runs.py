@@ -20,8 +20,10 @@ each contender repeated (interleaved, medians) on a fresh store file so no call 
 ``--part memory`` runs one 10,000-row ``batch_completion`` (a tiny checkpoint, ``max_tokens=2``) with ``run=`` and
 without, sampling the process's RSS four times a second: what the store adds on top of the results themselves.
 
-Clock: CPU seconds of the whole process (``time.process_time``: the store's timer thread included), robust to a
-shared machine's preemption; ``OMP_NUM_THREADS=1`` keeps torch on one thread.
+Clock: the engine part counts CPU seconds of the whole process (``time.process_time``: the store's timer thread
+included), robust to a shared machine's preemption; the store part counts wall seconds (``time.perf_counter``: a
+FULL-sync write waits for the disk, which CPU time would not see).  ``OMP_NUM_THREADS=1`` keeps torch on one
+thread.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python bench/runs.py [--rows 960] [--logprobs 5]
     PYTHONPATH=. OMP_NUM_THREADS=1 python bench/runs.py --part engine [--repeats 3]
@@ -94,21 +96,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
         folder = Path(tmp)
         outputs = [output(i, args.logprobs) for i in range(args.rows)]
+        rows = requests(args.rows)  # built before any clock starts: the contenders time the store, not the data
+        batches = [rows[b:b + BATCH] for b in range(0, args.rows, BATCH)]
 
         start = time.perf_counter()
-        for b in range(0, args.rows, BATCH):
-            runs.request_keys(prov.identity, prov.load, requests(BATCH, b))
+        for batch in batches:
+            runs.request_keys(prov.identity, prov.load, batch)
         results["keys_us_per_row"] = per_row_us(time.perf_counter() - start, args.rows)
 
         stores = {}
         for name, sync, group in (("put", "NORMAL", 1), ("put_full_sync", "FULL", 1), ("put_many16", "NORMAL", 16)):
             store = Store(folder / f"{name}.sqlite", synchronous=sync)
             run = store.open_run("bench", prov)
-            keys = run.keys(requests(args.rows))
+            keys = run.keys(rows)
             start = time.perf_counter()
             for g in range(0, args.rows, group):
                 run.put_many([{"key": keys[i], "request": {"prompt": f"prompt {i}"},
-                               "prompt_ids": requests(1, i)[0].prompt_ids, "output": outputs[i],
+                               "prompt_ids": rows[i].prompt_ids, "output": outputs[i],
                                "timings": {"seconds": 0.1}} for i in range(g, min(g + group, args.rows))])
             results[f"{name}_us_per_row"] = per_row_us(time.perf_counter() - start, args.rows)
             stores[name] = (store, run, keys)

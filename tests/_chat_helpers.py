@@ -20,6 +20,16 @@ from workbench.types import Completion, Message, ToolCall
 PINNED_DATE = dt.date(2024, 9, 21)
 
 
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: first
+        b: second
+    """
+    return a + b
+
+
 def install_torchvision_stub() -> None:
     """The Llama 4 reference chat format imports torchvision for image preprocessing; without an installable
     torchvision the tests use a minimal stand-in of the transforms it needs (tests/torchvision_standin.py)."""

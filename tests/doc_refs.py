@@ -195,7 +195,7 @@ def _check(index: Index, span: str) -> str | None:
             return None
         if name in index.classes or any(name in members for members in index.members.values()):
             return None
-        return "no such class" if any(c.islower() for c in name) and not name.isupper() else None
+        return "no such class"
     return None
 
 

@@ -25,6 +25,7 @@ import pytest
 import workbench as wb
 from workbench.batches.cli import done_ids
 from workbench.serve import serve
+from workbench.serve.batch_main import batch_run_name
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("python_multipart")
@@ -281,7 +282,7 @@ def test_command_line_output_equals_engine_and_resumes(engine, tmp_path, capsys)
 
     # resume: keep 5 lines and half of the 6th (a write cut by a kill), then run again: the lines lost come back
     # from the run store (run "batch:<output path>"), none recomputed
-    run = "batch:" + str(out.resolve())
+    run = batch_run_name(out)
     stored = sorted((row.key, row.created_at) for row in wb.runs.store().rows(run))
     assert len(stored) == 8 + 2  # eight cities (requests 8 and 9 repeat 0 and 1) and two prompts
     kept = out.read_bytes().splitlines(keepends=True)

@@ -25,29 +25,35 @@ def engine(llama3_dir):
     e.close()
 
 
-def _frames_to_first_forward(monkeypatch: pytest.MonkeyPatch, call) -> list[tuple[str, str]]:
-    """The workbench frames between ``call()`` and the first transformer forward it reaches, outermost first."""
+def _first_forward_stack(call) -> list[tuple[str, str]] | None:
+    """The workbench frames between ``call()`` and the first transformer forward it reaches, outermost first
+    (None: no forward ran).  The forwards are patched only while ``call`` runs."""
     seen: list[list[tuple[str, str]]] = []
-    for name in FORWARDS:
-        original = getattr(Transformer, name)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in FORWARDS:
+            original = getattr(Transformer, name)
 
-        def hook(self, *args, _original=original, **kwargs):
-            if not seen:
-                frames = inspect.stack()[1:]  # the hook's callers, innermost first
-                seen.append([(str(Path(f.filename).relative_to(ROOT)), f.function) for f in frames
-                             if Path(f.filename).is_relative_to(ROOT)])
-            return _original(self, *args, **kwargs)
+            def hook(self, *args, _original=original, **kwargs):
+                if not seen:
+                    frames = inspect.stack()[1:]  # the hook's callers, innermost first
+                    seen.append([(str(Path(f.filename).relative_to(ROOT)), f.function) for f in frames
+                                 if Path(f.filename).is_relative_to(ROOT)])
+                return _original(self, *args, **kwargs)
 
-        monkeypatch.setattr(Transformer, name, hook)
-    call()
-    monkeypatch.undo()
-    assert seen, "no transformer forward ran"
-    return list(reversed(seen[0]))
+            patch.setattr(Transformer, name, hook)
+        call()
+    return list(reversed(seen[0])) if seen else None
 
 
-def test_a_chat_batch_reaches_the_model_in_seven_frames_none_twice(engine, monkeypatch) -> None:
+def _frames_to_first_forward(call) -> list[tuple[str, str]]:
+    frames = _first_forward_stack(call)
+    assert frames is not None, "no transformer forward ran"
+    return frames
+
+
+def test_a_chat_batch_reaches_the_model_in_seven_frames_none_twice(engine) -> None:
     dialogs = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Hello"}]]
-    frames = _frames_to_first_forward(monkeypatch, lambda: engine.batch_chat_completion(dialogs, max_tokens=2))
+    frames = _frames_to_first_forward(lambda: engine.batch_chat_completion(dialogs, max_tokens=2))
     listing = "\n".join(f"  {path}:{function}" for path, function in frames)
     assert frames[0][0] == "engine/llama_stack.py" and frames[1] == ("engine/engine.py", "batch_chat_completion"), \
         listing
@@ -60,18 +66,19 @@ def test_a_call_with_a_run_store_takes_the_same_path(engine, monkeypatch, tmp_pa
     on the way to the forward is added or entered twice."""
     monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
     dialogs = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Hello"}]]
-    plain = _frames_to_first_forward(monkeypatch, lambda: engine.batch_chat_completion(dialogs, max_tokens=2))
-    monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
+    plain = _frames_to_first_forward(lambda: engine.batch_chat_completion(dialogs, max_tokens=2))
     stored = _frames_to_first_forward(
-        monkeypatch, lambda: engine.batch_chat_completion(dialogs, max_tokens=2, run="call-path"))
+        lambda: engine.batch_chat_completion(dialogs, max_tokens=2, run="call-path"))
     assert stored == plain and len(stored) <= MAX_FRAMES and len(set(stored)) == len(stored)
+    # the rows went to the store: the same call again is answered from there, no forward runs
+    assert _first_forward_stack(lambda: engine.batch_chat_completion(dialogs, max_tokens=2, run="call-path")) is None
 
 
-def test_the_measurement_sees_a_wrapper_entered_twice(engine, monkeypatch) -> None:
+def test_the_measurement_sees_a_wrapper_entered_twice(engine) -> None:
     """The tool loop sits above the engine and calls its public ``batch_completion``: its stack holds the Llama
     Stack wrapper more than once, which the test above would refuse."""
     frames = _frames_to_first_forward(
-        monkeypatch, lambda: workbench.tools.run(engine, [{"role": "user", "content": "Hi"}], max_turns=1,
+        lambda: workbench.tools.run(engine, [{"role": "user", "content": "Hi"}], max_turns=1,
                                                  max_tokens=1))
     assert frames.count(("engine/llama_stack.py", "wrapper")) >= 2
     assert ("tools/loop.py", "complete_turn") in frames and ("engine/engine.py", "generate_tokens") in frames

@@ -128,9 +128,10 @@ def test_a_pool_stores_rows_in_the_driver_and_answers_from_the_store(pool, engin
     again = pool.batch_chat_completion(DIALOGS, TOOLS, max_tokens=24, run="pool-chat")
     assert again == chats and all(r.cached for r in again) and not any(r.cached for r in chats)
     sampled = pool.batch_completion(PROMPTS[:2], max_tokens=12, temperature=1.0, run="pool-sampled")
-    for row, result in zip(wb.runs.store().rows("pool-sampled"), sampled):  # each ran with its own drawn seed
-        assert row.seed_drawn and result == engine.completion(row.request["prompt"], max_tokens=12, temperature=1.0,
-                                                              seed=row.seed)
+    by_prompt = {row.request["prompt"]: row for row in wb.runs.store().rows("pool-sampled")}
+    for prompt, result in zip(PROMPTS[:2], sampled):  # each ran with its own drawn seed
+        row = by_prompt[prompt]
+        assert row.seed_drawn and result == engine.completion(prompt, max_tokens=12, temperature=1.0, seed=row.seed)
 
 
 def test_llama_stack_spellings_on_a_pool_equal_the_native_keywords(pool):

@@ -22,6 +22,7 @@ from _runs_engine_child import SLOW_ROWS, SLOW_TOKENS, cases, shared_prompts, sl
 
 import workbench as wb
 from workbench import evals, runs
+from workbench.engine import chat as chat_layer
 from workbench.errors import InputError, StoreError, StoreWarning
 from workbench.session import build_engine, resolve_settings
 from workbench.types import ChatCompletion, ScoredRow
@@ -160,6 +161,24 @@ def test_streams_answered_from_the_store_send_the_stored_result_as_chunks(engine
     finals = {row: c.final for row, c in engine.stream_batch_chat_completion(DIALOGS[:2], max_tokens=10,
                                                                               run="streams") if c.final is not None}
     assert finals[0] == chat and finals[0].cached and not finals[1].cached
+
+
+
+def test_a_streamed_chat_row_with_a_run_is_parsed_once_and_returned_as_stored(engine, store, monkeypatch):
+    """A chat row computed in a stream is parsed when it ends; the stream's final is that same reply, and the
+    store answers the next call with an equal one (tool calls and their ids included)."""
+    parsed = []
+    original = chat_layer.finish_row
+    monkeypatch.setattr(chat_layer, "finish_row", lambda *a, **k: parsed.append(1) or original(*a, **k))
+    dialogs = [[{"role": "user", "content": "What is 3 + 4? Use the add tool."}], DIALOGS[1]]
+    finals = {row: c.final for row, c in engine.stream_batch_chat_completion(dialogs, [add], max_tokens=24,
+                                                                              run="stream-once") if c.final}
+    assert len(parsed) == len(dialogs)  # once per row: not again for the stream's final
+    again = engine.batch_chat_completion(dialogs, [add], max_tokens=24, run="stream-once")
+    assert all(r.cached for r in again) and again == [finals[0], finals[1]]
+    single = list(engine.chat_completion(DIALOGS[2], [add], max_tokens=24, stream=True, run="stream-once"))
+    assert len(parsed) == len(dialogs) + 1 and not single[-1].cached
+    assert engine.chat_completion(DIALOGS[2], [add], max_tokens=24, run="stream-once") == single[-1]
 
 
 # ------------------------------------------------------------------------------------------- keys

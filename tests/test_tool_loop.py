@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _chat_helpers import FakeEngine
+from _chat_helpers import FakeEngine, add
 
 from workbench import chat, tools
 from workbench.errors import InputError, ToolError
@@ -15,16 +15,6 @@ from workbench.tools import CodeInterpreter
 from workbench.types import ChatCompletion, Completion, Message
 
 USER = {"role": "user", "content": "What is 2 + 3?"}
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: first
-        b: second
-    """
-    return a + b
 
 
 def boom(reason: str) -> str:

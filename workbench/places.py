@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 DATA_DIR_ENV = "WORKBENCH_DATA_DIR"
+CACHE_ENV = "WORKBENCH_CACHE"
+STORE_ENV = "WORKBENCH_STORE"  # the run store's file (workbench.runs), else runs.sqlite in the data folder
 
 
 def data_dir() -> Path:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workbench.places import DATA_DIR_ENV
+from workbench.places import CACHE_ENV, DATA_DIR_ENV, STORE_ENV
 
 BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.45;"
 
@@ -63,6 +63,11 @@ def rate_text(successes: float, n: int, digits: int = 2) -> str:
     return f"{successes / n:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] n={n}"
 
 
+def stored_types(types: dict[str, int]) -> str:
+    """What one part of a model is stored as: ``"int4 1.1 MiB + bfloat16 scales 0.1 MiB"`` (``"-"``: nothing)."""
+    return " + ".join(f"{label} {human_bytes(n)}" for label, n in types.items()) or "-"
+
+
 def short_path(path: Any) -> str:
     """A path as a shared notebook should show it: the run store named by ``$WORKBENCH_STORE``, or under
     ``$WORKBENCH_CACHE``, ``$WORKBENCH_DATA_DIR`` or the home folder it is written from there
@@ -70,7 +75,7 @@ def short_path(path: Any) -> str:
     machine's user folder; other paths are shown as they are."""
     text = str(path)
     roots = [(str(Path(os.environ[name]).expanduser()), f"${name}")
-             for name in ("WORKBENCH_STORE", "WORKBENCH_CACHE", DATA_DIR_ENV) if os.environ.get(name, "").strip()]
+             for name in (STORE_ENV, CACHE_ENV, DATA_DIR_ENV) if os.environ.get(name, "").strip()]
     roots.append((str(Path.home()), "~"))
     for root, name in roots:
         root = root.rstrip(os.sep)
@@ -93,8 +98,7 @@ class Report(dict):
         if key == "model_id" and value is None:
             return "not given (the prompt format follows params.json)"
         if key == "by_part" and isinstance(value, dict):  # kind -> {type: bytes}: "embedding: bfloat16 37.0 MiB; ..."
-            return "; ".join(f"{kind}: " + " + ".join(f"{label} {human_bytes(n)}" for label, n in types.items())
-                             for kind, types in value.items()) or "-"
+            return "; ".join(f"{kind}: {stored_types(types)}" for kind, types in value.items()) or "-"
         if isinstance(value, dict):
             return ", ".join(f"{k}: {self._human(key, v)}" for k, v in value.items()) or "-"
         if isinstance(value, list):

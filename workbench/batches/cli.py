@@ -37,24 +37,6 @@ def done_ids(path: Path) -> tuple[set[str], set[str]]:
         elif isinstance(line, dict):
             anonymous.add(str(line.get("error")))
     return ids, anonymous
-    good = 0
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                break
-            if not raw.endswith(b"\n"):
-                break
-            good += len(raw)
-            if isinstance(line, dict) and isinstance(line.get("custom_id"), str):
-                ids.add(line["custom_id"])
-            elif isinstance(line, dict):
-                anonymous.add(str(line.get("error")))
-    if good != path.stat().st_size:
-        with open(path, "r+b") as f:
-            f.truncate(good)
-    return ids, anonymous
 
 
 def run_file(backend: Backend, input_path: str | Path, output_path: str | Path, *, run: str | None = None,

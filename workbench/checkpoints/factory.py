@@ -25,6 +25,7 @@ from workbench.models.distributed import ensure_model_parallel
 from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.models.transformer import Transformer
 from workbench.models.vision import VisionModel
+from workbench.places import CACHE_ENV
 
 Layout = Literal["modules", "fused"]
 
@@ -148,11 +149,11 @@ def write_checkpoint(path: str | Path, params: dict[str, Any], *, n_shards: int 
 
 def cache_root() -> Path:
     """Where generated checkpoints live: ``$WORKBENCH_CACHE`` or ``~/.cache/workbench``."""
-    named = os.environ.get("WORKBENCH_CACHE")
+    named = os.environ.get(CACHE_ENV)
     root = Path(named).expanduser() if named else Path.home() / ".cache" / "workbench"
     if root.exists() and not root.is_dir():
-        where = "environment variable WORKBENCH_CACHE" if named else "the default cache location"
-        fix = ("point WORKBENCH_CACHE at a folder (or unset it)" if named
-               else "move the file away or set WORKBENCH_CACHE")
+        where = f"environment variable {CACHE_ENV}" if named else "the default cache location"
+        fix = (f"point {CACHE_ENV} at a folder (or unset it)" if named
+               else f"move the file away or set {CACHE_ENV}")
         raise ConfigError(f"the workbench cache {str(root)!r} (from {where}) is a file, not a folder; {fix}")
     return root

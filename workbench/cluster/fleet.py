@@ -5,7 +5,7 @@ Each replica position (a :class:`Slot`) owns one placement group for the pool's 
 living in it now: a replica that dies (its process killed, its node lost) is replaced by a new actor in the same
 group, loading the same engine.  The pool's jobs (:mod:`.jobs`) pick live slots with room through
 :meth:`Fleet.slots_with_room` and report deaths through :meth:`Fleet.replica_died`; the pool façade
-(:mod:`.pool`) never touches a slot itself.
+(:mod:`.pool`) changes no slot itself (it reads the first replica's text tools and info).
 """
 
 from __future__ import annotations
@@ -105,6 +105,18 @@ class Fleet:
 
     def live_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.state == "live"]
+
+    def set_quantization(self, mode: str | None) -> Any:
+        """Re-load every live replica under ``mode`` (a replacement started later loads it too); the first one's
+        new settings."""
+        import ray
+
+        live = self.live_slots()
+        settings = ray.get([s.handle.set_quantization.remote(mode) for s in live])
+        self.spec.load_kwargs["quantization"] = mode
+        for slot, s in zip(live, settings):
+            slot.info["settings"] = s
+        return settings[0]
 
     def wait_ready(self, timeout_s: float = LOAD_TIMEOUT_S) -> int:
         """Wait until no replacement is still loading (or ``timeout_s``); returns the live replicas."""

@@ -131,10 +131,10 @@ class Job:
 
     def partial(self) -> list[Any]:
         """Rows finished so far, in input order; None where a row has not finished (or was cancelled)."""
-        with self._lock:
-            rows = list(self._rows)
         if self._stored is not None:
             return self._stored.so_far()
+        with self._lock:
+            rows = list(self._rows)
         if self._to_results is None:
             return rows
         done = [i for i, r in enumerate(rows) if r is not None]
@@ -167,7 +167,7 @@ class Job:
             try:
                 rows = self._dispatch()
                 if self._stored is not None:
-                    self._stored.close()
+                    self._stored.close()  # written before result() returns (the finally below is for failures)
                     self._result = self._stored.results()
                 else:
                     self._result = self._to_results(list(range(len(rows))), rows) if self._to_results else rows

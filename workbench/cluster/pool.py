@@ -31,16 +31,17 @@ from ..engine.llama_stack import llama_stack_spellings
 from ..engine.remember import (
     SAMPLING_KEYWORDS,
     StoredCall,
+    chat_finish,
     chat_request,
+    check_run,
     engine_provenance,
+    generation_call,
     per_row_seeds,
-    row_sampling,
+    row_requests,
 )
 from ..errors import ConfigError, FormatError, InputError
 from ..formats import Prompt
 from ..generation import SamplingParams
-from ..runs import RowRequest
-from ..runs.store import check_run_name
 from ..runtime.settings import Settings
 from ..structured import per_row_formats
 from ..vision.images import is_image_item
@@ -228,15 +229,8 @@ class ReplicaPool:
 
     def set_quantization(self, mode: str | None, *, progress: bool | None = None) -> None:
         """Re-load every replica under another quantization mode (replacements load it too)."""
-        import ray
-
         self._check_open()
-        live = self.fleet.live_slots()
-        settings = ray.get([s.handle.set_quantization.remote(mode) for s in live])
-        self.fleet.spec.load_kwargs["quantization"] = mode
-        self.settings = settings[0]
-        for slot, s in zip(live, settings):
-            slot.info["settings"] = s
+        self.settings = self.fleet.set_quantization(mode)
 
     def info(self) -> dict[str, Any]:
         """The first live replica's ``engine.info()``, plus the pool's replicas, deaths and replacements."""
@@ -280,29 +274,29 @@ class ReplicaPool:
         """``run=`` / ``refresh=`` taken out of ``kwargs``: the call's rows against the run store (looked up here,
         in the driver), keyed as an engine keys them; None without ``run``."""
         run, refresh = kwargs.pop("run", None), kwargs.pop("refresh", False)
-        if run is None:
-            if refresh:
-                raise InputError("refresh=True recomputes the rows a run stored; give the run's name too "
-                                 "(run='name', refresh=True)")
+        if not check_run(run, refresh):
             return None
-        check_run_name(run)
         assert self.settings is not None and self.tokenizer is not None and self.formatter is not None
         scalar, seeds = per_row_seeds(kwargs.get("seed"), len(rows))
         params = SamplingParams.create(**{k: kwargs[k] for k in SAMPLING_KEYWORDS if k in kwargs}, seed=scalar)
         if formats is None:
             formats = per_row_formats(kwargs.get("response_format"), len(rows))
         prompts = [self._key_prompt(row, i) for i, row in enumerate(rows)]
-        requests = [RowRequest(ids, row_sampling(params, formats[i], seeds[i] if seeds else scalar, self.max_seq_len),
-                               kind, images) for i, (ids, images) in enumerate(prompts)]
+        requests = row_requests([ids for ids, _ in prompts], [images for _, images in prompts], params, formats,
+                                seeds, kind=kind, max_seq_len=self.max_seq_len)
+        return generation_call(self.open_run(run), requests, given, formats, params, refresh=refresh,
+                               finish=chat_finish(formats, self.formatter) if kind == "chat" else None)
+
+    def open_run(self, name: str) -> runs.Run:
+        """The run ``name`` in the run store as this pool writes it (``Engine.open_run``'s provenance, with the
+        replica count); the checkpoint is hashed at the first ``run=`` call and remembered."""
+        assert self.settings is not None
+        store = runs.store()
         if self._identity is None:
-            self._identity = runs.store().checkpoint_identity(self.settings.checkpoint_dir)
+            self._identity = store.checkpoint_identity(self.settings.checkpoint_dir)
         provenance = engine_provenance(self.settings, self._identity, model=self.fleet.head.get("model", self.model_id),
                                        family=self.family, replicas=len(self.fleet.slots))
-        formatter = self.formatter
-        finish = (lambda i, completion: chat.finish_row(completion, formats[i], formatter)) if kind == "chat" else None
-        return StoredCall(runs.store().open_run(run, provenance), requests, given, refresh=bool(refresh),
-                          parsed_types=[f.model if f is not None else None for f in formats], finish=finish,
-                          stop=params.stop)
+        return store.open_run(name, provenance)
 
     def _key_prompt(self, row: Any, i: int) -> tuple[list[int], list[str]]:
         """A row's prompt ids as a replica's engine encodes them, and its images by content (the opened pictures:

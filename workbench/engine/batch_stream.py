@@ -40,13 +40,15 @@ class BatchStream:
                  rows: RowAccumulator, *, what: str = "stream_batch_completion", preemptible: bool = True,
                  total: int | None = None, index: Sequence[int] | None = None,
                  replays: dict[int, list[StreamChunk]] | None = None, on_close: Callable[[], None] | None = None,
-                 partial: Callable[[list[Any]], list[Any]] | None = None) -> None:
+                 partial: Callable[[list[Any]], list[Any]] | None = None,
+                 finish: Callable[[int, Any], Any] | None = None) -> None:
         # ``requests``/``rows`` are the rows to generate; with a run store (``run=``) they are some of the call's
         # ``total`` rows (``index[j]``: the call's row of generated row j), and ``replays`` holds the chunks of
         # each stored row, sent first.  ``on_close`` runs when the stream ends (the store's last write);
-        # ``partial`` turns the generated rows' partial results into the call's (a cancel).
+        # ``partial`` turns the generated rows' partial results into the call's (a cancel); ``finish``: (row,
+        # Completion) -> the final object a row's last chunk carries.
         self.rows = len(requests) if total is None else total
-        self.finish: Callable[[int, Any], Any] | None = None  # (row, Completion) -> the final object
+        self.finish = finish
         self._accumulator = rows
         self._gate = gate
         self._index = list(index) if index is not None else list(range(len(requests)))

@@ -32,7 +32,18 @@ from workbench.engine.introspection import IntrospectionMixin, model_label
 from workbench.engine.llama_stack import llama_stack_spellings
 from workbench.engine.outputs import close_events
 from workbench.engine.prompts import Content, check_lengths, encode_row, prompt_row
-from workbench.engine.remember import StoredCall, chat_request, engine_provenance, per_row_seeds, row_requests
+from workbench.engine.remember import (
+    Finish,
+    StoredCall,
+    chat_finish,
+    chat_request,
+    check_run,
+    engine_provenance,
+    generation_call,
+    per_row_seeds,
+    row_requests,
+    tile_digests,
+)
 from workbench.engine.scoring import logits_rows, score_rows, scored_rows
 from workbench.errors import FormatError, GenerationCancelled, ImageError, InputError, WorkbenchError
 from workbench.formats import make_formatter
@@ -44,7 +55,6 @@ from workbench.models.llama32_vision import LLAMA32_VISION_DEFAULT_NAME, is_cros
 from workbench.progress import TokenRate, check_progress, progress_bar
 from workbench.quantization import check_supported
 from workbench.runs import RowRequest, Run
-from workbench.runs.store import check_run_name
 from workbench.runtime.settings import Settings
 from workbench.structured import Constraint, OutputFormat, per_row_formats
 from workbench.types import ChatCompletion, Completion, ScoredRow, StreamChunk
@@ -168,7 +178,7 @@ class Engine(IntrospectionMixin):
                         image_tiles: Sequence[torch.Tensor | None] | None = None,
                         on_finish: FinishHook | None = None,
                         seeds: Sequence[int | None] | None = None,
-                        stored: StoredCall | None = None) -> list[Any]:
+                        stored: StoredCall | None = None, finish: Finish | None = None) -> list[Any]:
         """Run already-encoded prompts and collect one Completion per prompt: the path every batch call takes.
 
         Checks the lengths (the ids are taken as they are), compiles the rows' grammars, holds the engine for the
@@ -176,7 +186,8 @@ class Engine(IntrospectionMixin):
         per prompt, its images' preprocessed tiles (or None); ``on_finish(row, completion)`` is called the moment
         each row ends; ``seeds`` (one per prompt) replaces ``params.seed`` row by row.  ``stored`` (a call against
         a run store, :mod:`.remember`): only its rows to compute run, each is stored as it ends, and the result is
-        every row in order, stored ones included (chat rows as their parsed replies)."""
+        every row in order, stored ones included.  ``finish``: ``(row, Completion) -> result`` (a chat reply
+        parsed, :func:`~.remember.chat_finish`); a stored call applies the same one as each row ends."""
         if not prompts:
             return []
         tiles = list(image_tiles) if image_tiles is not None else [None] * len(prompts)
@@ -223,9 +234,11 @@ class Engine(IntrospectionMixin):
             if stored is not None:
                 stored.close()  # rows still waiting for their group's write go to the store now
         if stored is None:
-            return rows.completions()
+            completions = rows.completions()
+            return completions if finish is None else [finish(i, c) for i, c in enumerate(completions)]
         if not rows.done:
-            raise GenerationCancelled(str(rows.cancelled()), partial=stored.partial(rows.partial()))
+            cut = rows.cancelled()
+            raise GenerationCancelled(str(cut), partial=stored.partial(cut.partial))
         return stored.results()
 
     @llama_stack_spellings(content="content")
@@ -252,30 +265,27 @@ class Engine(IntrospectionMixin):
 
     def _open_stream(self, prompts: list[list[int]], tiles: list[Any], params: SamplingParams,
                      formats: list[OutputFormat | None], *, what: str, preemptible: bool = True,
-                     on_finish: FinishHook | None = None, seeds: Sequence[int | None] | None = None,
-                     stored: StoredCall | None = None) -> BatchStream:
+                     seeds: Sequence[int | None] | None = None, stored: StoredCall | None = None,
+                     finish: Finish | None = None) -> BatchStream:
         """A stream over already-encoded prompts (lengths and grammars checked now, before the first ``next``).
-        With ``stored``, its stored rows are replayed first and only the others run."""
+        With ``stored``, its stored rows are replayed first and only the others run.  ``finish``: ``(row,
+        Completion) -> final`` (a chat reply parsed); a stored call made that final already when the row ended."""
         check_lengths(self, prompts, tiles)
         n, index, replays = len(prompts), list(range(len(prompts))), None
         if stored is not None:
             index, seeds, replays = stored.todo, stored.seeds, stored.replays(self.tokenizer)
             prompts, tiles, formats = ([xs[i] for i in index] for xs in (prompts, tiles, formats))
         constraints = self._constraints(formats)
-
-        def finished(row: int, completion: Completion) -> None:
-            if stored is not None:
-                stored.finished(row, completion)
-            if on_finish is not None:
-                on_finish(index[row], completion)
-
-        rows = RowAccumulator(self.tokenizer, prompts, params, formats, stream=True, on_finish=finished)
+        rows = RowAccumulator(self.tokenizer, prompts, params, formats, stream=True,
+                              on_finish=stored.finished if stored is not None else None)
         requests = [Request(j, p, params if seeds is None else replace(params, seed=seeds[j]), c, image_tiles=t,
                             cancel=rows.cancels[j])
                     for j, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
+        if stored is not None and finish is not None:
+            finish = stored.output  # the row's result as stored: parsed once, when the row ended
         return BatchStream(self._runner, self._gate, self._calls, requests, rows, what=what, preemptible=preemptible,
                            total=n, index=index, replays=replays, on_close=stored.close if stored else None,
-                           partial=stored.partial if stored else None)
+                           partial=stored.partial if stored else None, finish=finish)
 
     def _rendered(self, prompts: Sequence[PromptRow]) -> tuple[list[list[int]], list[Any]]:
         """The chat layer's prompts as token ids and image tiles (ids as the formatter built them)."""
@@ -319,20 +329,12 @@ class Engine(IntrospectionMixin):
                 params: SamplingParams, formats: list[OutputFormat | None], seeds: Sequence[int | None] | None,
                 given: Sequence[Any], *, kind: str = "completion") -> StoredCall | None:
         """The call's rows against run ``run`` (None: no run store), looked up now."""
-        if run is None:
-            if refresh:
-                raise InputError("refresh=True recomputes the rows a run stored; give the run's name too "
-                                 "(run='name', refresh=True)")
+        if not check_run(run, refresh):
             return None
-        check_run_name(run)
-        requests = row_requests(prompts, tiles, params, formats, seeds, kind=kind, max_seq_len=self.max_seq_len)
-        finish = None
-        if kind == "chat":
-            formatter = self.formatter
-            finish = lambda i, completion: chat.finish_row(completion, formats[i], formatter)  # noqa: E731
-        return StoredCall(self.open_run(run), requests, given, refresh=bool(refresh),
-                          parsed_types=[f.model if f is not None else None for f in formats], finish=finish,
-                          stop=params.stop)
+        requests = row_requests(prompts, [tile_digests(t) for t in tiles], params, formats, seeds, kind=kind,
+                                max_seq_len=self.max_seq_len)
+        return generation_call(self.open_run(run), requests, given, formats, params, refresh=refresh,
+                               finish=chat_finish(formats, self.formatter) if kind == "chat" else None)
 
     # ----------------------------------------------------------------------------- chat
     @llama_stack_spellings(chat=True)
@@ -378,9 +380,8 @@ class Engine(IntrospectionMixin):
         ids, tiles = self._rendered(prompts)
         stored = self._stored(run, refresh, ids, tiles, params, formats, None,
                               [chat_request(messages, tools, tool_choice, tool_prompt_format)], kind="chat")
-        completions = self.generate_tokens(ids, params, progress=False, formats=formats, image_tiles=tiles,
-                                           stored=stored)
-        return completions[0] if stored is not None else chat.finish_row(completions[0], formats[0], self.formatter)
+        return self.generate_tokens(ids, params, progress=False, formats=formats, image_tiles=tiles, stored=stored,
+                                    finish=chat_finish(formats, self.formatter))[0]
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
@@ -411,9 +412,8 @@ class Engine(IntrospectionMixin):
         ids, tiles = self._rendered(prompts)
         stored = self._stored(run, refresh, ids, tiles, params, formats, seeds,
                               [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], kind="chat")
-        completions = self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles,
-                                           seeds=seeds, stored=stored)
-        return completions if stored is not None else chat.finish(completions, formats, self.formatter)
+        return self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles, seeds=seeds,
+                                    stored=stored, finish=chat_finish(formats, self.formatter))
 
     @sampling_doc
     def batch_chat_rendered(self, prompts: Sequence[PromptRow], formats: Sequence[OutputFormat | None] | None = None,
@@ -441,9 +441,8 @@ class Engine(IntrospectionMixin):
         ids, tiles = self._rendered(prompts)
         given = list(requests) if requests is not None else [{"prompt_ids": p} for p in ids]
         stored = self._stored(run, refresh, ids, tiles, params, formats, seeds, given, kind="chat")
-        completions = self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles,
-                                           seeds=seeds, stored=stored)
-        return completions if stored is not None else chat.finish(completions, formats, self.formatter)
+        return self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles, seeds=seeds,
+                                    stored=stored, finish=chat_finish(formats, self.formatter))
 
     @llama_stack_spellings(chat=True)
     @sampling_doc
@@ -473,7 +472,8 @@ class Engine(IntrospectionMixin):
         ids, tiles = self._rendered(prompts)
         stored = self._stored(run, refresh, ids, tiles, params, formats, None,
                               [chat_request(messages, tools, tool_choice, tool_prompt_format)], kind="chat")
-        stream = self._open_stream(ids, tiles, params, formats, what="stream_completion", stored=stored)
+        stream = self._open_stream(ids, tiles, params, formats, what="stream_completion", stored=stored,
+                                   finish=chat_finish(formats, self.formatter))
         return chat.finish_stream(stream.chunks(), formats[0], self.formatter)
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
@@ -524,11 +524,8 @@ class Engine(IntrospectionMixin):
         ids, tiles = self._rendered(prompts)
         stored = self._stored(run, refresh, ids, tiles, params, formats, seeds,
                               [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], kind="chat")
-        stream = self._open_stream(ids, tiles, params, formats, what="stream_batch_completion",
-                                   preemptible=preemptible, seeds=seeds, stored=stored)
-        formatter = self.formatter
-        stream.finish = lambda row, completion: chat.finish_row(completion, formats[row], formatter)
-        return stream
+        return self._open_stream(ids, tiles, params, formats, what="stream_batch_completion", preemptible=preemptible,
+                                 seeds=seeds, stored=stored, finish=chat_finish(formats, self.formatter))
 
     # ----------------------------------------------------------------------------- scoring
     def logits(self, token_lists: Sequence[Sequence[int] | Any]) -> list[torch.Tensor]:
@@ -563,14 +560,10 @@ class Engine(IntrospectionMixin):
         rows, firsts = score_rows(self, sequences, starts)
         if not rows:
             return []
-        if run is None and not refresh:
+        if not check_run(run, refresh):
             with self._gate.exclusive("score"):
                 logprobs, greedy, counts = self._runner.score(rows, firsts)
             return scored_rows(logprobs, greedy, counts)
-        if run is None:
-            raise InputError("refresh=True recomputes the rows a run stored; give the run's name too "
-                             "(run='name', refresh=True)")
-        check_run_name(run)
         requests = [RowRequest(r, {"start": f}, "score") for r, f in zip(rows, firsts)]
         stored = StoredCall(self.open_run(run), requests, [{"sequence": r, "start": f} for r, f in zip(rows, firsts)],
                             refresh=bool(refresh))

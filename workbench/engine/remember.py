@@ -20,6 +20,7 @@ killed process loses only the rows still running (and at most that fraction of a
 from __future__ import annotations
 
 import copy
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,8 @@ from typing import Any
 
 import torch
 
-from workbench.engine.interfaces import TextTokenizer
+from workbench.engine import chat
+from workbench.engine.interfaces import ChatFormatter, TextTokenizer
 from workbench.errors import SamplingError
 from workbench.generation import SamplingParams
 from workbench.runs import (
@@ -36,9 +38,9 @@ from workbench.runs import (
     RowKey,
     RowRequest,
     Run,
-    draw_seed,
+    call_keywords,
     image_digest,
-    needs_seed,
+    settle_seed,
 )
 from workbench.runtime.settings import Settings
 from workbench.structured import OutputFormat
@@ -77,8 +79,9 @@ def row_sampling(params: SamplingParams, fmt: OutputFormat | None, seed: int | N
         sampling["max_seq_len"] = max_seq_len  # the row runs until the context is full
     if params.ignore_stop_tokens:
         sampling["ignore_stop_tokens"] = True
-    if fmt is not None:
-        sampling["response_format"] = {"kind": fmt.kind, "grammar": fmt.grammar}
+    if fmt is not None:  # the format by its grammar's hash: a tool-call grammar is kilobytes, every row would hold it
+        grammar = hashlib.sha256(fmt.grammar.encode("utf-8", "surrogatepass")).hexdigest()
+        sampling["response_format"] = {"kind": fmt.kind, "grammar_sha256": grammar}
         if fmt.kind == "tool_call":
             sampling["constrain_tools"] = True
     return sampling
@@ -97,11 +100,12 @@ def tile_digests(tiles: Any) -> list[str]:
         [f"aspects:{list(tiles.aspects)}", f"spans:{list(tiles.spans)}"]
 
 
-def row_requests(prompts: Sequence[Sequence[int]], tiles: Sequence[Any], params: SamplingParams,
+def row_requests(prompts: Sequence[Sequence[int]], images: Sequence[list[str]], params: SamplingParams,
                  formats: Sequence[OutputFormat | None], seeds: Sequence[int | None] | None, *, kind: str,
                  max_seq_len: int, extra: Mapping[str, Any] | None = None) -> list[RowRequest]:
-    """The :class:`~workbench.runs.RowRequest` of every row of a call (rows of one format and seed share their
-    sampling dict: a 10,000-row call holds a few, not 10,000)."""
+    """The :class:`~workbench.runs.RowRequest` of every row of a call (``images``: each row's images by content,
+    see :func:`tile_digests`; rows of one format and seed share their sampling dict: a 10,000-row call holds a
+    few, not 10,000)."""
     out = []
     shared: dict[tuple[int, int | None], dict[str, Any]] = {}
     for i, prompt in enumerate(prompts):
@@ -109,8 +113,29 @@ def row_requests(prompts: Sequence[Sequence[int]], tiles: Sequence[Any], params:
         slot = (id(formats[i]), seed)
         if slot not in shared:
             shared[slot] = row_sampling(params, formats[i], seed, max_seq_len)
-        out.append(RowRequest(prompt, shared[slot], kind, tile_digests(tiles[i]), extra))
+        out.append(RowRequest(prompt, shared[slot], kind, images[i], extra))
     return out
+
+
+def check_run(run: str | None, refresh: bool) -> bool:
+    """Whether a call goes through the run store: ``run`` names a run (the name checked now); ``refresh`` without
+    a run is a mistake, said with the fix."""
+    return bool(call_keywords(run, refresh))
+
+
+def chat_finish(formats: Sequence[OutputFormat | None], formatter: ChatFormatter) -> Finish:
+    """``(row, Completion) -> ChatCompletion``: a row's reply parsed as ``chat.finish`` parses it."""
+    return lambda row, completion: chat.finish_row(completion, formats[row], formatter)
+
+
+def generation_call(run: Run, requests: Sequence[RowRequest], given: Sequence[Any],
+                    formats: Sequence[OutputFormat | None], params: SamplingParams, *, refresh: bool,
+                    finish: Finish | None = None) -> StoredCall:
+    """A completion call's rows against ``run`` (stored ``parsed`` rebuilt with each row's format); with
+    ``finish`` (chat rows: :func:`chat_finish`) the stored and returned result is what it makes of a row."""
+    return StoredCall(run, requests, given, refresh=bool(refresh),
+                      parsed_types=[f.model if f is not None else None for f in formats], finish=finish,
+                      stop=params.stop)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -173,13 +198,10 @@ class StoredCall:
         self.keys: list[RowKey] = run.keys(self.requests)
         self.found: dict[int, Any] = {} if refresh else self._lookup(parsed_types or [None] * n)
         self.todo = [i for i in range(n) if i not in self.found]
-        self.drawn: list[bool] = []
-        self.seeds: list[int | None] = []
-        for i in self.todo:
-            sampling = self.requests[i].sampling
-            drawn = needs_seed(sampling)
-            self.seeds.append(draw_seed() if drawn else sampling.get("seed"))
-            self.drawn.append(drawn)
+        # each computed row's sampling as it runs and is stored: a sampled row without a seed gets a drawn one
+        settled = [settle_seed(self.requests[i].sampling) for i in self.todo]
+        self.sampling: list[dict[str, Any]] = [s for s, _ in settled]
+        self.drawn: list[bool] = [d for _, d in settled]
         self.outputs: dict[int, Any] = {}
         self.started = time.monotonic()
         self.writer = RowWriter(run)
@@ -200,20 +222,23 @@ class StoredCall:
         return found
 
     @property
-    def cached(self) -> int:
-        return len(self.found)
+    def seeds(self) -> list[int | None]:
+        """The seed each row of ``todo`` runs with (drawn where the request had none and samples)."""
+        return [s.get("seed") for s in self.sampling]
 
     def finished(self, j: int, completion: Completion) -> None:
         """Computed row ``j`` (its place in ``todo``) ended: keep its result and write it."""
         i = self.todo[j]
         result = self.finish(i, completion) if self.finish is not None else completion
         self.outputs[i] = result
-        sampling = self.requests[i].sampling
-        if self.drawn[j]:  # the row ran with a drawn seed: the store records it, so the row can be replayed
-            sampling = {**sampling, "seed": self.seeds[j]}
+        # a drawn seed is recorded with the row, so the row can be replayed
         self.writer.add({"key": self.keys[i], "request": self.given[i], "prompt_ids": self.requests[i].prompt_ids,
-                         "output": result, "sampling": sampling, "seed_drawn": self.drawn[j],
+                         "output": result, "sampling": self.sampling[j], "seed_drawn": self.drawn[j],
                          "timings": {"seconds": round(time.monotonic() - self.started, 4)}})
+
+    def output(self, row: int, completion: Completion) -> Any:
+        """Computed row ``row``'s result as :meth:`finished` kept it (``completion``: the row, already taken)."""
+        return self.outputs[row]
 
     def results(self) -> list[Any]:
         """Every row's result in call order (stored ones ``cached``)."""

@@ -17,7 +17,7 @@ import time
 import torch
 
 import workbench as wb
-from workbench import evals
+from workbench import evals, runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             values = [None if v in ("none", "None") else v for v in values]
             settings = [{**s, key: v} for s in settings for v in values]
     started = time.perf_counter()
-    stored = {"run": args.run, "refresh": args.refresh} if args.run else {}
+    stored = runs.call_keywords(args.run, args.refresh)
     if settings == [{}]:
         results = evals.run_cases(engine, cases, tools=tools, progress=True, **stored)
         summary = evals.summarize(results)

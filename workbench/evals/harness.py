@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from workbench import runs
 from workbench.demo.tools import DEMO_TOOLS
 from workbench.engine.interfaces import CompletionEngine
 from workbench.errors import InputError
@@ -119,9 +120,9 @@ def run_cases(
     running the cases again — after a crash, or to score them another way — answers each step from there
     instead of the model (the tools run again; ``refresh=True`` recomputes)."""
 
-    stored = {"run": run, "refresh": refresh} if run is not None or refresh else {}  # `run` names a case below
+    stored = runs.call_keywords(run, refresh)
     registry = dict(DEMO_TOOLS if tools is None else tools)
-    runs = []
+    case_runs = []
     for case in cases:
         unknown = [n for n in case.tools if n not in registry]
         if unknown:
@@ -129,48 +130,48 @@ def run_cases(
                              "pass tools={name: function} to the harness")
         system = case.system if case.system is not None else system_prompt
         messages = [Message(role="system", content=system)] if system else []
-        run = _Run(case, Dialog(Transcript(messages), Toolbox.create([registry[n] for n in case.tools])))
-        _start_turn(run, tool_choice)
-        runs.append(run)
+        case_run = _Run(case, Dialog(Transcript(messages), Toolbox.create([registry[n] for n in case.tools])))
+        _start_turn(case_run, tool_choice)
+        case_runs.append(case_run)
     sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "progress": False, **stored}
-    bar = _progress(progress, len(runs))
+    bar = _progress(progress, len(case_runs))
     while True:
-        active = [r for r in runs if not r.done]
+        active = [r for r in case_runs if not r.done]
         if not active:
             break
         replies = dict((id(d), reply) for d, reply in complete_turn(
             engine, [r.dialog for r in active], tool_prompt_format=tool_prompt_format, sampling=sampling))
-        for run in active:
-            reply = replies.get(id(run.dialog))
+        for case_run in active:
+            reply = replies.get(id(case_run.dialog))
             if reply is None:  # a tool result made the dialog longer than max_seq_len: the case ends here
-                run.ended("prompt_too_long")
-                run.done = True
+                case_run.ended("prompt_too_long")
+                case_run.done = True
                 bar.update(1)
                 continue
-            message = run.dialog.add(reply)
-            run.replies += 1
-            run.replies_in_turn += 1
-            run.tokens += len(reply.tokens)
-            run.parse_failures += message.parse_error is not None
-            if message.tool_calls and run.replies_in_turn <= max_replies_per_turn:
-                answers = run.dialog.answer(message.tool_calls, run.case.turns[run.turn].tool_results)
-                run.turn_calls[-1].extend(message.tool_calls)
-                run.turn_results[-1].extend(str(m.content) for m in answers)
-                run.dialog.tool_choice = "auto"
+            message = case_run.dialog.add(reply)
+            case_run.replies += 1
+            case_run.replies_in_turn += 1
+            case_run.tokens += len(reply.tokens)
+            case_run.parse_failures += message.parse_error is not None
+            if message.tool_calls and case_run.replies_in_turn <= max_replies_per_turn:
+                answers = case_run.dialog.answer(message.tool_calls, case_run.case.turns[case_run.turn].tool_results)
+                case_run.turn_calls[-1].extend(message.tool_calls)
+                case_run.turn_results[-1].extend(str(m.content) for m in answers)
+                case_run.dialog.tool_choice = "auto"
                 continue
             if message.tool_calls:  # still calling after max_replies_per_turn replies
-                run.ended("max_turns")
+                case_run.ended("max_turns")
             elif reply.stop_reason == "out_of_tokens":
-                run.ended("out_of_tokens")
-            run.turn_answers[-1] = message.content if not message.tool_calls else None
-            run.turn += 1
-            if run.turn < len(run.case.turns):
-                _start_turn(run, tool_choice)
+                case_run.ended("out_of_tokens")
+            case_run.turn_answers[-1] = message.content if not message.tool_calls else None
+            case_run.turn += 1
+            if case_run.turn < len(case_run.case.turns):
+                _start_turn(case_run, tool_choice)
             else:
-                run.done = True
+                case_run.done = True
                 bar.update(1)
     bar.close()
-    return pd.DataFrame([_score(r) for r in runs])
+    return pd.DataFrame([_score(r) for r in case_runs])
 
 
 def _progress(enabled: bool, total: int) -> Any:
@@ -281,13 +282,13 @@ def summarize(results: pd.DataFrame, by: Iterable[str] | None = None) -> pd.Data
         for rate, (column, over) in RATES.items():
             frame = groups[over]
             if column not in frame or not len(frame):
-                hits, n = float("nan"), 0
+                hits, n = 0.0, 0  # no cases: the rate and its interval are nan
             elif column == "parse_failures":
                 hits, n = float((frame[column] > 0).sum()), len(frame)
             else:
                 hits, n = float(frame[column].astype(float).sum()), len(frame)
             row[rate] = hits / n if n else float("nan")
-            row[f"{rate}_low"], row[f"{rate}_high"] = wilson_interval(hits, n) if n else (math.nan, math.nan)
+            row[f"{rate}_low"], row[f"{rate}_high"] = wilson_interval(hits, n)
         row["tokens_per_case"] = float(df["tokens"].mean())
         if "stop_reason" in df:
             row.update({f"ended_{reason}": int((df["stop_reason"] == reason).sum()) for reason in CASE_STOP_REASONS})
@@ -318,7 +319,7 @@ def rate_table(summary: pd.DataFrame, *, by: str | None = None,
     out = pd.DataFrame(index=frame.index)
     for metric in metrics:
         n = frame[RATES[metric][1]].astype(int)
-        out[metric] = [rate_text(rate * k, k) if k else "- (n=0)" for rate, k in zip(frame[metric].astype(float), n)]
+        out[metric] = [rate_text(rate * k, k) for rate, k in zip(frame[metric].astype(float), n)]
     return out
 
 

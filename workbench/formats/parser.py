@@ -27,7 +27,6 @@ import ast
 import hashlib
 import json
 import re
-import uuid
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -94,10 +93,6 @@ class ParseResult:
     error: str | None = None
 
 
-def new_call_id() -> str:
-    return str(uuid.uuid4())
-
-
 def reply_call_ids(body: str, n: int) -> list[str]:
     """The ids of a reply's ``n`` calls: a function of the reply's text (``call_<12 hex>_<k>``), so parsing a reply
     again — the same reply recomputed, or answered from the run store — gives the same calls, ids included, and
@@ -128,11 +123,10 @@ def parse_assistant(text: str, stop_reason: str | None = None) -> Message:
         # Cut by max_tokens while writing a call: whatever parsed is a fragment (arguments missing, a list of
         # calls short of its end), and running it would act on a call the model never finished.
         return Message(role="assistant", content=body.strip(), stop_reason="out_of_tokens", parse_error=CUT_CALL)
-    ids = reply_call_ids(body, len(result.tool_calls))
     return Message(
         role="assistant",
         content=result.content,
-        tool_calls=[replace(call, call_id=i) for call, i in zip(result.tool_calls, ids)],
+        tool_calls=result.tool_calls,
         stop_reason=stop_reason,  # type: ignore[arg-type]
         parse_error=result.error,
     )
@@ -157,7 +151,8 @@ def parse_tool_calls(text: str) -> ParseResult:
 
     Every call returned passes the same checks as a tool call given in a dialog's history (a name the model
     can write, JSON arguments that every prompt format can render), so the next turn of a tool loop can
-    always render this reply; a call that fails them makes the reply content with ``error`` set.
+    always render this reply; a call that fails them makes the reply content with ``error`` set.  The calls' ids
+    derive from ``text`` (:func:`reply_call_ids`): parsing the same text twice gives the same calls.
     """
     try:
         result = _parse(text)
@@ -168,6 +163,8 @@ def parse_tool_calls(text: str) -> ParseResult:
             ToolCall.coerce(call)
         except InputError as exc:
             return ParseResult(content=text.strip(), error=f"the model wrote a tool call that cannot be used: {exc}")
+    ids = reply_call_ids(text, len(result.tool_calls))
+    result.tool_calls = [replace(call, call_id=i) for call, i in zip(result.tool_calls, ids)]
     return result
 
 
@@ -213,7 +210,7 @@ def _payload_calls(payload: str) -> list[ToolCall] | str:
     if found.error and _looks_like_call(stripped):
         return found.error
     code = payload.strip("\r\n").rstrip()
-    return [ToolCall(tool_name="code_interpreter", arguments={"code": code}, call_id=new_call_id())]
+    return [ToolCall(tool_name="code_interpreter", arguments={"code": code})]
 
 
 def _looks_like_call(text: str) -> bool:
@@ -376,7 +373,7 @@ def _call_from_ast(node: ast.expr) -> ToolCall:
         if kw.arg is None:
             raise _ParseFailure(f"tool call {name}(...) uses **kwargs")
         args[kw.arg] = _literal(kw.value)
-    return ToolCall(tool_name=name, arguments=args, call_id=new_call_id())
+    return ToolCall(tool_name=name, arguments=args)
 
 
 _NAME_LITERALS = {"true": True, "false": False, "null": None, "none": None, "True": True, "False": False, "None": None}
@@ -478,7 +475,7 @@ def _json_call(obj: Any) -> ToolCall | None:
         args = {}
     if not isinstance(args, dict):
         raise _ParseFailure(f"arguments of tool call {name!r} must be an object, got {args!r}"[:300], True)
-    return ToolCall(tool_name=name, arguments=_normalize_builtin(name, args), call_id=new_call_id())
+    return ToolCall(tool_name=name, arguments=_normalize_builtin(name, args))
 
 
 def _parse_json(text: str, start: int, budget: _Budget) -> tuple[int, list[ToolCall] | None]:
@@ -511,7 +508,7 @@ def _parse_function_tag(text: str, start: int, budget: _Budget) -> tuple[int, li
     close = re.match(r"\s*</function>", text[i:])
     if close:
         i += close.end()
-    return i, [ToolCall(tool_name=name, arguments=_normalize_builtin(name, args), call_id=new_call_id())]
+    return i, [ToolCall(tool_name=name, arguments=_normalize_builtin(name, args))]
 
 
 def _parse_builtin(text: str, start: int, budget: _Budget) -> tuple[int, list[ToolCall] | None]:
@@ -529,7 +526,7 @@ def _parse_builtin(text: str, start: int, budget: _Budget) -> tuple[int, list[To
     loose = re.match(r'\(\s*query\s*=\s*"(.*)"\s*\)', text[paren:], re.DOTALL)
     if loose:
         return paren + loose.end(), [
-            ToolCall(tool_name=name, arguments={"query": loose.group(1)}, call_id=new_call_id())
+            ToolCall(tool_name=name, arguments={"query": loose.group(1)})
         ]
     raise _ParseFailure(f"could not parse the built-in tool call {text[start : start + 200]!r}")
 

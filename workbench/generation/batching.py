@@ -9,6 +9,7 @@ and "After cutting CPU prefill into ≤ 12 MB forwards").
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -35,7 +36,7 @@ def packed_token_limit(model: Transformer) -> int:
         return MAX_PREFILL_TOKENS
     args = model.args
     widest = max(args.dim, args.dense_hidden_dim(), args.moe_hidden_dim() if args.moe_args is not None else 0)
-    per_token = widest * torch.empty((), dtype=model.dtype).element_size()
+    per_token = widest * model.dtype.itemsize
     return max(CPU_PREFILL_MIN_TOKENS, min(MAX_PREFILL_TOKENS, CPU_PREFILL_ACTIVATION_BYTES // per_token))
 
 
@@ -51,6 +52,28 @@ def packed_groups(lengths: Sequence[int], limit: int) -> Iterator[list[int]]:
         total += length
     if group:
         yield group
+
+
+class PackedBatch(NamedTuple):
+    """One packed prefill forward: which ``rows`` it computes, their suffixes end to end (``tokens`` [1, N]), and
+    per row the tokens computed (``lengths``), the position they start at (``starts``) and the cache ``slots``."""
+
+    rows: list[int]
+    tokens: torch.Tensor
+    lengths: list[int]
+    starts: list[int]
+    slots: list[int]
+
+
+def packed_batches(items: Sequence[tuple[int, Sequence[int]]], starts: Sequence[int],
+                   model: Transformer) -> Iterator[PackedBatch]:
+    """The packed forwards that compute ``items`` (slot, tokens) from ``starts`` (what a held prefix already
+    covers), in order, each under :func:`packed_token_limit` tokens."""
+    lengths = [len(tokens) - n for (_, tokens), n in zip(items, starts)]
+    for group in packed_groups(lengths, packed_token_limit(model)):
+        tokens = torch.tensor([[t for j in group for t in items[j][1][starts[j] :]]], device=model.device)  # [1, N]
+        yield PackedBatch(group, tokens, [lengths[j] for j in group], [starts[j] for j in group],
+                          [items[j][0] for j in group])
 
 
 def padded_groups(order: Sequence[int], lengths: Sequence[int]) -> Iterator[list[int]]:

@@ -117,8 +117,12 @@ class Scheduler:
         self.max_seq_len = max_seq_len
         self.cache = model.new_cache(max_batch_size, max_seq_len)
         self.prefix_cache = PrefixCache(self.cache, enabled=share_prefixes)
-        self.stats = self.prefix_cache.stats  # prefill tokens computed and reused since construction
         self.static: StaticDecode | None = None  # fixed-shape (CUDA-graphed) decode steps, see use_static_decode
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Prefill tokens computed and reused since construction (the prefix cache's counts)."""
+        return self.prefix_cache.stats
 
     @property
     def share_prefixes(self) -> bool:
@@ -208,29 +212,27 @@ class Scheduler:
     def _first_image_position(self, tokens: list[int]) -> int:
         return tokens.index(self.image_token) if self.image_token in tokens else len(tokens)
 
-    def _fill(self, items: list[tuple[int, list[int]]],
-              images: list[torch.Tensor | None] | None = None) -> torch.Tensor:
+    def _fill(self, items: list[tuple[int, list[int]]], images: list[torch.Tensor | None] | None = None,
+              caps: list[int | None] | None = None) -> torch.Tensor:
         """Write the keys/values of ``items`` (slot, tokens) into their slots; last-token logits [n, V].
 
         Each item starts from the longest prefix any slot holds (the prefix cache copies it into the item's
         slot); only the remaining tokens are computed.  Reuse compares token ids only: a row whose prompt
         embeds something beyond its ids (image patch embeddings) must not reuse positions from its first such
-        token on.  The caller records what the slots hold once this returns.
+        token on (``caps``: that position of each item, or None).  The caller records what the slots hold once
+        this returns.
         """
         device = self.model.device
         limits = [len(tokens) - 1 for _, tokens in items]  # at least one token is computed: its logits are needed
-        if images is not None:
-            limits = [limit if image is None else min(limit, self._first_image_position(tokens))
-                      for limit, image, (_, tokens) in zip(limits, images, items)]
+        if caps is not None:
+            limits = [limit if cap is None else min(limit, cap) for limit, cap in zip(limits, caps)]
         starts = self.prefix_cache.prepare([(slot, tokens, limit) for (slot, tokens), limit in zip(items, limits)])
         suffix_lengths = [len(tokens) - n for (_, tokens), n in zip(items, starts)]
         out = torch.empty(len(items), self.model.args.vocab_size, device=device)
         if images is None or all(t is None for t in images):  # text only: rows packed end to end, no padding
-            for group in batching.packed_groups(suffix_lengths, batching.packed_token_limit(self.model)):
-                tokens = torch.tensor([[t for j in group for t in items[j][1][starts[j] :]]], device=device)  # [1, N]
-                out[group] = self.model.forward_packed(tokens, [suffix_lengths[j] for j in group],
-                                                       [starts[j] for j in group], self.cache,
-                                                       [items[j][0] for j in group])
+            for batch in batching.packed_batches(items, starts, self.model):
+                out[batch.rows] = self.model.forward_packed(batch.tokens, batch.lengths, batch.starts, self.cache,
+                                                            batch.slots)
             return out
         for group in batching.padded_groups(range(len(items)), suffix_lengths):
             tokens = batching.padded([items[j][1][starts[j] :] for j in group], device)
@@ -252,13 +254,13 @@ class Scheduler:
             self._fill(shared)
             for slot, prefix in shared:  # the slot now holds the prefix
                 self.prefix_cache.hold(slot, prefix)
+        # positions from the first image on hold image embeddings: never reused, never lent to other rows
+        caps = [self._first_image_position(r.prompt) if r.image_tiles is not None else None for _, r in admitted]
         logits = self._fill([(slot, request.prompt) for slot, request in admitted],
-                            [request.image_tiles for _, request in admitted])  # [n, V]
+                            [request.image_tiles for _, request in admitted], caps)  # [n, V]
         new_rows = []
-        for slot, request in admitted:
+        for (slot, request), cap in zip(admitted, caps):
             row = _Row(request, request.params.make_rng(), grammar=self._start_grammar(request))
-            # positions from the first image on hold image embeddings: never lent to other rows
-            cap = self._first_image_position(request.prompt) if request.image_tiles is not None else None
             self.prefix_cache.hold(slot, row, cap=cap)
             slots[slot] = row
             new_rows.append((slot, row))

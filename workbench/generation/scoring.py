@@ -82,17 +82,14 @@ def _fill_hidden(model: Transformer, prefix_cache: PrefixCache,
     """Write each row's keys/values into its slot, starting from the longest prefix a slot holds (never past
     position ``first``, which is computed), and return the hidden states of positions ``first..`` of each."""
     starts = prefix_cache.prepare(rows)
-    lengths = [len(tokens) - n for (_, tokens, _), n in zip(rows, starts)]
     out: list[torch.Tensor] = []
-    for group in batching.packed_groups(lengths, batching.packed_token_limit(model)):
-        tokens = torch.tensor([[t for j in group for t in rows[j][1][starts[j] :]]], device=model.device)  # [1, N]
-        h = model.hidden_packed(tokens, [lengths[j] for j in group], [starts[j] for j in group],
-                                prefix_cache.cache, [rows[j][0] for j in group])  # [N, D]
+    for batch in batching.packed_batches([(slot, tokens) for slot, tokens, _ in rows], starts, model):
+        h = model.hidden_packed(batch.tokens, batch.lengths, batch.starts, prefix_cache.cache, batch.slots)  # [N, D]
         offset = 0
-        for j in group:
+        for j, length in zip(batch.rows, batch.lengths):
             skip = rows[j][2] - starts[j]  # computed positions before the first scored one
-            out.append(h[offset + skip : offset + lengths[j]])
-            offset += lengths[j]
+            out.append(h[offset + skip : offset + length])
+            offset += length
     return out
 
 

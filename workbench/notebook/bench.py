@@ -58,7 +58,7 @@ from workbench.engine.engine import Engine
 from workbench.errors import InputError
 from workbench.generation import SamplingParams
 from workbench.progress import progress_bar
-from workbench.reports import human_bytes, wilson_interval
+from workbench.reports import human_bytes, stored_types, wilson_interval
 from workbench.session import build_engine
 
 DEFAULT_MODES: tuple[str | None, ...] = (None, "bf16", "fp8_mixed", "int4_mixed")
@@ -92,11 +92,6 @@ def fixed_length_run(engine: Any, prompts: list[list[int]], max_tokens: int) -> 
     params = dataclasses.replace(SamplingParams.create(max_tokens=max_tokens, temperature=0.0),
                                  ignore_stop_tokens=True)
     return engine.generate_tokens(prompts, params, progress=False)
-
-
-def first_token_run(engine: Any, prompts: list[list[int]]) -> list[Any]:
-    """One generated token per prompt: the call whose time is the prefill (``ttft_s``)."""
-    return engine.batch_completion(prompts, max_tokens=1, temperature=0.0, progress=False)
 
 
 def throughput(engine: Engine, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_lens: Sequence[int] = (32,),
@@ -139,15 +134,12 @@ def throughput(engine: Engine, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), pro
                     fixed_length_run(engine, _random_prompts(engine, [prompt_len] * batch, next(fresh)), max_tokens)
                 firsts, totals, generated = [], [], []
                 for _ in range(repeats):
-                    prompts = _random_prompts(engine, [prompt_len] * batch, next(fresh))
-                    start = time.perf_counter()
-                    first_token_run(engine, prompts)
-                    firsts.append(time.perf_counter() - start)
-                    prompts = _random_prompts(engine, [prompt_len] * batch, next(fresh))
-                    start = time.perf_counter()
-                    results = fixed_length_run(engine, prompts, max_tokens)
-                    totals.append(time.perf_counter() - start)
-                    generated.append(sum(len(r.tokens) for r in results))
+                    seconds, _ = _timed(engine, _random_prompts(engine, [prompt_len] * batch, next(fresh)), 1)
+                    firsts.append(seconds)
+                    seconds, tokens = _timed(engine, _random_prompts(engine, [prompt_len] * batch, next(fresh)),
+                                             max_tokens)
+                    totals.append(seconds)
+                    generated.append(tokens)
                 total, first, tokens = float(np.median(totals)), float(np.median(firsts)), int(np.median(generated))
                 rates = [g / t for g, t in zip(generated, totals)]
                 rows.append({
@@ -236,14 +228,12 @@ def memory_table(table: pd.DataFrame) -> MemoryTable:
     parts = list(dict.fromkeys(kind for by_part in table["by_part"] for kind in by_part))
     out = pd.DataFrame(index=pd.Index(parts, name="part"))
     for mode, by_part in zip(table.index, table["by_part"]):
-        out[mode] = [" + ".join(f"{label} {human_bytes(n)}" for label, n in by_part.get(part, {}).items()) or "-"
-                     for part in parts]
+        out[mode] = [stored_types(by_part.get(part, {})) for part in parts]
     sums = {"weights": {mode: human_bytes(n) for mode, n in zip(table.index, table["weights_bytes"])}}
     if "packed_bytes" in table.columns:
         sums["output: CPU packed copy"] = {mode: f"float32 {human_bytes(n)}" if n else "-"
                                            for mode, n in zip(table.index, table["packed_bytes"])}
-        sums["total"] = {mode: human_bytes(w + p) for mode, w, p in
-                         zip(table.index, table["weights_bytes"], table["packed_bytes"])}
+        sums["total"] = {mode: human_bytes(n) for mode, n in zip(table.index, table["resident_bytes"])}
     else:
         sums["total"] = sums.pop("weights")
     return MemoryTable(pd.concat([out, pd.DataFrame(list(sums.values()), index=pd.Index(list(sums), name="part"))]))
@@ -284,13 +274,11 @@ def _measure_modes(engine: Engine, prompts: Sequence[str | Sequence[int]], modes
         # speed on fresh prompts of the same lengths (nothing resident reused; the module doc's definitions)
         fresh = _seeds(len(encoded), *lengths)
         fixed_length_run(engine, _random_prompts(engine, lengths[:2], next(fresh)), 2)  # warm-up
-        prefills = [_timed(first_token_run, engine, _random_prompts(engine, lengths, next(fresh)))
-                    for _ in range(repeats)]
-        totals = [_timed(fixed_length_run, engine, _random_prompts(engine, lengths, next(fresh)), max_tokens)
-                  for _ in range(repeats)]
+        prefills = [_timed(engine, _random_prompts(engine, lengths, next(fresh)), 1)[0] for _ in range(repeats)]
+        timed = [_timed(engine, _random_prompts(engine, lengths, next(fresh)), max_tokens) for _ in range(repeats)]
         prefill_s = float(np.median(prefills))
-        generated = max_tokens * len(encoded)
-        decodes = [_decode_rate(generated, len(encoded), total, prefill_s) for total in totals]
+        generated = int(np.median([tokens for _, tokens in timed]))  # tokens the timed calls generated
+        decodes = [_decode_rate(tokens, len(encoded), total, prefill_s) for total, tokens in timed]
         runs = fixed_length_run(engine, encoded, max_tokens)  # fidelity: the given prompts
         agree = positions = 0
         kl_sum = 0.0
@@ -347,11 +335,12 @@ def _ends_alike(ref: Any, run: Any, engine: Any) -> bool:
     return len(run.tokens) > len(ref.tokens) and run.tokens[len(ref.tokens)] in engine.tokenizer.stop_tokens
 
 
-def _timed(run: Any, *args: Any) -> float:
-    """Wall seconds of ``run(*args)``."""
+def _timed(engine: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
+    """Wall seconds of :func:`fixed_length_run` and the tokens it generated (counted, not assumed: a row whose
+    context fills stops short)."""
     start = time.perf_counter()
-    run(*args)
-    return time.perf_counter() - start
+    results = fixed_length_run(engine, prompts, max_tokens)
+    return time.perf_counter() - start, sum(len(r.tokens) for r in results)
 
 
 def _prefix_match(reference: list[int], other: list[int]) -> int:

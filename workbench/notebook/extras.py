@@ -32,7 +32,7 @@ def require(extra: str) -> None:
     """Raise :class:`MissingExtraError` naming the pip line when ``extra`` is not installed; else nothing."""
     missing = missing_modules(extra)
     if missing:
-        modules, install = EXTRAS[extra]
+        install = EXTRAS[extra][1]
         raise MissingExtraError(
             f"this notebook needs the {extra} extra ({', '.join(missing)} not installed): {install} — then "
             "restart the kernel and run the notebook again"

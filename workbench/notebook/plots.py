@@ -143,33 +143,29 @@ def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figu
     """Memory, speed and accuracy of each quantization mode (the frame of
     ``workbench.notebook.bench.quantization``).
 
-    memory: what the weights occupy, stacked by stored type (with the CPU kernel's packed copy, where the
-    frame has ``packed_bytes``).  speed: prefill and decode as multiples of the first mode's (the baseline,
-    so both show on one axis however far apart their tokens/s are), median with min–max whiskers where the
-    frame has them, the tokens/s written on each bar.  accuracy: the share of prompts whose whole greedy reply
-    equals the baseline's, with its 95% Wilson interval (top-1 agreement and KL written on each bar)."""
+    memory: what the weights occupy, stacked by stored type (with the CPU kernel's packed copy).  speed: prefill
+    and decode as multiples of the first mode's (the baseline, so both show on one axis however far apart their
+    tokens/s are), median with min–max whiskers, the tokens/s written on each bar.  accuracy: the share of prompts
+    whose whole greedy reply equals the baseline's, with its 95% Wilson interval (top-1 agreement and KL written
+    on each bar)."""
     fig = Figure(figsize=(13, 4.8))
     axes = fig.subplots(1, 3)
     modes = [str(m) for m in frame.index]
     xs = list(range(len(modes)))
-    resident = frame["resident_bytes"] if "resident_bytes" in frame.columns else frame["weights_bytes"]
-    totals = (resident / 2**20).tolist()
+    totals = (frame["resident_bytes"] / 2**20).tolist()
     notes = [""] * len(modes)  # types too thin to see as a segment, written on the bar instead
-    if "by_part" in frame.columns:  # stacked by what the bytes are stored as
-        bottom = [0.0] * len(modes)
-        types = sorted(_stored_types(frame).items(), key=lambda kv: (kv[0] == PACKED_LABEL, -sum(kv[1])))
-        for color, (label, values) in enumerate(types):
-            visible = max(values) >= 0.01 * max(totals)  # a segment under 1% of the axis is a hairline
-            style = {"hatch": "//", "color": "#cfd8dc", "edgecolor": "#607d8b"} if label == PACKED_LABEL else \
-                {"color": f"C{color}"}
-            axes[0].bar(xs, values, bottom=bottom, label=label if visible else "_hidden", **style)
-            bottom = [b + v for b, v in zip(bottom, values)]
-            if not visible:
-                short = label.replace("float8_e4m3fn", "fp8")
-                notes = [f"{note}\n{short}\n{v:.1f} MiB" if v else note for note, v in zip(notes, values)]
-        _legend_below(fig, axes[0], "stored as", ncols=2)
-    else:
-        axes[0].bar(xs, resident / 2**20, color=[f"C{i}" for i in range(len(modes))])
+    bottom = [0.0] * len(modes)  # stacked by what the bytes are stored as
+    types = sorted(_stored_types(frame).items(), key=lambda kv: (kv[0] == PACKED_LABEL, -sum(kv[1])))
+    for color, (label, values) in enumerate(types):
+        visible = max(values) >= 0.01 * max(totals)  # a segment under 1% of the axis is a hairline
+        style = {"hatch": "//", "color": "#cfd8dc", "edgecolor": "#607d8b"} if label == PACKED_LABEL else \
+            {"color": f"C{color}"}
+        axes[0].bar(xs, values, bottom=bottom, label=label if visible else "_hidden", **style)
+        bottom = [b + v for b, v in zip(bottom, values)]
+        if not visible:
+            short = label.replace("float8_e4m3fn", "fp8")
+            notes = [f"{note}\n{short}\n{v:.1f} MiB" if v else note for note, v in zip(notes, values)]
+    _legend_below(fig, axes[0], "stored as", ncols=2)
     for x, total, note in zip(xs, totals, notes):  # the total on each bar: small differences stay readable
         axes[0].annotate(f"{total:.1f}", (x, total), ha="center", va="bottom", fontsize=8)
         if note:  # inside the bar: what it holds beyond its visible segments
@@ -182,48 +178,36 @@ def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figu
                                   (width / 2, "decode_tok_s", "decode (generated tokens/s)")):
         base = float(frame[column].iloc[0])
         values = frame[column] / base
-        errors = None
-        if f"{column}_min" in frame.columns:
-            errors = [(values - frame[f"{column}_min"] / base).clip(lower=0),
-                      (frame[f"{column}_max"] / base - values).clip(lower=0)]
+        errors = [(values - frame[f"{column}_min"] / base).clip(lower=0),
+                  (frame[f"{column}_max"] / base - values).clip(lower=0)]
         bars = axes[1].bar([x + offset for x in xs], values, width, yerr=errors, capsize=3, label=label,
                            color=SPEED_COLORS[column])
         axes[1].bar_label(bars, labels=[f"{v:.0f}" for v in frame[column]], fontsize=8, padding=3)
     top = 1.0
     for column in ("prefill_tok_s", "decode_tok_s"):
-        high = frame[f"{column}_max"] if f"{column}_max" in frame.columns else frame[column]
-        top = max(top, float((high / float(frame[column].iloc[0])).max()))
+        top = max(top, float((frame[f"{column}_max"] / float(frame[column].iloc[0])).max()))
     axes[1].axhline(1.0, color="#999", lw=1, ls="--")
     axes[1].set_ylim(0, 1.25 * top)
-    spread = ", median, min–max" if "prefill_tok_s_min" in frame.columns else ""
-    axes[1].set_ylabel(f"× {modes[0]}'s tokens/s{spread}")
+    axes[1].set_ylabel(f"× {modes[0]}'s tokens/s, median, min–max")
     axes[1].set_title("speed")
     _legend_below(fig, axes[1], "tokens/s on each bar", ncols=1)
-    if {"same_reply", "same_reply_low", "same_reply_high"} <= set(frame.columns):
-        values = frame["same_reply"].astype(float)
-        errors = [(values - frame["same_reply_low"]).clip(lower=0), (frame["same_reply_high"] - values).clip(lower=0)]
-        bars = axes[2].bar(xs, values, yerr=errors, capsize=3, color="#90a4ae")
-        labels = [f"{int(round(v * n))}/{int(n)}" for v, n in zip(values, frame["rows"])]
-        if {"top1_agreement", "mean_kl"} <= set(frame.columns):
-            labels = [f"{text}\ntop-1 {t:.3f}\nKL {k:.0e}" for text, t, k in
-                      zip(labels, frame["top1_agreement"], frame["mean_kl"])]
-        axes[2].bar_label(bars, labels=labels, fontsize=8, padding=3)
-        axes[2].set_ylabel(f"same greedy reply as {modes[0]} (95% Wilson)")
-    else:
-        bars = axes[2].bar(xs, frame["top1_agreement"], color="#90a4ae")
-        axes[2].bar_label(bars, fmt="%.3f", fontsize=8)
-        axes[2].set_ylabel(f"top-1 agreement with {modes[0]}")
+    values = frame["same_reply"].astype(float)
+    errors = [(values - frame["same_reply_low"]).clip(lower=0), (frame["same_reply_high"] - values).clip(lower=0)]
+    bars = axes[2].bar(xs, values, yerr=errors, capsize=3, color="#90a4ae")
+    labels = [f"{int(round(v * n))}/{int(n)}\ntop-1 {t:.3f}\nKL {k:.0e}" for v, n, t, k in
+              zip(values, frame["rows"], frame["top1_agreement"], frame["mean_kl"])]
+    axes[2].bar_label(bars, labels=labels, fontsize=8, padding=3)
+    axes[2].set_ylabel(f"same greedy reply as {modes[0]} (95% Wilson)")
     axes[2].set_ylim(0, 1.45)
     axes[2].set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     axes[2].set_title("accuracy")
     for ax in axes:
         ax.set_xticks(xs, modes, rotation=20)
         ax.grid(axis="y", alpha=0.3)
-    if {"rows", "generated_tokens", "positions"} <= set(frame.columns):
-        first = frame.iloc[0]
-        repeats = f"; speeds over {int(first['repeats'])} runs" if "repeats" in frame.columns else ""
-        fig.suptitle(f"{int(first['rows'])} prompts, {int(first['generated_tokens']) // int(first['rows'])} generated "
-                     f"tokens each; agreement over {int(first['positions'])} reply positions{repeats}", fontsize=10)
+    first = frame.iloc[0]
+    fig.suptitle(f"{int(first['rows'])} prompts, {int(first['generated_tokens']) // int(first['rows'])} generated "
+                 f"tokens each; agreement over {int(first['positions'])} reply positions; speeds over "
+                 f"{int(first['repeats'])} runs", fontsize=10)
     return _finish(fig, save)
 
 

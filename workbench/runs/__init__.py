@@ -36,7 +36,6 @@ from workbench.runs.codec import decode, dumps, encode, loads
 from workbench.runs.identity import CheckpointIdentity, checkpoint_identity
 from workbench.runs.keys import (
     NUMERICS_VERSION,
-    SAMPLING_KEYS,
     RowKey,
     RowRequest,
     cache_key,
@@ -51,7 +50,17 @@ from workbench.runs.keys import (
     settle_seed,
 )
 from workbench.runs.provenance import Provenance
-from workbench.runs.store import SCHEMA_VERSION, STORE_ENV, Run, Store, StoredRow, open_store, store_path
+from workbench.runs.store import (
+    SCHEMA_VERSION,
+    STORE_ENV,
+    Run,
+    Store,
+    StoredRow,
+    call_keywords,
+    check_run_name,
+    open_store,
+    store_path,
+)
 
 store = open_store  # wb.runs.store(): the Store of $WORKBENCH_STORE (or of a given file)
 
@@ -78,8 +87,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "NUMERICS_VERSION", "SAMPLING_KEYS", "SCHEMA_VERSION", "STORE_ENV", "CheckpointIdentity", "Provenance", "RowKey",
-    "RowRequest", "Run", "Store", "StoredRow", "cache_key", "canonical_sampling", "checkpoint_identity", "compare",
+    "NUMERICS_VERSION", "SCHEMA_VERSION", "STORE_ENV", "CheckpointIdentity", "Provenance", "RowKey",
+    "RowRequest", "Run", "Store", "StoredRow", "cache_key", "call_keywords", "canonical_sampling", "check_run_name",
+    "checkpoint_identity", "compare",
     "decode", "delete", "draw_seed", "dumps", "encode", "export", "image_digest", "load_fields", "loads",
     "needs_seed", "path", "request_identity", "request_keys", "row_key", "rows", "settle_seed", "store", "table",
     "to_inspect",

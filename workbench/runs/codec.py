@@ -32,7 +32,6 @@ from workbench.errors import InputError
 from workbench.types import ChatCompletion, Completion, Message, ScoredRow, TokenLogprob, ToolCall, Transcript
 
 TAG = "__wb"
-FORMAT = 1
 
 
 # ------------------------------------------------------------------------------------------------ encode

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from workbench.demo.artifact import ARTIFACT, DEFAULT_MODEL_VERSION
 from workbench.errors import InputError
@@ -61,11 +60,6 @@ class CheckpointIdentity:
 
     def __str__(self) -> str:
         return self.digest
-
-    @property
-    def short(self) -> str:
-        """The first 12 hex digits (what tables show)."""
-        return self.digest.split(":", 1)[-1][:12]
 
 
 # A memo of file hashes: the run store's file_hashes table (or a dict in tests and read-only stores).
@@ -150,9 +144,3 @@ def checkpoint_identity(folder: str | Path, *, lookup: Lookup | None = None, rem
     ident = hashlib.sha256(json.dumps(names, sort_keys=True).encode()).hexdigest()
     return CheckpointIdentity(f"sha256:{ident}", str(folder), names)
 
-
-def describe(identity: CheckpointIdentity | str) -> dict[str, Any]:
-    """The identity as plain data for provenance."""
-    if isinstance(identity, CheckpointIdentity):
-        return {"digest": identity.digest, "path": identity.path, "files": dict(identity.files)}
-    return {"digest": str(identity), "path": None, "files": {}}

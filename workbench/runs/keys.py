@@ -42,10 +42,6 @@ from workbench.runtime.settings import Settings
 # whose ids are not in the key): every stored row keyed with the old value then misses.
 NUMERICS_VERSION = 1
 
-# The sampling settings that change a row's output.  Every key of a sampling dict goes into the key (unknown
-# ones too); these are the ones callers are expected to give, resolved (defaults filled in).
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop", "logprobs", "response_format",
-                 "constrain_tools", "seed")
 KINDS = ("completion", "chat", "transcript", "score")
 
 _SEED_RANGE = 2**63  # drawn seeds: non-negative 63-bit, valid for torch.Generator and SQLite integers
@@ -124,14 +120,26 @@ def canonical_value(value: Any) -> Any:
     return {"type": f"{type(value).__module__}.{type(value).__qualname__}", "repr": repr(value)}
 
 
-def _digest(obj: Any, ids: Sequence[int] = ()) -> str:
-    """sha256 of canonical JSON plus the ids packed as little-endian uint32 (64-bit if any id needs it)."""
-    h = hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
+def pack_ids(ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian uint32 (4 bytes each), or ``q`` and int64 when an id needs it (8k + 1 bytes)."""
     ids = [int(i) for i in ids]
     if ids and (min(ids) < 0 or max(ids) >= 2**32):
-        h.update(b"q" + struct.pack(f"<{len(ids)}q", *ids))
-    else:
-        h.update(b"I" + struct.pack(f"<{len(ids)}I", *ids))
+        return b"q" + struct.pack(f"<{len(ids)}q", *ids)
+    return struct.pack(f"<{len(ids)}I", *ids)
+
+
+def unpack_ids(blob: bytes) -> list[int]:
+    """The ids :func:`pack_ids` packed."""
+    if blob[:1] == b"q" and len(blob) % 8 == 1:
+        return list(struct.unpack(f"<{(len(blob) - 1) // 8}q", blob[1:]))
+    return list(struct.unpack(f"<{len(blob) // 4}I", blob))
+
+
+def _digest(obj: Any, ids: Sequence[int] = ()) -> str:
+    """sha256 of canonical JSON plus the ids as :func:`pack_ids` packs them (uint32 runs marked ``I``)."""
+    h = hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
+    packed = pack_ids(ids)
+    h.update(packed if len(packed) % 4 else b"I" + packed)  # an int64 run is 8k + 1 bytes and starts with q
     return h.hexdigest()
 
 
@@ -206,13 +214,15 @@ def request_keys(identity: str, load: Mapping[str, Any], requests: Sequence[RowR
     seen: dict[str, int] = {}
     keys = []
     for request in requests:
-        occurrence = 0
+        match = request_identity(request.prompt_ids, request.sampling, kind=request.kind, images=request.images,
+                                 extra=request.extra)
         if needs_seed(request.sampling):
-            base = request_identity(request.prompt_ids, request.sampling, kind=request.kind,
-                                    images=request.images, extra=request.extra)
-            occurrence = seen.get(base, 0)
-            seen[base] = occurrence + 1
-        keys.append(row_key(identity, load, request, occurrence))
+            occurrence = seen.get(match, 0)
+            seen[match] = occurrence + 1
+            if occurrence:  # the first sample keeps the plain identity (occurrence 0 adds nothing to it)
+                match = request_identity(request.prompt_ids, request.sampling, kind=request.kind,
+                                         images=request.images, extra=request.extra, occurrence=occurrence)
+        keys.append(RowKey(cache_key(identity, load, match), match, request.kind))
     return keys
 
 

@@ -33,7 +33,6 @@ import atexit
 import json
 import os
 import sqlite3
-import struct
 import threading
 import time
 import warnings
@@ -44,16 +43,15 @@ from typing import Any
 from urllib.parse import quote
 
 from workbench.errors import InputError, StoreError, StoreWarning
-from workbench.places import data_dir
+from workbench.places import STORE_ENV, data_dir
 from workbench.reports import BOX, esc, human_bytes
 from workbench.runs import codec
 from workbench.runs.identity import CheckpointIdentity, FileStat, checkpoint_identity
-from workbench.runs.keys import RowKey, RowRequest, request_keys
+from workbench.runs.keys import RowKey, RowRequest, pack_ids, request_keys, unpack_ids
 from workbench.runs.provenance import Provenance, environment, now_iso, package_version
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x57427253  # "WBrS": marks the file as a workbench run store
-STORE_ENV = "WORKBENCH_STORE"
 DEFAULT_NAME = "runs.sqlite"
 BUSY_TIMEOUT_S = 30.0
 # NORMAL: a committed row survives a crash or kill of the process (WAL); FULL: also a power loss (an fsync per row)
@@ -156,19 +154,6 @@ def open_store(where: str | Path | Store | None = None, *, readonly: bool = Fals
     return found.check()
 
 
-def pack_ids(ids: Sequence[int]) -> bytes:
-    ids = [int(i) for i in ids]
-    if ids and (min(ids) < 0 or max(ids) >= 2**32):
-        return b"q" + struct.pack(f"<{len(ids)}q", *ids)
-    return struct.pack(f"<{len(ids)}I", *ids)
-
-
-def unpack_ids(blob: bytes) -> list[int]:
-    if blob[:1] == b"q" and len(blob) % 8 == 1:
-        return list(struct.unpack(f"<{(len(blob) - 1) // 8}q", blob[1:]))
-    return list(struct.unpack(f"<{len(blob) // 4}I", blob))
-
-
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=repr)
 
@@ -180,6 +165,17 @@ def check_run_name(name: Any) -> str:
     if len(name) > RUN_NAME_MAX or not name.isprintable():
         raise InputError(f"run name {name[:80]!r} must be at most {RUN_NAME_MAX} printable characters")
     return name
+
+
+def call_keywords(run: str | None, refresh: bool = False) -> dict[str, Any]:
+    """The ``run=`` / ``refresh=`` keywords a caller passes on to every engine call it makes (none without a run;
+    the name checked now).  ``refresh`` without a run is refused here, before any work, with the fix."""
+    if run is None:
+        if refresh:
+            raise InputError("refresh=True recomputes the rows a run stored; give the run's name too "
+                             "(run='name', refresh=True)")
+        return {}
+    return {"run": check_run_name(run), "refresh": bool(refresh)}
 
 
 @dataclass
@@ -368,16 +364,18 @@ class Store:
                 return []
             return conn.execute(query, params).fetchall()
 
-    def fault(self, exc: BaseException, doing: str) -> None:
-        """Warn that the store cannot be used (``doing``: what failed) once per failure episode (a successful
-        write ends one), so a read-only file or a full disk warns once, not once per row."""
+    def fault(self, exc: BaseException, doing: str, consequence: str | None = None) -> None:
+        """Warn that the store cannot be used (``doing``: what failed; ``consequence``: what happens instead and
+        the fix, by default those of a failed write) once per failure episode (a successful write ends one), so
+        a read-only file or a full disk warns once, not once per row."""
         if self._warned:
             return
         self._warned = True
-        warnings.warn(
-            f"the run store {str(self.path)!r} could not be {doing} ({type(exc).__name__}: {exc}); results are "
-            f"computed and returned but not stored. Free disk space or make the file writable, or point "
-            f"{STORE_ENV} at another file", StoreWarning, stacklevel=3)
+        if consequence is None:
+            consequence = ("results are computed and returned but not stored. Free disk space or make the file "
+                           f"writable, or point {STORE_ENV} at another file")
+        warnings.warn(f"the run store {str(self.path)!r} could not be {doing} ({type(exc).__name__}: {exc}); "
+                      f"{consequence}", StoreWarning, stacklevel=3)
 
     def check(self) -> Store:
         """Open the file now: raises :class:`~workbench.errors.StoreError` for a file that is no store (or a
@@ -501,7 +499,7 @@ class Store:
         except StoreError:
             raise
         except (sqlite3.Error, OSError) as exc:
-            self.fault(exc, "read")
+            self.fault(exc, "read", "the checkpoint's files are hashed again (nothing else changes)")
             return None
         return row[0][0] if row else None
 
@@ -664,7 +662,8 @@ class Run:
         except StoreError:
             raise
         except (sqlite3.Error, OSError) as exc:
-            self.store.fault(exc, "read")
+            self.store.fault(exc, "read", "every row is computed as if the store held none. Check the file "
+                                          f"(wb.runs.path()) or point {STORE_ENV} at another file")
             return {}
         best: dict[str, tuple] = {}
         for record in records:  # ascending ids: a later row of the same key replaces an earlier one
@@ -677,7 +676,8 @@ class Run:
             try:
                 found[key] = _stored_row(record[:-1], parsed_type)
             except (ValueError, KeyError, TypeError, InputError) as exc:  # an unreadable row is recomputed
-                self.store.fault(exc, "read")
+                self.store.fault(exc, "read: a stored row did not decode",
+                                 f"row {key[:12]} is computed again and replaced")
                 del best[key]
         foreign = [record[0] for record in best.values() if record[-1] != self.run_id]
         if foreign:
@@ -710,7 +710,8 @@ class Run:
         ``refresh=True`` needs).  ``request``: the request as given (stored as browsable JSON, lossy for
         callables); ``output``: the result exactly as returned (a Completion, ChatCompletion, Transcript...);
         ``sampling``: the settings it ran with, a drawn seed included (``seed_drawn=True``); ``timings``: JSON
-        data about the row's time (``seconds``, its wall time from admission to finish, shows in ``rows()``).
+        data about the row's time (``seconds``, wall time from the call's start to the row's finish, shows in
+        ``rows()``).
 
         Contract: **never raises** for a failing store (read-only, full disk, locked, I/O error, an output it
         cannot encode): it warns once per store and returns False, so the caller returns its result anyway.

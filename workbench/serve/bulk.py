@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.batches import Answer, Interrupted
+from workbench.runs import call_keywords
 
 from .app import Context, chat_rows, completion_body, completion_rows
 from .errors import APIError
@@ -30,12 +31,6 @@ from .shapes import chat_response
 from .translate import ChatRequest, CompletionRequest, check_model, parse_chat, parse_completion
 
 BULK_FACTOR = 8  # rows per engine call when the batch has the engine alone: this many times max_batch_size
-
-
-def run_keywords(run: str | None) -> dict[str, Any]:
-    """Engine keywords that store a batch's rows in the run store under the batch's run name, so that a
-    restarted batch gets its finished rows back instead of recomputing them."""
-    return {"run": run} if run else {}
 
 
 @dataclass
@@ -87,7 +82,7 @@ class BulkBackend:
 
     def answer(self, prepared: Sequence[Prepared], run: str | None = None) -> list[Answer]:
         """One answer per prepared request; their rows run as one engine call per key (see the module docstring)."""
-        extra = run_keywords(run)
+        extra = call_keywords(run)  # a restarted batch gets its finished rows back from the run store
         plans: list[tuple[list[Row], list[Row]]] = []
         for item in prepared:
             if item.kind == "chat":

@@ -190,11 +190,11 @@ def _chat_row(messages: Any, tools: Any, fmt: Any, kwargs: dict[str, Any]) -> Ro
 
 
 # ----------------------------------------------------------------------------------------------- streams
-def _completion_stream(content: Any, kwargs: dict[str, Any]) -> Callable[[Any], Any]:
+def _completion_stream(content: Any, kwargs: dict[str, Any]) -> Callable[[Any, dict[str, Any]], Any]:
     return lambda engine, keywords: engine.stream_completion(content, **{**keywords, **kwargs})
 
 
-def _chat_stream(messages: Any, tools: Any, fmt: Any, kwargs: dict[str, Any]) -> Callable[[Any], Any]:
+def _chat_stream(messages: Any, tools: Any, fmt: Any, kwargs: dict[str, Any]) -> Callable[[Any, dict[str, Any]], Any]:
     return lambda engine, keywords: engine.stream_chat_completion(messages, tools, response_format=fmt,
                                                                   **{**keywords, **kwargs})
 

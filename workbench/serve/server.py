@@ -24,7 +24,7 @@ from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.engine import Engine
 from workbench.errors import ConfigError
 from workbench.reports import short_path
-from workbench.runs.store import check_run_name
+from workbench.runs import call_keywords
 from workbench.session import current, load
 
 from .app import DEFAULT_MAX_BODY, Context, build_app
@@ -108,10 +108,8 @@ class Server:
         self._sock = self._bind(host, port)
         self.port = self._sock.getsockname()[1]
         self.started_at = time.time()
-        if run is not None:
-            check_run_name(run)
         self.run = run
-        self._gatherer = Gatherer(engine, window_s=window_s, keywords={"run": run} if run is not None else None)
+        self._gatherer = Gatherer(engine, window_s=window_s, keywords=call_keywords(run) or None)
         ctx = Context(engine, self._gatherer, self.model, api_key, max_body_bytes, int(self.started_at),
                       max_file_bytes=max_file_bytes)
         self._bulk = BulkBackend(ctx, bulk_rows=batch_rows)

@@ -131,12 +131,15 @@ def _complete_prepared(engine: CompletionEngine, dialogs: list[Dialog], tool_pro
                        too_long: str) -> list[tuple[Dialog, ChatCompletion]]:
     formatter = engine.formatter
     limit = getattr(engine, "max_seq_len", None)  # an engine stand-in may have no limit
+    rendered: dict[int, tuple[Any, Any]] = {}  # dialog -> (prompt, format), rendered once per set of tools
+    for group in _by_tools(dialogs):
+        prompts, formats = chat.prepare(formatter, [d.transcript for d in group], group[0].toolbox.definitions,
+                                        group[0].tool_choice, tool_prompt_format, **chat_options)
+        rendered.update((id(d), pair) for d, pair in zip(group, zip(prompts, formats)))
     kept: list[Dialog] = []
-    prompts: list[Any] = []
-    formats: list[Any] = []
+    prompts, formats = [], []
     for dialog in dialogs:
-        (prompt,), (fmt,) = chat.prepare(formatter, [dialog.transcript], dialog.toolbox.definitions,
-                                         dialog.tool_choice, tool_prompt_format, **chat_options)
+        prompt, fmt = rendered[id(dialog)]
         size = len(prompt.tokens if isinstance(prompt, Prompt) else prompt)
         if too_long == "end" and limit is not None and size >= limit:
             dialog.end("prompt_too_long")  # a tool result made it too long: this dialog ends, the others go on
@@ -165,13 +168,18 @@ def _request(dialog: Dialog) -> dict[str, Any]:
     return request
 
 
-def _complete_by_chat(engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any,
-                      kwargs: dict[str, Any]) -> list[tuple[Dialog, ChatCompletion]]:
+def _by_tools(dialogs: list[Dialog]) -> list[list[Dialog]]:
+    """The dialogs grouped by their tools and tool choice (in order): each group renders in one ``chat.prepare``."""
     groups: dict[tuple[int, str], list[Dialog]] = {}
     for dialog in dialogs:
         groups.setdefault((id(dialog.toolbox), repr(dialog.tool_choice)), []).append(dialog)
+    return list(groups.values())
+
+
+def _complete_by_chat(engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any,
+                      kwargs: dict[str, Any]) -> list[tuple[Dialog, ChatCompletion]]:
     replies: dict[int, ChatCompletion] = {}
-    for group in groups.values():
+    for group in _by_tools(dialogs):
         first = group[0]
         out = _generate(group, lambda g=group, d=first: engine.batch_chat_completion(
             [x.transcript for x in g], tools=d.toolbox.definitions, tool_choice=d.tool_choice,

@@ -25,6 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ...checkpoints.factory import cache_root as checkpoint_cache_root
 from ...errors import ConfigError, InputError
 
 #: The model name given to BFCL's checker (its registry stand-in answers for it).
@@ -63,8 +64,7 @@ class _Registry(dict):
 
 def cache_root() -> Path:
     """Where BFCL's import-time folders go: ``$WORKBENCH_CACHE/bfcl`` (default ``~/.cache/workbench/bfcl``)."""
-    base = os.environ.get("WORKBENCH_CACHE") or str(Path.home() / ".cache" / "workbench")
-    return Path(base) / "bfcl"
+    return checkpoint_cache_root() / "bfcl"
 
 
 @cache

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
+from workbench import runs
 from workbench.engine import Engine
 
 from ...errors import WorkbenchError
@@ -88,7 +89,7 @@ def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit
                 continue
             work.append((row, entry, ids))
     if work:
-        stored = {"run": run, "refresh": refresh} if run is not None or refresh else {}
+        stored = runs.call_keywords(run, refresh)
         completions = engine.batch_completion([ids for _, _, ids in work], max_tokens=max_tokens,
                                               temperature=temperature, seed=seed, progress=progress, **stored)
         for (row, entry, _), completion in zip(work, completions):

@@ -31,6 +31,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 import workbench as wb
+from workbench import runs
 from workbench.errors import InputError, PromptTooLongError
 
 # What a special token's text looks like (every Llama 3 / Llama 4 special token: <|eot_id|>, <|header_end|>...).
@@ -100,7 +101,7 @@ class WorkbenchLM(TemplateLM):
         self.tools = list(tools) if tools else None
         if isinstance(refresh, str):  # from --model_args text
             refresh = refresh.strip().lower() in ("1", "true", "yes")
-        self.stored: dict[str, Any] = {"run": run, "refresh": bool(refresh)} if run is not None or refresh else {}
+        self.stored: dict[str, Any] = runs.call_keywords(run, bool(refresh))
         self.rows_from_store = 0
         self.rows_computed = 0
         self._rank, self._world_size = 0, 1
