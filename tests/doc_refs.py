@@ -38,6 +38,7 @@ class Index:
 
 def build_index() -> Index:
     index = Index()
+    stars: list[tuple[str, str]] = []  # (module, the module it star-imports)
     for file in sorted(PACKAGE.rglob("*.py")):
         rel = file.relative_to(PACKAGE).with_suffix("")
         parts = [p for p in rel.parts if p != "__init__"]
@@ -50,6 +51,11 @@ def build_index() -> Index:
             _top_level(index, module, file, node, names)
         if parts:  # a package's parent has the submodule as a member
             index.members.setdefault(".".join(parts[:-1]), set()).add(parts[-1])
+        stars += [(module, node.module) for node in tree.body if isinstance(node, ast.ImportFrom)
+                  and node.module and node.module.startswith("workbench.") and node.names[0].name == "*"]
+    for module, source in stars:  # `from workbench.face import *`: the package root has the face's names
+        public = {n for n in index.members.get(source.removeprefix("workbench."), set()) if not n.startswith("_")}
+        index.members[module] |= public
     return index
 
 

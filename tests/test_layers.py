@@ -4,11 +4,14 @@ included."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import grimp
+import pytest
 
 import workbench
 
@@ -20,6 +23,43 @@ def test_import_linter_contracts_are_kept() -> None:
     done = subprocess.run([str(lint)], cwd=ROOT.parent, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "BROKEN" not in done.stdout and "KEPT" in done.stdout
+
+
+def _lint_a_copy(tmp_path: Path, extra: dict[str, str]) -> subprocess.CompletedProcess:
+    """lint-imports with the project's contracts over a copy of the package's sources plus ``extra`` modules
+    (path inside the package -> source), so a test can add an arrow without touching the real tree."""
+    copy = tmp_path / "workbench"
+    shutil.copytree(ROOT, copy, ignore=lambda folder, names: [
+        n for n in names if n == "__pycache__" or (not n.endswith(".py") and not (Path(folder) / n).is_dir())])
+    for relative, source in extra.items():
+        (copy / relative).write_text(source)
+    lint = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run([str(lint), "--config", str(ROOT.parent / "pyproject.toml"), "--no-cache"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=120)
+
+
+def test_the_layer_check_lints_the_copy_it_is_given(tmp_path: Path) -> None:
+    clean = _lint_a_copy(tmp_path / "clean", {})
+    assert clean.returncode == 0, clean.stdout[-4000:] + clean.stderr[-2000:]
+    # a module that only exists in the copy, importing one layer up: found, so the copy is what was linted
+    up = _lint_a_copy(tmp_path / "up", {"generation/upward.py": "from workbench.engine import Engine\n"})
+    assert up.returncode != 0 and "workbench.generation.upward -> workbench.engine" in up.stdout, up.stdout[-4000:]
+
+
+@pytest.mark.parametrize("module, source", [
+    ("notebook/upward.py", "from workbench import display\n"),  # the arrow widgets.py had: a name of the face
+    ("engine/upward.py", "import workbench\n"),  # the bare package root
+])
+def test_an_import_of_the_package_root_from_below_the_face_breaks_the_layers(
+        tmp_path: Path, module: str, source: str) -> None:
+    """The package root is in no layer (import-linter cannot make a package a layer among its own children),
+    but its names come from workbench.face, which is: importing the root from below reaches the face, a chain
+    up that the layers contract reports."""
+    done = _lint_a_copy(tmp_path, {module: source})
+    importer = "workbench." + module.removesuffix(".py").replace("/", ".")
+    assert done.returncode != 0, done.stdout[-4000:]
+    assert f"{importer} -> workbench (l.1)" in done.stdout and "workbench -> workbench.face" in done.stdout, \
+        done.stdout[-4000:]
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:

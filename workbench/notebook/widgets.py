@@ -19,11 +19,11 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench import display
 from workbench.engine import Engine
 from workbench.engine.chat import TextDelta, ToolCallDelta
 from workbench.errors import GenerationCancelled, PromptTooLongError, WorkbenchError
 from workbench.formats import coerce_tools
+from workbench.notebook import display
 from workbench.session import current
 from workbench.tools import CodeInterpreter, Toolbox
 from workbench.types import ChatCompletion, Message, message_text
