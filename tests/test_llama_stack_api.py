@@ -12,9 +12,11 @@ import pytest
 from _chat_helpers import ref_stack_tokens
 
 import workbench as wb
+from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.demo.tools import DEMO_TOOLS
 from workbench.engine.llama_stack import ModelMismatchError, SpellingConflictError, loaded_model_ids
 from workbench.errors import InputError, SamplingError
+from workbench.runtime.settings import default_model_name
 from workbench.session import build_engine, resolve_settings
 from workbench.types import ChatCompletion, Completion, llama_stack_batch
 
@@ -192,6 +194,18 @@ def test_disagreeing_spellings_and_bad_values_raise(engine):
     # accepted: repetition_penalty 1.0, the served id (org/name), an explicitly equal native value
     engine.completion("x", max_tokens=1, sampling_params={"repetition_penalty": 1.0, "max_tokens": 1})
     engine.completion("x", model_id=f"workbench/{loaded_model_ids(engine)[0]}", max_tokens=1)
+
+
+
+def test_the_embedded_default_answers_to_its_name_from_the_settings(engine, llama3_dir):
+    """The engine imports nothing from the demo package: settings resolution (the config layer) names the
+    embedded default in the checkpoint's source, and Llama Stack's model_id routes by that name."""
+    assert default_model_name(engine.settings) == DEFAULT_MODEL_NAME
+    assert DEFAULT_MODEL_NAME in loaded_model_ids(engine)
+    assert engine.completion("x", model_id=DEFAULT_MODEL_NAME, max_tokens=1).tokens
+    with pytest.raises(ModelMismatchError, match="is not the loaded model"):
+        engine.completion("x", model_id="Llama3.2-3B-Instruct", max_tokens=1)
+    assert default_model_name(resolve_settings(llama3_dir)) is None  # a checkpoint of one's own has no such name
 
 
 # ------------------------------------------------------------------------------------------- system message

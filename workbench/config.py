@@ -31,7 +31,7 @@ import torch
 from workbench.checkpoints.files import shard_paths, source_shards_for_rank
 from workbench.checkpoints.preflight import check_memory
 from workbench.checkpoints.validate import check_checkpoint
-from workbench.demo.artifact import default_checkpoint_dir
+from workbench.demo.artifact import DEFAULT_MODEL_NAME, default_checkpoint_dir
 from workbench.errors import CheckpointError, ConfigError, InputError, MissingCheckpointFileError, WorkbenchError
 from workbench.formats.models import resolve_model
 from workbench.models.args import ModelArgs
@@ -273,7 +273,7 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
 
     sources: dict[str, Source] = {}
     if chosen is None:
-        chosen = (default_checkpoint_dir(), DEFAULT)
+        chosen = (default_checkpoint_dir(), Source("default", DEFAULT_MODEL_NAME))  # the engine shows this name
     folder, sources["checkpoint"] = chosen
     model_id, sources["model"] = pick("model")
     if model_id is not None and (not isinstance(model_id, str) or not model_id.strip()):

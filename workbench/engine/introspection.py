@@ -8,12 +8,11 @@ from typing import Any
 import torch
 
 from workbench import runs
-from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.engine.interfaces import ModelIdentity, Runner
 from workbench.models.args import ModelArgs
 from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.reports import InfoReport, MemoryReport
-from workbench.runtime.settings import Settings
+from workbench.runtime.settings import Settings, default_model_name
 from workbench.types import present
 
 
@@ -103,9 +102,9 @@ def _fmt_bytes(n: int) -> str:
 def model_label(engine: ModelIdentity) -> str:
     """What the engine runs, in words: its model id, or what the embedded default is."""
     settings = engine.settings
-    source = getattr(settings, "sources", {}).get("checkpoint")
-    if getattr(source, "kind", None) == "default":
-        return f"embedded default: {DEFAULT_MODEL_NAME}"
+    default = default_model_name(settings)
+    if default:
+        return f"embedded default: {default}"
     if engine.model_id:
         return str(engine.model_id)
     return f"{engine.family} checkpoint {settings.checkpoint_dir.name}"

@@ -25,9 +25,9 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.engine.interfaces import ModelIdentity
 from workbench.errors import InputError, SamplingError
+from workbench.runtime.settings import default_model_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -318,10 +318,7 @@ def loaded_model_ids(engine: ModelIdentity) -> list[str]:
     if not names:
         settings = getattr(engine, "settings", None)
         folder = getattr(getattr(settings, "checkpoint_dir", None), "name", None)
-        source = getattr(getattr(settings, "sources", {}), "get", lambda _: None)("checkpoint")
-        names = [n for n in (folder, getattr(engine, "family", None)) if n]
-        if getattr(source, "kind", None) == "default" or not names:
-            names.append(DEFAULT_MODEL_NAME)
+        names = [n for n in (folder, getattr(engine, "family", None), default_model_name(settings)) if n]
     return names
 
 

@@ -33,7 +33,7 @@ class Source:
     """Where one setting came from, and how the user changes it there (used in every error message)."""
 
     kind: str  # "argument" | "environment" | "file" | "default" | "engine"
-    detail: str = ""  # env var name, or "[entry] in /path/checkpoints.toml"
+    detail: str = ""  # env var name, "[entry] in /path/checkpoints.toml", or the built-in default's name
 
     def describe(self) -> str:
         if self.kind == "environment":
@@ -57,6 +57,16 @@ class Source:
 
 ARGUMENT = Source("argument")
 DEFAULT = Source("default")
+
+
+def default_model_name(settings: Any) -> str | None:
+    """The embedded default model's name when the settings load it, else None.  Settings resolution (the
+    config layer, which knows the demo package) names it in the checkpoint's :class:`Source`, so the engine
+    labels and routes the default without importing the demo package that ships it."""
+    source = getattr(getattr(settings, "sources", None), "get", lambda _: None)("checkpoint")
+    if getattr(source, "kind", None) == "default":
+        return getattr(source, "detail", "") or None
+    return None
 
 
 def setting_problem(name: str, value: Any, source: Source, what: str) -> ConfigError:
