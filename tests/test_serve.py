@@ -6,10 +6,13 @@ the tests hold the endpoint to "exactly what the engine gives", not just to a we
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 import warnings
 
 import httpx
@@ -328,6 +331,52 @@ def test_malformed_json_oversize_and_prompt_errors(srv, client):
         client.chat.completions.create(model=srv.model, messages=HELLO, stream=True, max_tokens=-3)
     assert httpx.get(srv.url + "/nowhere", timeout=30).status_code == 404
     assert client.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=3).choices
+
+
+
+def _urllib_post(url: str, data, headers: dict[str, str]) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json", **headers},
+                                     method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_an_early_answer_reaches_a_client_that_sends_its_whole_body_first(engine):
+    """urllib.request (and http.client) send the whole body before reading the answer: a server that answers
+    a 413, or a 401, without reading the body and closes resets that connection, and the client sees
+    "connection reset" instead of the answer.  Bodies of several MB outlast the sockets' buffers."""
+    with serve(engine, port=0, api_key="s3cret", max_body_bytes=2**20) as server:
+        url, key = server.url + "/completions", {"authorization": "Bearer s3cret"}
+        over = {"just over, declared": b"x" * (2**20 + 1), "8 MiB, declared": b"x" * (8 * 2**20),
+                "8 MiB, chunked (no length)": (b"x" * 2**16 for _ in range(128))}
+        for what, data in over.items():
+            status, body = _urllib_post(url, data, key)
+            assert status == 413, what
+            assert set(body["error"]) == {"message", "type", "param", "code"} and "1048576" in body["error"]["message"]
+        status, body = _urllib_post(url, b"x" * (8 * 2**20), {})  # no key: refused before the body is read
+        assert status == 401 and body["error"]["code"] == "invalid_api_key"
+        # the connection that carried the refused body stays open and answers the next request
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        try:
+            conn.request("POST", "/v1/completions", body=b"x" * (8 * 2**20), headers=key)
+            refused = conn.getresponse()
+            assert refused.status == 413 and json.loads(refused.read())["error"]["type"] == "invalid_request_error"
+            assert not refused.will_close
+            sock = conn.sock
+            conn.request("POST", "/v1/completions", headers={**key, "content-type": "application/json"},
+                         body=json.dumps({"model": server.model, "prompt": "hi", "max_tokens": 2}))
+            answered = conn.getresponse()
+            assert answered.status == 200 and json.loads(answered.read())["choices"] and conn.sock is sock
+        finally:
+            conn.close()
+        # a client that asks first (Expect: 100-continue) is answered at once, never invited to send the body
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as raw:
+            raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
+                        b"Content-Type: application/json\r\nContent-Length: 8388608\r\nExpect: 100-continue\r\n\r\n")
+            assert raw.recv(65536).startswith(b"HTTP/1.1 413 ")
 
 
 # --------------------------------------------------------------------------------------------- lifecycle, safety

@@ -27,6 +27,10 @@ from .translate import ChatRequest, CompletionRequest, check_model, parse_chat, 
 
 # No `from __future__ import annotations` here: FastAPI reads the route annotations (Request) at runtime.
 DEFAULT_MAX_BODY = 16 * 2**20  # bytes; images arrive base64-encoded inside the JSON
+# What the server reads and discards of a body it answers without reading (see DrainUnreadBody): a client that
+# overshoots a limit gets the answer; one sending more, or trickling for longer, is cut off.
+DRAIN_BYTES = 256 * 2**20
+DRAIN_S = 10.0
 
 
 @dataclass
@@ -51,6 +55,7 @@ def build_app(ctx: Context) -> Any:
 
     app = FastAPI(title="workbench", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(OpenAIPrefix)
+    app.add_middleware(DrainUnreadBody)
 
     @app.exception_handler(APIError)
     @app.exception_handler(BatchAPIError)
@@ -203,6 +208,61 @@ class OpenAIPrefix:
             if rest.split("/")[2] in registry.OPENAI_ROUTES:
                 scope = {**scope, "path": rest, "raw_path": rest.encode()}
         await self.app(scope, receive, send)
+
+
+class DrainUnreadBody:
+    """ASGI middleware: before a response starts, read and discard what is left of the request's body.
+
+    Why: a route may answer without reading the body (a 413 for an oversize one, a 401 before reading), and
+    a server that then closes the connection with bytes unread makes the kernel reset it.  A client that
+    sends its whole body before reading the answer (the standard library's ``urllib.request``) then sees
+    "connection reset" instead of the 413 JSON.  nginx lingers for the same reason.  Draining first lets the
+    client finish sending, read the answer, and reuse the connection.  Bounded: a declared body over
+    ``DRAIN_BYTES`` is not drained (that client is cut off, as before), nor more than ``DRAIN_BYTES`` of an
+    undeclared one, nor for longer than ``DRAIN_S``; a client that sent ``Expect: 100-continue`` and was
+    never asked for its body has sent nothing, so there is nothing to drain.
+    """
+
+    def __init__(self, app: Any, *, limit_bytes: int = DRAIN_BYTES, limit_s: float = DRAIN_S) -> None:
+        self.app = app
+        self.limit_bytes = limit_bytes
+        self.limit_s = limit_s
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {name.lower(): value for name, value in scope.get("headers", [])}
+        declared = headers.get(b"content-length", b"").strip()
+        chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+        waits_to_send = b"100-continue" in headers.get(b"expect", b"").lower()
+        state = {"read": 0, "ended": not chunked and declared in (b"", b"0"), "asked": False}
+
+        async def counted_receive() -> dict:
+            state["asked"] = True
+            message = await receive()
+            if message["type"] == "http.request":
+                state["read"] += len(message.get("body", b""))
+                state["ended"] = state["ended"] or not message.get("more_body", False)
+            elif message["type"] == "http.disconnect":
+                state["ended"] = True
+            return message
+
+        async def discard() -> None:
+            while not state["ended"] and state["read"] <= self.limit_bytes:
+                await counted_receive()
+
+        async def answer(message: dict) -> None:
+            if message["type"] == "http.response.start" and not state["ended"] \
+                    and not (waits_to_send and not state["asked"]) \
+                    and not (declared.isdigit() and int(declared) > self.limit_bytes):
+                try:
+                    await asyncio.wait_for(discard(), self.limit_s)
+                except asyncio.TimeoutError:
+                    pass  # a client trickling its body: answer now; the close may reset it
+            await send(message)
+
+        await self.app(scope, counted_receive, answer)
 
 
 def model_card(ctx: Context, model_id: str | None = None) -> dict[str, Any]:
