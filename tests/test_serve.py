@@ -85,6 +85,7 @@ def _accumulate(stream) -> dict:
 def test_models_list_and_card(srv, client, engine):
     models = client.models.list()
     assert [m.id for m in models.data] == [srv.model]
+    assert srv.model == "workbench-demo-llama4"  # the embedded default's short name, from its settings
     assert client.models.retrieve(srv.model).id == srv.model
     assert srv.url.startswith("http://127.0.0.1:") and srv.url.endswith("/v1")
     card = srv._repr_html_()

@@ -20,11 +20,11 @@ from typing import Any
 from workbench import runs
 from workbench.batches import BatchService
 from workbench.batches.routes import DEFAULT_MAX_FILE
-from workbench.demo.artifact import DEFAULT_MODEL_NAME
 from workbench.engine import Engine
 from workbench.errors import ConfigError
 from workbench.reports import short_path
 from workbench.runs import call_keywords
+from workbench.runtime.settings import default_model_name
 from workbench.session import current, load
 
 from .app import DEFAULT_MAX_BODY, Context, build_app
@@ -44,9 +44,9 @@ def served_model_id(engine: Engine) -> str:
     if getattr(engine, "model_id", None):
         return str(engine.model_id)
     settings = getattr(engine, "settings", None)
-    source = getattr(getattr(settings, "sources", None), "get", lambda _: None)("checkpoint")
-    if getattr(source, "kind", None) == "default":
-        return DEFAULT_MODEL_NAME.split()[0]
+    default = default_model_name(settings)
+    if default:
+        return default.split()[0]
     folder = getattr(getattr(settings, "checkpoint_dir", None), "name", None)
     return f"workbench/{folder or engine.family}"
 
