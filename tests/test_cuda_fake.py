@@ -4,17 +4,18 @@ For each family (Llama 3, Llama 4) and quantization mode (none, bf16, fp8_mixed,
 goes through the real loading path for ``device="cuda"`` (settings and preflight, ``load_model_for_rank``: shard
 reading, quantization — fp8/int4 assemble on the CPU and quantize onto the GPU —, the kernel self-tests) and
 then through ``LocalRunner.generate`` (scheduler, packed prefill, decode steps, greedy and sampled rows, logprobs)
-at batch sizes 1 and 3, and through the fixed-shape decode steps that CUDA graphs capture.  Asserted: every
-weight, the KV cache and every forward's inputs and outputs are on ``cuda`` with the expected dtype and shape,
-and the GPU kernels (``torch._scaled_mm``, ``torch._weight_int4pack_mm``, ``torch._grouped_mm``) are the ones
-chosen.  A CPU tensor meeting a CUDA one anywhere on the way raises ``FakeTensorDeviceMismatchError``.
+at batch sizes 1 and 3 (with prefix reuse: a held slot continued, a shared prefix copied between slots), through
+the fixed-shape decode steps that CUDA graphs capture, and through ``logits`` (padded full forwards).  Asserted:
+every weight, the KV cache and every forward's inputs and outputs are on ``cuda`` with the expected dtype and
+shape, and the GPU kernels (``torch._scaled_mm``, ``torch._weight_int4pack_mm``, ``torch._grouped_mm``) are the
+ones chosen.  A CPU tensor meeting a CUDA one anywhere on the way raises ``FakeTensorDeviceMismatchError``.
 
 What fake tensors do not reach (only a GPU run does — ``bench/gpu_session.sh``): values and numerics (every
 token here is a stand-in, id 0; the CPU tests check values), CUDA graph capture and replay
 (``StaticDecode.capture``: streams, graph pools), NCCL and the model-parallel workers (separate processes),
-kernel-specific limits a meta kernel does not check (alignment, a dtype a CUDA kernel lacks), speed and memory.
-Constrained (grammar) rows are left out: a grammar's next token depends on the tokens before it, which are
-stand-ins here.
+kernel-specific limits a meta kernel does not check (alignment, a dtype a CUDA kernel lacks), speed and memory,
+and scoring (``Scheduler.score``), whose chunking is driven by host reads.  Constrained (grammar) rows are left
+out: a grammar's next token depends on the tokens before it, which are stand-ins here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -33,6 +35,7 @@ from workbench.checkpoints.load import check_vocab
 from workbench.config import check_settings, resolve_settings
 from workbench.formats.tokenizer import Tokenizer
 from workbench.generation import Event, Request, SamplingParams
+from workbench.generation.prefix_cache import MIN_SHARED_PREFIX
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import ensure_model_parallel
 from workbench.models.kv_cache import KVCache
@@ -86,14 +89,25 @@ def _settings(ckpt: Path, mode: str | None) -> Any:
                                            max_seq_len=MAX_SEQ_LEN))
 
 
-def _requests(batch: int, seed: int) -> list[Request]:
-    """``batch`` rows of different lengths and no shared prefix: greedy, sampled (seeded), greedy with logprobs."""
-    rng = random.Random(seed)
+def _requests(prompts: list[list[int]]) -> list[Request]:
+    """One request per prompt: greedy, sampled (seeded), greedy with logprobs, in turn."""
     kinds = [SamplingParams.create(max_tokens=MAX_TOKENS),
              SamplingParams.create(max_tokens=MAX_TOKENS, temperature=0.8, top_p=0.9, top_k=50, seed=7),
              SamplingParams.create(max_tokens=MAX_TOKENS, logprobs=2)]
-    return [Request(i, [rng.randrange(1000, 60000) for _ in range(5 + 4 * i)], kinds[i % len(kinds)])
-            for i in range(batch)]
+    return [Request(i, prompt, kinds[i % len(kinds)]) for i, prompt in enumerate(prompts)]
+
+
+def _waves(seed: int = 0) -> list[list[list[int]]]:
+    """The prompts of two calls: one row, then three rows of different lengths — one continuing the first call's
+    prompt (its slot's keys reused), two sharing a prefix (computed once, then copied to the other's slot)."""
+    rng = random.Random(seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(1000, 60000) for _ in range(n)]
+
+    first = ids(9)
+    shared = ids(MIN_SHARED_PREFIX + 2)
+    return [[first], [first + ids(4), shared + ids(3), shared + ids(6)]]
 
 
 def _off_cuda(module: torch.nn.Module) -> list[str]:
@@ -133,14 +147,16 @@ def _check_cache(cache: KVCache, model: Transformer, args: ModelArgs) -> None:
 
 
 def _check_forwards(calls: list[Forward], requests: list[Request], vocab: int, static: bool) -> None:
-    """One packed prefill of all rows, then MAX_TOKENS - 1 decode steps of all rows; all on the GPU."""
-    prefill, *decode = calls
-    n_tokens = sum(len(r.prompt) for r in requests)
-    assert prefill.name == "forward_packed"
-    assert (prefill.tokens.device, prefill.tokens.dtype, tuple(prefill.tokens.shape)) == (CUDA, torch.int64,
-                                                                                          (1, n_tokens))
-    assert (prefill.logits.device, prefill.logits.dtype) == (CUDA, torch.float32)
-    assert tuple(prefill.logits.shape) == (len(requests), vocab)
+    """Packed prefills (a shared prefix first, when there is one), then MAX_TOKENS - 1 decode steps of all rows;
+    all on the GPU."""
+    prefills = [c for c in calls if c.name == "forward_packed"]
+    decode = calls[len(prefills):]
+    assert prefills and calls[: len(prefills)] == prefills
+    for prefill in prefills:
+        tokens, logits = prefill.tokens, prefill.logits
+        assert (tokens.device, tokens.dtype, tokens.dim(), tokens.shape[0]) == (CUDA, torch.int64, 2, 1)
+        assert (logits.device, logits.dtype, logits.shape[1]) == (CUDA, torch.float32, vocab)
+    assert prefills[-1].logits.shape[0] == len(requests)
     assert [c.name for c in decode] == ["forward_decode_static" if static else "forward_decode"] * (MAX_TOKENS - 1)
     width = 1 << (len(requests) - 1).bit_length() if static else len(requests)  # static steps pad to a bucket
     for step in decode:
@@ -160,8 +176,21 @@ def _check_events(events: list[Event], requests: list[Request]) -> None:
         assert all((e.logprob is not None) == bool(request.params.logprobs) for e in mine)
 
 
+def _float_moe_layers(args: ModelArgs, mode: str | None) -> list[int]:
+    """Llama 4 MoE layers whose routed experts the mode leaves in float (they run as grouped GEMMs on a 9.0 GPU)."""
+    quantized = {t.layer for t in quantization_plan(args, mode) if t.path == "feed_forward.experts"}
+    return [layer for layer in range(args.n_layers) if args.is_moe_layer(layer) and layer not in quantized]
+
+
 def _run(ckpt: Path, mode: str | None, capability: tuple[int, int], *, static: bool = False) -> None:
-    with fake_cuda(capability) as fake:
+    grouped_mm = torch._grouped_mm
+    grouped_calls = []
+
+    def counted_grouped_mm(*args: Any, **kwargs: Any) -> torch.Tensor:
+        grouped_calls.append(args[0].device)
+        return grouped_mm(*args, **kwargs)
+
+    with fake_cuda(capability) as fake, mock.patch("torch._grouped_mm", counted_grouped_mm):
         settings = _settings(ckpt, mode)
         args = ModelArgs.from_checkpoint(settings.checkpoint_dir)
         tokenizer = Tokenizer.for_checkpoint(settings.checkpoint_dir, args.family)
@@ -175,17 +204,21 @@ def _run(ckpt: Path, mode: str | None, capability: tuple[int, int], *, static: b
             if static:  # the fixed-shape steps CUDA graphs capture, run uncaptured (capture needs a device)
                 runner.scheduler.use_static_decode(True, capture=False)
             spy = ForwardSpy(model)
-            for batch in (1, 3):
-                requests = _requests(batch, seed=batch)
+            for prompts in _waves():  # batch sizes 1 and 3
+                requests = _requests(prompts)
                 events = list(runner.generate(requests))
                 _check_events(events, requests)
                 _check_forwards(spy.take(), requests, args.vocab_size, static)
+            assert runner.scheduler.stats["reused_tokens"] > 0  # the prefix-copy path ran on the device too
             _check_cache(runner.scheduler.cache, model, args)
-            rows = [r.prompt for r in _requests(3, seed=5)]
+            rows = _waves(seed=5)[1]
             teacher_forced = runner.logits(rows)  # engine.logits: padded full forwards, logits copied to the host
             assert [(t.device.type, t.dtype, tuple(t.shape)) for t in teacher_forced] == [
                 ("cpu", torch.float32, (len(r), args.vocab_size)) for r in rows]
             runner.close()
+        uses_grouped = capability >= (9, 0) and bool(args.moe_args and _float_moe_layers(args, mode))
+        assert bool(grouped_calls) == uses_grouped, f"torch._grouped_mm calls: {len(grouped_calls)}"
+        assert all(device == CUDA for device in grouped_calls)
 
 
 @pytest.mark.parametrize("mode", [None, "bf16", "fp8_mixed", "int4_mixed"], ids=str)
