@@ -1,21 +1,22 @@
 """The CUDA path without a GPU: load, prefill and decode on fake ``cuda`` tensors (``tests/_fake_cuda.py``).
 
-For each family (Llama 3, Llama 4) and quantization mode (none, bf16, fp8_mixed, int4_mixed) a tiny checkpoint
-goes through the real loading path for ``device="cuda"`` (settings and preflight, ``load_model_for_rank``: shard
-reading, quantization — fp8/int4 assemble on the CPU and quantize onto the GPU —, the kernel self-tests) and
-then through ``LocalRunner.generate`` (scheduler, packed prefill, decode steps, greedy and sampled rows, logprobs)
-at batch sizes 1 and 3 (with prefix reuse: a held slot continued, a shared prefix copied between slots), through
-the fixed-shape decode steps that CUDA graphs capture, and through ``logits`` (padded full forwards).  Asserted:
-every weight, the KV cache and every forward's inputs and outputs are on ``cuda`` with the expected dtype and
-shape, and the GPU kernels (``torch._scaled_mm``, ``torch._weight_int4pack_mm``, ``torch._grouped_mm``) are the
-ones chosen.  A CPU tensor meeting a CUDA one anywhere on the way raises ``FakeTensorDeviceMismatchError``.
+For each family (Llama 3, Llama 4) and quantization mode (none, bf16, fp8_mixed, int4_mixed) a tiny checkpoint goes
+through the real loading path for ``device="cuda"`` (settings and preflight, ``load_model_for_rank``: shard reading,
+quantization — fp8/int4 assemble on the CPU and quantize onto the GPU —, the kernel self-tests) and then through
+``LocalRunner.generate`` (scheduler, packed prefill, decode steps, greedy and sampled rows, logprobs) at batch sizes
+1 and 3 (with prefix reuse: a held slot continued, a shared prefix copied between slots), through the fixed-shape
+decode steps that CUDA graphs capture, and through ``logits`` (padded full forwards); Llama 4's vision encoder loads
+and encodes on the GPU. Asserted: every weight, the KV cache and every forward's inputs and outputs are on ``cuda``
+with the expected dtype and shape, and the GPU kernels (``torch._scaled_mm``, ``torch._weight_int4pack_mm``,
+``torch._grouped_mm``) are the ones chosen. A CPU tensor meeting a CUDA one anywhere on the way raises
+``FakeTensorDeviceMismatchError``.
 
-What fake tensors do not reach (only a GPU run does — ``bench/gpu_session.sh``): values and numerics (every
-token here is a stand-in, id 0; the CPU tests check values), CUDA graph capture and replay
-(``StaticDecode.capture``: streams, graph pools), NCCL and the model-parallel workers (separate processes),
-kernel-specific limits a meta kernel does not check (alignment, a dtype a CUDA kernel lacks), speed and memory,
-and scoring (``Scheduler.score``), whose chunking is driven by host reads.  Constrained (grammar) rows are left
-out: a grammar's next token depends on the tokens before it, which are stand-ins here.
+What fake tensors do not reach (only a GPU run does — ``bench/gpu_session.sh``): values and numerics (every token
+here is a stand-in, id 0; the CPU tests check values), CUDA graph capture and replay (``StaticDecode.capture``:
+streams, graph pools), NCCL and the model-parallel workers (separate processes), kernel-specific limits a meta
+kernel does not check (alignment, a dtype a CUDA kernel lacks), speed and memory, and what host reads steer:
+scoring's chunks (``Scheduler.score``), merging image patches into a prompt (a boolean mask). Constrained (grammar)
+rows are left out: a grammar's next token depends on the tokens before it, which are stand-ins here.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from _fake_cuda import fake_cuda
 from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 
+from workbench.checkpoints.factory import TINY_LLAMA4_VISION
 from workbench.checkpoints.load import check_vocab
 from workbench.config import check_settings, resolve_settings
 from workbench.formats.tokenizer import Tokenizer
@@ -240,6 +242,29 @@ def test_load_prefill_and_decode_on_an_a100(request, family, mode):
 def test_fixed_shape_decode_steps_on_cuda(request, family):
     """The steps ``cuda_graphs=True`` captures, with their device buffers, padded widths and static outputs."""
     _run(request.getfixturevalue(f"{family}_dir"), None, H100, static=True)
+
+
+def test_vision_encoder_loads_and_encodes_on_cuda(make_checkpoint):
+    """Llama 4's vision weights load onto the GPU at the first image, in the text model's dtype, and encode host
+    tiles there.  (Merging the patch embeddings into a prompt selects positions by a boolean mask: its size is
+    data, so the image prefill itself needs a GPU run.)"""
+    ckpt = make_checkpoint(TINY_LLAMA4_VISION)
+    with fake_cuda() as fake:
+        settings = _settings(ckpt, None)
+        args = ModelArgs.from_checkpoint(settings.checkpoint_dir)
+        ensure_model_parallel(1)
+        with fake:
+            model = load_model_for_rank(settings, args)
+            assert not model.vision_loaded
+            model.ensure_vision()
+            assert model.vision_loaded and not _off_cuda(model), _off_cuda(model)[:5]
+            vision = [*model.vision_embeddings.parameters(), *model.vision_projection.parameters()]
+            assert vision and all(p.dtype == torch.bfloat16 for p in vision)
+            tiles = torch.rand(3, 3, 56, 56)  # preprocessed tiles come from the host
+            features = model.encode_images(tiles)
+            tokens_per_tile = 4  # TINY_VISION_ARGS: 4x4 patches, pixel shuffle 0.5
+            assert (features.device, features.dtype, tuple(features.shape)) == (CUDA, torch.bfloat16,
+                                                                                (3, tokens_per_tile, args.dim))
 
 
 def test_a_cpu_tensor_in_a_cuda_path_is_caught():
