@@ -136,6 +136,9 @@ def _check_weights(model: Transformer, args: ModelArgs, mode: str | None, capabi
         elif isinstance(module, Int4Weight):
             assert module.packed.dtype == torch.int32, f"{name}: not the CUDA tile packing ({module.packed.dtype})"
             assert module.scales_and_zeros.dtype == int4.SCALE_DTYPE, name
+            layout, matrices = module.layout, (module.shape[0] if len(module.shape) == 3 else 1)
+            stored = module.packed.numel() * module.packed.element_size()
+            assert stored == matrices * layout.n_padded * layout.k_padded // 2, f"{name}: not 4 bits per weight"
     floats = [(n, p.dtype) for n, p in model.named_parameters() if not any(n.startswith(q + ".") for q in quantized)]
     assert all(dtype == torch.bfloat16 for _, dtype in floats), [f for f in floats if f[1] != torch.bfloat16][:4]
     unquantized = Transformer(args, max_seq_len=8, device="meta")
@@ -203,6 +206,9 @@ def _run(ckpt: Path, mode: str | None, capability: tuple[int, int], *, static: b
             _check_weights(model, args, mode, capability)
             runner = LocalRunner(model, tokenizer, settings=settings, args=args)
             _check_cache(runner.scheduler.cache, model, args)
+            memory = runner.memory()  # engine.memory(): what the GPU holds, by kernel
+            assert memory["kv_cache_bytes"] == sum(t.numel() * 2 for t in runner.scheduler.cache.keys) * 2
+            assert set(memory["by_kernel"]) == {f"{r['format']}/{r['kernel']}" for r in summary(model)}
             if static:  # the fixed-shape steps CUDA graphs capture, run uncaptured (capture needs a device)
                 runner.scheduler.use_static_decode(True, capture=False)
             spy = ForwardSpy(model)
