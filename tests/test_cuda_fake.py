@@ -5,11 +5,11 @@ through the real loading path for ``device="cuda"`` (settings and preflight, ``l
 quantization — fp8/int4 assemble on the CPU and quantize onto the GPU —, the kernel self-tests) and then through
 ``LocalRunner.generate`` (scheduler, packed prefill, decode steps, greedy and sampled rows, logprobs) at batch sizes
 1 and 3 (with prefix reuse: a held slot continued, a shared prefix copied between slots), through the fixed-shape
-decode steps that CUDA graphs capture, and through ``logits`` (padded full forwards); Llama 4's vision encoder loads
-and encodes on the GPU. Asserted: every weight, the KV cache and every forward's inputs and outputs are on ``cuda``
-with the expected dtype and shape, and the GPU kernels (``torch._scaled_mm``, ``torch._weight_int4pack_mm``,
-``torch._grouped_mm``) are the ones chosen. A CPU tensor meeting a CUDA one anywhere on the way raises
-``FakeTensorDeviceMismatchError``.
+decode steps that CUDA graphs capture, and through ``logits`` (padded full forwards); the padded prefill image rows
+take after cached prefixes runs, and Llama 4's vision encoder loads and encodes on the GPU. Asserted: every weight,
+the KV cache and every forward's inputs and outputs are on ``cuda`` with the expected dtype and shape, and the GPU
+kernels (``torch._scaled_mm``, ``torch._weight_int4pack_mm``, ``torch._grouped_mm``) are the ones chosen. A CPU
+tensor meeting a CUDA one anywhere on the way raises ``FakeTensorDeviceMismatchError``.
 
 What fake tensors do not reach (only a GPU run does — ``bench/gpu_session.sh``): values and numerics (every token
 here is a stand-in, id 0; the CPU tests check values), CUDA graph capture and replay (``StaticDecode.capture``:
@@ -271,6 +271,26 @@ def test_vision_encoder_loads_and_encodes_on_cuda(make_checkpoint):
             tokens_per_tile = 4  # TINY_VISION_ARGS: 4x4 patches, pixel shuffle 0.5
             assert (features.device, features.dtype, tuple(features.shape)) == (CUDA, torch.bfloat16,
                                                                                 (3, tokens_per_tile, args.dim))
+
+
+def test_padded_prefill_after_cached_prefixes_on_cuda(llama4_dir):
+    """The padded prefill that image rows take (``forward_full`` with ``starts``): rows continue the prefixes their
+    slots hold, with Llama 4's chunked masks across a chunk boundary; keys/values written into each row's slot."""
+    with fake_cuda() as fake:
+        settings = _settings(llama4_dir, None)
+        args = ModelArgs.from_checkpoint(settings.checkpoint_dir)
+        ensure_model_parallel(1)
+        with fake:
+            model = load_model_for_rank(settings, args)
+            cache = model.new_cache(SLOTS, MAX_SEQ_LEN)
+            starts, lengths = [30, 0, 5], [6, 9, 2]  # row 0 crosses the 32-token chunk boundary
+            tokens = torch.zeros(len(starts), max(lengths), dtype=torch.long, device="cuda")  # [B, T], padded
+            rows = torch.tensor([2, 0, 3], device="cuda")
+            last = torch.tensor([n - 1 for n in lengths], device="cuda")
+            logits = model.forward_full(tokens, cache=cache, cache_rows=rows, logit_index=last, starts=starts)
+            assert (logits.device, logits.dtype, tuple(logits.shape)) == (CUDA, torch.float32,
+                                                                          (len(starts), args.vocab_size))
+            _check_cache(cache, model, args)
 
 
 def test_a_cpu_tensor_in_a_cuda_path_is_caught():
