@@ -122,7 +122,7 @@ def _batch(engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any,
     choices = [d.tool_choice for d in dialogs]
     shared = all(t is sets[0] for t in sets) and all(c == choices[0] for c in choices)
     try:
-        return engine.batch_chat_completion([list(d.transcript) for d in dialogs], sets[0] if shared else sets,
+        return engine.batch_chat_completion([list(d.transcript) for d in dialogs], tools=sets[0] if shared else sets,
                                             tool_choice=choices[0] if shared else choices,
                                             tool_prompt_format=tool_prompt_format, **options)
     except GenerationCancelled as cancelled:  # nothing is lost: the transcripts so far travel with the error
