@@ -98,7 +98,7 @@ class ChatEngine(Protocol):
     Why one method: rendering and parsing then happen once per call, inside it (``workbench.engine.chat``), and a
     caller never picks among routes by probing attributes — anything with this method (an Engine, a replica
     pool, a scripted stand-in, an adapter over a remote OpenAI endpoint) drives ``workbench.tools.run`` /
-    ``run_batch`` and the evals.  ``tools`` and ``kwargs["tool_choice"]`` are one for every dialog, or a list with
+    ``run_batch`` and the evals.  ``tools`` and ``tool_choice=`` are one for every dialog, or a list with
     one per dialog (``chat.dialog_offers``): the tool loop sends one set whenever its dialogs share one (always,
     in ``tools.run`` / ``run_batch``), one per dialog only when they differ (the evals' cases).  An engine
     with a context limit raises :class:`~workbench.errors.PromptTooLongError` whose ``rows`` name the dialogs
