@@ -102,7 +102,7 @@ def complete_turn(engine: ChatEngine, dialogs: Sequence[Dialog], *, tool_prompt_
         try:
             return list(zip(kept, _batch(engine, kept, tool_prompt_format, options)))
         except PromptTooLongError as error:
-            too_long_rows = set(error.rows)
+            too_long_rows = {row for row in error.rows if 0 <= row < len(kept)}
             if too_long == "raise" or not too_long_rows:
                 raise
             for row in too_long_rows:  # a tool result made it too long: this dialog ends, the others go on
