@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.engine import chat
 from workbench.formats import make_formatter
 from workbench.formats.tokenizer import Tokenizer
 from workbench.types import Completion, Message, ToolCall
@@ -275,6 +276,10 @@ class FakeEngine:
         self.calls.append([self.tokenizer.decode(p) for p in prompts])
         self.sampling.append(sampling)
         return [self._complete(p) for p in prompts]
+
+    def batch_chat_completion(self, dialogs: Sequence[Any], tools: Any = None, **kwargs: Any) -> list[Any]:
+        """The one chat route the tool loop drives, made by the chat layer over ``batch_completion``."""
+        return chat.batch_chat_completion(self, dialogs, tools, **kwargs)
 
     def stream_completion(self, prompt: list[int], **sampling: Any) -> Iterator[FakeStreamChunk]:
         self.calls.append([self.tokenizer.decode(prompt)])

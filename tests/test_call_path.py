@@ -75,10 +75,11 @@ def test_a_call_with_a_run_store_takes_the_same_path(engine, monkeypatch, tmp_pa
 
 
 def test_the_measurement_sees_a_wrapper_entered_twice(engine) -> None:
-    """The tool loop sits above the engine and calls its public ``batch_completion``: its stack holds the Llama
-    Stack wrapper more than once, which the test above would refuse."""
+    """The tool loop sits above the engine and calls its public ``batch_chat_completion`` (the one chat route): its
+    stack holds the Llama Stack wrapper more than once, which the test above would refuse."""
     frames = _frames_to_first_forward(
         lambda: workbench.tools.run(engine, [{"role": "user", "content": "Hi"}], max_turns=1,
                                                  max_tokens=1))
     assert frames.count(("engine/llama_stack.py", "wrapper")) >= 2
     assert ("tools/loop.py", "complete_turn") in frames and ("engine/engine.py", "generate_tokens") in frames
+    assert ("engine/engine.py", "batch_chat_completion") in frames

@@ -11,7 +11,7 @@ import json
 import pandas as pd
 import pytest
 
-from workbench import evals
+from workbench import chat, evals
 from workbench.errors import InputError
 from workbench.formats import make_formatter
 from workbench.formats.tokenizer import Tokenizer, bundled_tokenizer_path
@@ -36,6 +36,9 @@ class ScriptedEngine:
             stop = "end_of_message" if reply.startswith("[") else "end_of_turn"
             out.append(Completion(text=reply, tokens=self.formatter.tokenizer.encode(reply), stop_reason=stop))
         return out
+
+    def batch_chat_completion(self, dialogs, tools=None, **kwargs):
+        return chat.batch_chat_completion(self, dialogs, tools, **kwargs)
 
 
 def case(id_, question, calls, tools=("get_weather", "get_capital", "convert_currency"), **turn):

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from workbench import evals
+from workbench import chat, evals
 from workbench.demo.toolgen import tool_bank
 from workbench.demo.tools import DEMO_TOOLS
 from workbench.evals.__main__ import main
@@ -70,6 +70,9 @@ class OracleEngine:
                 reply, stop = "Sorry, I can't help with that.", "end_of_turn"
             out.append(Completion(text=reply, tokens=self.formatter.tokenizer.encode(reply), stop_reason=stop))
         return out
+
+    def batch_chat_completion(self, dialogs, tools=None, **kwargs):
+        return chat.batch_chat_completion(self, dialogs, tools, **kwargs)
 
 
 @pytest.mark.parametrize("rename", [False, True], ids=["schema-names", "renamed"])

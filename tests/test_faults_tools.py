@@ -206,8 +206,9 @@ def test_tool_results_too_long_for_the_engine_end_that_dialog_only() -> None:
         max_seq_len = 600
 
         def batch_completion(self, prompts: list, **sampling: Any) -> list:
-            if any(len(p) >= self.max_seq_len for p in prompts):  # as the real engine: the whole batch is refused
-                raise PromptTooLongError("prompt too long")
+            too_long = [i for i, p in enumerate(prompts) if len(p) >= self.max_seq_len]
+            if too_long:  # as the real engine: the whole batch is refused, naming every row that does not fit
+                raise PromptTooLongError("prompt too long", rows=too_long)
             return super().batch_completion(prompts, **sampling)
 
     def big(size: int) -> str:

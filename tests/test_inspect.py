@@ -30,7 +30,7 @@ from inspect_ai.solver import generate, use_tools
 from inspect_ai.tool import ToolCall, ToolFunction, ToolInfo, ToolParam, ToolParams, tool
 
 import workbench as wb
-from workbench.errors import InputError
+from workbench.errors import InputError, PromptTooLongError
 from workbench.evals.inspect_ai import InspectInputError, sampling_kwargs, to_messages, to_tool
 from workbench.evals.inspect_ai.provider import to_tool_choice
 
@@ -101,6 +101,24 @@ def test_concurrent_generate_calls_are_gathered_into_one_batch(model):
     assert sizes[before:] == [6]
     alone = asyncio.run(model.generate("Say 3", config=GenerateConfig(max_tokens=4)))
     assert outputs[3].completion == alone.completion  # a row of a batch equals the call run alone
+
+
+def test_a_refused_dialog_fails_only_its_own_sample(model, engine):
+    """The gathered dialogs go to the engine in one chat call; when the engine refuses one (too long), the others
+    are still answered and only that sample sees the error."""
+    sizes = model.api.batcher.stats.sizes
+    before = len(sizes)
+
+    async def both():
+        config = GenerateConfig(max_tokens=4)
+        return await asyncio.gather(model.generate("Say 1", config=config),
+                                    model.generate("snow " * engine.max_seq_len, config=config),
+                                    return_exceptions=True)
+
+    fine, refused = asyncio.run(both())
+    assert sizes[before:] == [2]
+    assert isinstance(refused, PromptTooLongError) and not isinstance(fine, BaseException)
+    assert fine.completion == asyncio.run(model.generate("Say 1", config=GenerateConfig(max_tokens=4))).completion
 
 
 def test_generate_config_maps_to_the_engines_sampling(model):

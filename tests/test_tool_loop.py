@@ -295,6 +295,9 @@ class _ScriptedFirstTurn:
             for r in real
         ]
 
+    def batch_chat_completion(self, dialogs: list[Any], tools: Any = None, **kwargs: Any) -> list[ChatCompletion]:
+        return chat.batch_chat_completion(self, dialogs, tools, **kwargs)
+
 
 def test_loop_end_to_end_on_real_engine(real_engine: Any) -> None:
     sampling = {"max_tokens": 6, "temperature": 0.0}

@@ -29,7 +29,15 @@ class VocabMismatchError(CheckpointError):
 
 
 class PromptTooLongError(WorkbenchError, ValueError):
-    """A prompt does not fit the engine's ``max_seq_len``."""
+    """A prompt does not fit the engine's ``max_seq_len``.
+
+    ``rows``: every row of the call that does not fit (empty when the raiser does not say), so a caller that
+    renders many dialogs in one call — the tool loop, whose tool results grow a dialog — can end those and go on.
+    """
+
+    def __init__(self, message: str = "", rows: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.rows = list(rows or [])
 
 
 class SamplingError(WorkbenchError, ValueError):

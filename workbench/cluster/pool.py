@@ -28,6 +28,7 @@ from ..config import resolve_model_parallel_size
 from ..engine import chat
 from ..engine.interfaces import ChatFormatter, TextTokenizer
 from ..engine.llama_stack import llama_stack_spellings
+from ..engine.prompts import check_lengths
 from ..engine.remember import (
     SAMPLING_KEYWORDS,
     StoredCall,
@@ -62,8 +63,9 @@ class ReplicaPool:
 
     ``batch_completion`` / ``batch_chat_completion`` (and ``completion`` / ``chat_completion``) take the
     engine's arguments and return its results; ``submit_...`` run them as a :class:`~workbench.cluster.jobs.Job`.
-    ``tokenizer``, ``formatter``, ``max_seq_len``, ``settings``… are the replicas' (so ``workbench.tools`` and
-    ``workbench.evals`` run on a pool unchanged).  ``fleet`` holds the replicas themselves.  ``shutdown()`` ends
+    ``tokenizer``, ``formatter``, ``max_seq_len``, ``settings``… are the replicas'; ``batch_chat_completion`` is
+    the one chat route (``engine.interfaces.ChatEngine``), so ``workbench.tools`` and ``workbench.evals`` run on a
+    pool unchanged.  ``fleet`` holds the replicas themselves.  ``shutdown()`` ends
     every replica.
     """
 
@@ -174,34 +176,22 @@ class ReplicaPool:
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     def submit_batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None,
                                      **kwargs: Any) -> Job:
-        """Start ``batch_chat_completion`` as a job; bad dialogs, tools or formats raise here, before it runs.
+        """Start ``batch_chat_completion`` as a job; bad dialogs, tools, formats or a prompt longer than
+        ``max_seq_len`` raise here, before it runs.
 
-        The prompts are rendered here (``chat.prepare``), the replicas generate from their token ids, and the
-        rows are parsed here (``chat.finish``) when the job's results are asked for."""
+        The pool's one chat route: the prompts are rendered once, here in the driver (``chat.prepare``: tools one
+        for all or one per dialog, as the engine's), the replicas generate from their token ids, and the rows are
+        parsed here (``chat.finish``, as the engine parses them) when the job's results are asked for.  Lengths
+        are checked here too, so a :class:`~workbench.errors.PromptTooLongError` names rows of the whole call
+        (the tool loop ends those dialogs and goes on)."""
         _check_keywords("batch_chat_completion", (dialogs, tools), kwargs)
         options = {name: kwargs.pop(name) for name in CHAT_KEYWORDS if name in kwargs}
         formatter = self.formatter
         assert formatter is not None, "the pool renders prompts once its replicas have loaded (load() starts them)"
         prompts, formats = chat.prepare(formatter, dialogs, tools, **options)
-        given = [chat_request(d, tools, options.get("tool_choice", "auto"), options.get("tool_prompt_format"))
-                 for d in dialogs]
-        return self._submit_chat("batch_chat_completion", prompts, formats, kwargs, given)
-
-    def batch_chat_rendered(self, prompts: Sequence[Any], formats: Sequence[Any] | None = None, *,
-                            requests: Sequence[Any] | None = None, **kwargs: Any) -> list[Any]:
-        """``Engine.batch_chat_rendered`` over the replicas: replies to dialogs ``chat.prepare`` rendered, parsed
-        here (the tool loop's and the evals' turn; with ``run=`` each turn is stored by this driver)."""
-        formats = list(formats) if formats is not None else [None] * len(prompts)
-        if len(formats) != len(prompts):
-            raise FormatError(f"formats has {len(formats)} entries for {len(prompts)} prompts; give one per prompt")
-        given = list(requests) if requests is not None else [{"prompt": p} for p in prompts]
-        return self._submit_chat("batch_chat_rendered", list(prompts), formats, kwargs, given).result()
-
-    def _submit_chat(self, kind: str, prompts: list[Any], formats: list[Any], kwargs: dict[str, Any],
-                     given: list[Any]) -> Job:
-        """A job over rendered chat prompts whose replies are parsed here (``chat.finish``), as the engine
-        parses them."""
-        formatter = self.formatter
+        check_lengths(self, [p.tokens if isinstance(p, Prompt) else p for p in prompts])
+        offers = chat.dialog_offers(len(dialogs), tools, options.get("tool_choice", "auto"))
+        given = [chat_request(d, t, c, options.get("tool_prompt_format")) for d, (t, c) in zip(dialogs, offers)]
         if any(f is not None for f in formats):
             kwargs["response_format"] = formats
         stored = self._stored(kwargs, prompts, given, "chat", formats=formats)
@@ -209,7 +199,7 @@ class ReplicaPool:
         def replies(rows: list[int], completions: list[Any]) -> list[Any]:  # as the engine parses them
             return chat.finish(completions, [formats[i] for i in rows], formatter)
 
-        return self._submit(kind, prompts, kwargs, replies, stored=stored)
+        return self._submit("batch_chat_completion", prompts, kwargs, replies, stored=stored)
 
     @llama_stack_spellings(chat=True)
     def chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, **kwargs: Any) -> Any:

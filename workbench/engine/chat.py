@@ -7,10 +7,15 @@
   :class:`~workbench.types.ChatCompletion` s (tool calls, parse errors); :func:`finish_stream` does the same for
   one streamed reply, as :class:`TextDelta` / :class:`ToolCallDelta` items ending with the ChatCompletion.
 
-Generation happens between the two and belongs to the caller: the Engine runs its own batch path, the Ray pool
-renders and parses in the driver while its replicas generate from token ids, and the tool loop renders every
-dialog with its own tools.  :func:`batch_chat_completion` and :func:`chat_completion` are the three steps over
-any :class:`~workbench.engine.interfaces.CompletionEngine` (a formatter and ``batch_completion``).
+Generation happens between the two, and every route to it is one method: ``batch_chat_completion(dialogs,
+tools, ...)`` (:class:`~workbench.engine.interfaces.ChatEngine`), which renders each call's dialogs here once
+(:func:`prepare`, checking the call's tools once) and parses the replies here once.  The Engine generates from the
+token ids and stores parsed replies (``run=``); the Ray pool renders in the driver and its replicas generate
+from token ids; the tool loop, serve and the evals only ever call ``batch_chat_completion``.
+:func:`batch_chat_completion` and :func:`chat_completion` make that method of anything that completes rendered
+prompts (:class:`~workbench.engine.interfaces.CompletionEngine`: a formatter and ``batch_completion``, as a
+scripted stand-in or an adapter over a remote completions endpoint): a stand-in's ``batch_chat_completion`` is
+``chat.batch_chat_completion(self, ...)``.
 Everything format-specific lives in :mod:`workbench.formats`.  ``LLAMA_MODELS_DEBUG=1`` prints every rendered
 prompt to stderr (``=2`` adds the token ids), as the reference implementation does.
 """
@@ -26,7 +31,7 @@ from typing import Any, Literal
 
 from workbench.engine.interfaces import ChatFormatter, CompletionEngine, StreamingEngine, TextTokenizer
 from workbench.errors import FormatError, InputError
-from workbench.formats import Prompt, coerce_messages, coerce_tools, normalize_tool_choice
+from workbench.formats import Prompt, ToolSet, coerce_messages, coerce_tools, normalize_tool_choice
 from workbench.formats.calls import normalize_tool_prompt_format
 from workbench.structured import OutputFormat, per_row_formats, tool_call_format
 from workbench.types import ChatCompletion, Completion, Message, StreamChunk, ToolCall
@@ -65,15 +70,17 @@ StreamItem = TextDelta | ToolCallDelta | ChatCompletion
 
 
 # ---------------------------------------------------------------------------------------------- prepare
-def prepare(formatter: ChatFormatter, dialogs: Sequence[Any], tools: Iterable[Any] | None = None,
-            tool_choice: Any = "auto", tool_prompt_format: str | None = None, *, response_format: Any = None,
-            constrain_tools: bool = False, system_message_behavior: str = "append",
-            ) -> tuple[list[PromptRow], list[OutputFormat | None]]:
+def prepare(formatter: ChatFormatter, dialogs: Sequence[Any], tools: Any = None, tool_choice: Any = "auto",
+            tool_prompt_format: str | None = None, *, response_format: Any = None, constrain_tools: bool = False,
+            system_message_behavior: str = "append") -> tuple[list[PromptRow], list[OutputFormat | None]]:
     """Render ``dialogs`` for generation: ``(prompts, formats)``, one entry per dialog.
 
-    A dialog is a list of messages (dicts accepted) or a bare string (one user message); the same ``tools``
-    (callables, OpenAI- or Llama-Stack-style definitions, built-in names), ``tool_choice`` (``"auto"``,
-    ``"required"``, ``"none"`` or a tool's name) and ``tool_prompt_format`` apply to every dialog.
+    A dialog is a list of messages (dicts accepted) or a bare string (one user message).  ``tools`` (callables,
+    OpenAI- or Llama-Stack-style definitions, built-in names) and ``tool_choice`` (``"auto"``, ``"required"``,
+    ``"none"`` or a tool's name) are one for every dialog, or a list with one entry per dialog (see
+    :func:`dialog_offers`: dialogs that each offer their own tools, as the evals' cases, share one call);
+    ``tool_prompt_format`` applies to all.  Each distinct tool set is coerced and checked once per call, into a
+    :class:`~workbench.formats.ToolSet` the formatter renders every dialog with as it is.
     ``response_format`` (one for all, or one per dialog) constrains each reply; a JSON-schema format also appends
     Llama Stack's "Please respond in JSON format with the schema: ..." user message.  ``constrain_tools=True``
     (with ``tool_choice="required"`` or a tool name) makes every reply's format a well-formed call of an offered
@@ -87,20 +94,48 @@ def prepare(formatter: ChatFormatter, dialogs: Sequence[Any], tools: Iterable[An
             "batch_chat_completion takes a list of dialogs (each a list of messages); for a single dialog use "
             "chat_completion"
         )
-    tool_defs = None if tools is None else coerce_tools(tools)  # once, not per dialog
-    formats = _reply_formats(formatter, len(dialogs), tool_defs, tool_choice, tool_prompt_format, response_format,
-                             constrain_tools)
+    offers = _checked(dialog_offers(len(dialogs), tools, tool_choice))
+    formats = _reply_formats(formatter, offers, tool_prompt_format, response_format, constrain_tools)
     prompts: list[PromptRow] = []
-    for dialog, fmt in zip(dialogs, formats):
+    for dialog, (tool_set, choice), fmt in zip(dialogs, offers, formats):
         instruction = format_prompt(fmt) if fmt is not None else None
         if instruction is not None:
             dialog = [*coerce_messages(dialog), Message(role="user", content=instruction)]
-        prompt = formatter.encode_prompt(dialog, tools=tool_defs, tool_choice=tool_choice,
+        prompt = formatter.encode_prompt(dialog, tools=tool_set, tool_choice=choice,
                                          tool_prompt_format=tool_prompt_format,
                                          system_message_behavior=system_message_behavior)
         _debug_print(formatter.tokenizer, prompt.tokens)
         prompts.append(prompt if prompt.images else prompt.tokens)
     return prompts, formats
+
+
+def dialog_offers(n: int, tools: Any, tool_choice: Any) -> list[tuple[Any, Any]]:
+    """Each of ``n`` dialogs' ``(tools, tool_choice)`` as given, not yet checked.
+
+    ``tools`` is one set for every dialog (a list of tools, or None), or one set per dialog: a list whose every
+    entry is a list, a tuple or None (a tool itself is never a list, so the two cannot be confused);
+    ``tool_choice`` likewise one for all, or a list with one per dialog.  Why per dialog: the tool loop and the
+    evals run dialogs that offer different tools in one batch through the one chat method."""
+    per_dialog = isinstance(tools, list) and bool(tools) and all(t is None or isinstance(t, (list, tuple))
+                                                                  for t in tools)
+    sets = list(tools) if per_dialog else [tools] * n
+    choices = list(tool_choice) if isinstance(tool_choice, (list, tuple)) else [tool_choice] * n
+    for name, given in (("tools", sets), ("tool_choice", choices)):
+        if len(given) != n:
+            raise InputError(f"{name} has {len(given)} entries for {n} dialogs; give one {name} for every dialog, "
+                             "or a list with one per dialog")
+    return list(zip(sets, choices))
+
+
+def _checked(offers: list[tuple[Any, Any]]) -> list[tuple[ToolSet | None, Any]]:
+    """The offers with each distinct tool set coerced and checked once (None stays None: no tools)."""
+    checked: dict[int, ToolSet] = {}  # id of a set as given -> its ToolSet (the sets are alive in ``offers``)
+    out: list[tuple[ToolSet | None, Any]] = []
+    for tools, choice in offers:
+        if tools is not None and id(tools) not in checked:
+            checked[id(tools)] = coerce_tools(tools)
+        out.append((None if tools is None else checked[id(tools)], choice))
+    return out
 
 
 def format_prompt(fmt: OutputFormat) -> str | None:
@@ -110,17 +145,21 @@ def format_prompt(fmt: OutputFormat) -> str | None:
     return f"Please respond in JSON format with the schema: {json.dumps(fmt.schema)}"
 
 
-def _reply_formats(formatter: ChatFormatter, n: int, tool_defs: Any, tool_choice: Any, tool_prompt_format: Any,
+def _reply_formats(formatter: ChatFormatter, offers: list[tuple[ToolSet | None, Any]], tool_prompt_format: Any,
                    response_format: Any, constrain_tools: bool) -> list[OutputFormat | None]:
     if not constrain_tools:
-        return per_row_formats(response_format, n)
+        return per_row_formats(response_format, len(offers))
     if response_format is not None:
         raise FormatError("give either response_format or constrain_tools=True, not both")
-    if not tool_defs:
-        raise FormatError("constrain_tools=True needs tools=[...] to choose from")
-    choice = normalize_tool_choice(tool_choice, tool_defs)
     syntax = normalize_tool_prompt_format(tool_prompt_format) or formatter.default_tool_prompt_format
-    return [tool_call_format(tool_defs, choice, syntax)] * n
+    made: dict[tuple[int, str], OutputFormat] = {}  # one grammar per tool set and choice
+    for tools, choice in offers:
+        if not tools:
+            raise FormatError("constrain_tools=True needs tools=[...] to choose from")
+        key = (id(tools), repr(choice))
+        if key not in made:
+            made[key] = tool_call_format(tools, normalize_tool_choice(choice, tools), syntax)
+    return [made[(id(tools), repr(choice))] for tools, choice in offers]
 
 
 def _debug_print(tokenizer: TextTokenizer, tokens: list[int]) -> None:
@@ -225,7 +264,7 @@ def _marker_ids(tokenizer: TextTokenizer) -> dict[int, str]:
 def batch_chat_completion(
     engine: CompletionEngine,
     dialogs: Sequence[Any],
-    tools: Iterable[Any] | None = None,
+    tools: Any = None,
     tool_choice: Any = "auto",
     tool_prompt_format: Any = None,
     *,
@@ -235,7 +274,9 @@ def batch_chat_completion(
     **sampling: Any,
 ) -> list[ChatCompletion]:
     """One reply per dialog from ``engine.batch_completion`` (one batch): :func:`prepare`, generate,
-    :func:`finish`.  Keywords as :func:`prepare`'s; ``sampling`` goes to ``batch_completion`` as it is."""
+    :func:`finish` — the :class:`~workbench.engine.interfaces.ChatEngine` method of an engine that completes
+    rendered prompts.  Keywords as :func:`prepare`'s (``tools`` / ``tool_choice`` one for all or one per dialog);
+    ``sampling`` goes to ``batch_completion`` as it is."""
     prompts, formats = prepare(engine.formatter, dialogs, tools, tool_choice, tool_prompt_format,
                                response_format=response_format, constrain_tools=constrain_tools,
                                system_message_behavior=system_message_behavior)

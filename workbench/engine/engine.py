@@ -396,7 +396,11 @@ class Engine(IntrospectionMixin):
         """One reply per dialog, generated in one batch (per-row results equal single calls).
 
         dialogs: a list of dialogs (each a list of messages, or a bare string for one user message);
-            the same ``tools``, ``tool_choice`` and sampling apply to every dialog (see ``chat_completion``).
+            the same ``tools``, ``tool_choice`` and sampling apply to every dialog (see ``chat_completion``),
+            or ``tools`` / ``tool_choice`` give one entry per dialog (a list of tool lists: dialogs that each
+            offer their own tools share the batch, as the tool loop's and the evals' turns do).
+        This is the one chat route (``engine.interfaces.ChatEngine``; a Ray pool offers the same method): the
+        tool loop, the evals and serve generate chat replies through it, rendered and parsed once per call.
         progress: a progress bar of dialogs done and tokens/s; None (default) shows it once the call
             has run for a couple of seconds, True at once, False never.
         """
@@ -411,36 +415,9 @@ class Engine(IntrospectionMixin):
         check_progress(progress)
         ids, tiles = self._rendered(prompts)
         stored = self._stored(run, refresh, ids, tiles, params, formats, seeds,
-                              [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], kind="chat")
-        return self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles, seeds=seeds,
-                                    stored=stored, finish=chat_finish(formats, self.formatter))
-
-    @sampling_doc
-    def batch_chat_rendered(self, prompts: Sequence[PromptRow], formats: Sequence[OutputFormat | None] | None = None,
-                            *, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                            top_k: int = 0, seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
-                            stop: str | Sequence[str] | None = None, progress: bool | None = None,
-                            requests: Sequence[Any] | None = None, run: str | None = None,
-                            refresh: bool = False) -> list[ChatCompletion]:
-        """Replies to dialogs already rendered by ``chat.prepare`` (``prompts``, and ``formats``: each row's
-        output format, as ``prepare`` returned them), parsed: one batch for dialogs that each offer their own
-        tools.  This is one turn of the tool loop and of ``workbench.evals`` (``workbench.tools.complete_turn``);
-        with ``run=`` every turn is stored as chat rows keyed by the turn's prompt ids, so a re-run loop is
-        answered turn by turn up to where it stopped.  ``requests``: each row's request as given (stored for
-        browsing; default the prompt ids)."""
-        if not prompts:
-            return []
-        formats = list(formats) if formats is not None else [None] * len(prompts)
-        if len(formats) != len(prompts):
-            raise FormatError(f"formats has {len(formats)} entries for {len(prompts)} prompts; give one per prompt "
-                              "(chat.prepare returns them)")
-        scalar, seeds = per_row_seeds(seed, len(prompts))
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=scalar, logprobs=logprobs, stop=stop)
-        check_progress(progress)
-        ids, tiles = self._rendered(prompts)
-        given = list(requests) if requests is not None else [{"prompt_ids": p} for p in ids]
-        stored = self._stored(run, refresh, ids, tiles, params, formats, seeds, given, kind="chat")
+                              [chat_request(d, t, c, tool_prompt_format)
+                               for d, (t, c) in zip(dialogs, chat.dialog_offers(len(dialogs), tools, tool_choice))],
+                              kind="chat")
         return self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles, seeds=seeds,
                                     stored=stored, finish=chat_finish(formats, self.formatter))
 

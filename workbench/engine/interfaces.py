@@ -6,8 +6,12 @@ a scripted stand-in alike).
   worker pool (``workbench.runtime``); the Engine holds one and nothing else touches the model.
 - :class:`TextTokenizer` and :class:`ChatFormatter`: the formatter/tokenizer pair the chat layer renders prompts
   and parses replies with (``workbench.formats``).
-- :class:`CompletionEngine`: what the chat functions, the tool loop and the evals need of an engine — a formatter
-  and ``batch_completion`` over rendered prompts (:class:`StreamingEngine`: also ``stream_completion``).
+- :class:`ChatEngine`: the one chat route — ``batch_chat_completion(dialogs, tools, ...)`` — through which the
+  tool loop, the evals, serve and the Ray pool's callers reach generation (an Engine, a replica pool, a scripted
+  stand-in, an adapter over a remote endpoint).
+- :class:`CompletionEngine`: what the chat layer's own ``batch_chat_completion`` needs to make that method for an
+  engine that completes rendered prompts — a formatter and ``batch_completion`` (:class:`StreamingEngine`: also
+  ``stream_completion``).
 - :class:`LoadedModel`: what prompt encoding and checks read (model args, tokenizer, formatter, ``max_seq_len``).
 - :class:`ModelIdentity`: what names a loaded model (``model_id``, ``family``, ``settings``).
 """
@@ -23,7 +27,7 @@ from workbench.formats import Prompt
 from workbench.generation import Event, Request
 from workbench.models.args import ModelArgs
 from workbench.runtime.settings import Settings
-from workbench.types import Completion, Message, StreamChunk
+from workbench.types import ChatCompletion, Completion, Message, StreamChunk
 
 
 class Runner(Protocol):
@@ -87,9 +91,26 @@ class ChatFormatter(Protocol):
     def decode_assistant(self, text: str, stop_reason: str | None = None) -> Message: ...
 
 
+class ChatEngine(Protocol):
+    """The one method every caller above the engine generates chat replies through: one
+    :class:`~workbench.types.ChatCompletion` per dialog, in order, parsed (tool calls, parse errors).
+
+    Why one method: rendering and parsing then happen once per call, inside it (``workbench.engine.chat``), and a
+    caller never picks among routes by probing attributes — anything with this method (an Engine, a replica
+    pool, a scripted stand-in, an adapter over a remote OpenAI endpoint) drives ``workbench.tools.run`` /
+    ``run_batch`` and the evals.  ``tools`` and ``tool_choice=`` are one for every dialog, or a list with
+    one per dialog (``chat.dialog_offers``): the tool loop sends one set whenever its dialogs share one (always,
+    in ``tools.run`` / ``run_batch``), one per dialog only when they differ (the evals' cases).  An engine
+    with a context limit raises :class:`~workbench.errors.PromptTooLongError` whose ``rows`` name the dialogs
+    that do not fit (the tool loop ends those and goes on)."""
+
+    def batch_chat_completion(self, dialogs: Sequence[Any], tools: Any = None,
+                              **kwargs: Any) -> list[ChatCompletion]: ...
+
+
 class CompletionEngine(Protocol):
-    """An engine the chat functions, the tool loop and the evals can drive: rendered prompts in, one
-    :class:`~workbench.types.Completion` per prompt out (an Engine, a replica pool, a scripted stand-in)."""
+    """An engine that completes rendered prompts: one :class:`~workbench.types.Completion` per prompt (an Engine,
+    a replica pool, a scripted stand-in); ``chat.batch_chat_completion`` makes its :class:`ChatEngine` method."""
 
     formatter: ChatFormatter
 

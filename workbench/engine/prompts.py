@@ -99,6 +99,9 @@ def check_ids(model: LoadedModel, ids: list[Any], row: int) -> list[int]:
     return ids
 
 def check_lengths(model: LoadedModel, prompts: list[list[int]], image_tiles: Sequence[Any] | None = None) -> None:
+    """Every row non-empty and shorter than ``max_seq_len``; a :class:`PromptTooLongError` names the first row
+    too long and carries all of them (``rows``)."""
+    rows = [i for i, p in enumerate(prompts) if len(p) >= model.max_seq_len]
     for i, p in enumerate(prompts):
         if not p:
             raise InputError(f"prompt row {i} is empty; give at least one token (strings get a BOS token)")
@@ -107,7 +110,7 @@ def check_lengths(model: LoadedModel, prompts: list[list[int]], image_tiles: Seq
             raise PromptTooLongError(
                 f"prompt row {i} has {len(p)} tokens ({len(tiles.tiles)} of them <|image|>) but max_seq_len is "
                 f"{model.max_seq_len} (room is needed for at least one generated token); shorten the prompt or "
-                f"load with max_seq_len > {len(p)}"
+                f"load with max_seq_len > {len(p)}", rows=rows
             )
         if tiles is not None and len(p) >= model.max_seq_len:
             vision = model.args.vision_args
@@ -116,10 +119,10 @@ def check_lengths(model: LoadedModel, prompts: list[list[int]], image_tiles: Seq
                 f"prompt row {i} has {len(p)} tokens, {image_tokens} of them for its images ({tiles.shape[0]} "
                 f"tiles of {vision.tokens_per_tile} tokens), but max_seq_len is {model.max_seq_len}; load with "
                 f"max_seq_len > {len(p)}, or send fewer or smaller images (an image of at most "
-                f"{vision.tile_size}x{vision.tile_size} pixels takes one tile)"
+                f"{vision.tile_size}x{vision.tile_size} pixels takes one tile)", rows=rows
             )
         if len(p) >= model.max_seq_len:
             raise PromptTooLongError(
                 f"prompt row {i} has {len(p)} tokens but max_seq_len is {model.max_seq_len} (room is needed "
-                f"for at least one generated token); shorten the prompt or load with max_seq_len > {len(p)}"
+                f"for at least one generated token); shorten the prompt or load with max_seq_len > {len(p)}", rows=rows
             )

@@ -31,6 +31,7 @@ import torch
 from workbench.engine import chat
 from workbench.engine.interfaces import ChatFormatter, TextTokenizer
 from workbench.errors import SamplingError
+from workbench.formats import ToolDefinition
 from workbench.generation import SamplingParams
 from workbench.runs import (
     CheckpointIdentity,
@@ -310,10 +311,12 @@ def per_row_seeds(seed: Any, n: int) -> tuple[int | None, list[int | None] | Non
 
 def chat_request(messages: Any, tools: Any, tool_choice: Any, tool_prompt_format: Any) -> dict[str, Any]:
     """A chat row's request as given (what the store keeps for browsing): the dialog and the tool options
-    that differ from the defaults."""
+    that differ from the defaults; a checked tool (a ``ToolDefinition``, as the tool loop sends its toolbox's) by
+    its name."""
     request: dict[str, Any] = {"messages": messages}
     if tools:
-        request["tools"] = tools
+        request["tools"] = ([t.tool_name if isinstance(t, ToolDefinition) else t for t in tools]
+                            if isinstance(tools, (list, tuple)) else tools)
     if tool_choice != "auto":
         request["tool_choice"] = tool_choice
     if tool_prompt_format is not None:

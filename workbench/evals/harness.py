@@ -21,17 +21,16 @@ import pandas as pd
 
 from workbench import runs
 from workbench.demo.tools import DEMO_TOOLS
-from workbench.engine.interfaces import CompletionEngine
+from workbench.engine.interfaces import ChatEngine
 from workbench.errors import InputError
 from workbench.evals.cases import EvalCase
 from workbench.progress import progress_bar
 from workbench.reports import rate_text, wilson_interval
 from workbench.tools import Dialog, Toolbox, complete_turn
-from workbench.tools.loop import LoopEngine
 from workbench.types import Message, ToolCall, Transcript
 
 
-class EvalEngine(CompletionEngine, Protocol):
+class EvalEngine(ChatEngine, Protocol):
     """An engine :func:`compare` can switch between quantization modes (an Engine, a replica pool)."""
 
     settings: Any
@@ -99,7 +98,7 @@ def _start_turn(run: _Run, tool_choice: str) -> None:
 
 
 def run_cases(
-    engine: LoopEngine,
+    engine: ChatEngine,
     cases: Sequence[EvalCase],
     *,
     tools: Mapping[str, Callable[..., Any]] | None = None,

@@ -13,7 +13,7 @@ from workbench.formats.formatter import Formatter, coerce_messages, make_formatt
 from workbench.formats.models import ModelInfo, resolve_model
 from workbench.formats.parser import ParseResult, parse_assistant, parse_tool_calls
 from workbench.formats.tool_prompts import format_date
-from workbench.formats.tool_specs import coerce_tool, coerce_tools
+from workbench.formats.tool_specs import ToolSet, coerce_tool, coerce_tools
 from workbench.formats.tooldefs import BUILTIN_TOOLS, ToolDefinition, ToolParam
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "PromptImage",
     "ToolDefinition",
     "ToolParam",
+    "ToolSet",
     "coerce_messages",
     "coerce_tool",
     "coerce_tools",

@@ -161,10 +161,12 @@ class Formatter:
         """The messages actually sent (tool prompts merged in) and the call syntax used for assistant turns.
 
         Without tools this is the dialog as given and ``json`` (as ``ChatFormat.encode_dialog_prompt``);
-        with tools, the llama-stack meta-reference augmentation for the model's generation.
+        with tools, the llama-stack meta-reference augmentation for the model's generation.  Tools are checked
+        here unless they come as a :class:`~.tool_specs.ToolSet` (the chat layer checks a call's tools once and
+        renders every dialog of the call with the same ToolSet).
         """
         msgs = coerce_messages(messages)
-        defs = coerce_tools(tools)
+        defs = coerce_tools(tools)  # a ToolSet as it is: checked once per call, not once per dialog
         choice = normalize_tool_choice(tool_choice, defs)
         fmt = normalize_tool_prompt_format(tool_prompt_format)
         if not defs:

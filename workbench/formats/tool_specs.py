@@ -23,13 +23,24 @@ from workbench.formats.tooldefs import (
 )
 
 
-def coerce_tools(tools: Iterable[Any] | None) -> list[ToolDefinition]:
-    """Normalise a list of tool specs (any accepted form) into :class:`ToolDefinition` objects."""
+class ToolSet(tuple):
+    """Tool definitions :func:`coerce_tools` has checked (each renderable and callable, names unique).
+
+    Why a type: the chat layer checks a call's tools once and renders every dialog of the call with them; the
+    formatter (``coerce_tools`` again) takes a ToolSet as it is instead of checking the same tools per dialog.
+    A tuple, so nothing unchecked can be added to it afterwards."""
+
+
+def coerce_tools(tools: Iterable[Any] | None) -> ToolSet:
+    """Normalise a list of tool specs (any accepted form) into checked :class:`ToolDefinition` objects (a
+    :class:`ToolSet`, which is returned as it is when given: its tools were checked when it was made)."""
+    if isinstance(tools, ToolSet):
+        return tools
     if tools is None:
-        return []
+        return ToolSet()
     if isinstance(tools, (str, dict)) or callable(tools):
         tools = [tools]
-    out = [coerce_tool(t) for t in tools]
+    out = ToolSet(coerce_tool(t) for t in tools)
     seen: set[str] = set()
     for t in out:
         if t.tool_name in seen:

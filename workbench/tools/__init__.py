@@ -2,10 +2,12 @@
 
 ``run(engine, messages, tools=[functions...])`` lets the model call tools until it answers: each turn is one
 chat completion; every tool call in the reply is run and answered with a tool (``ipython``) message; the loop
-ends at a reply without calls or after ``max_turns`` replies.  ``run_batch`` runs many dialogs with each turn
-batched across the dialogs still running.  Modules: :mod:`.loop` (the turns, each dialog with its own tools;
-the evals harness drives the same :func:`complete_turn`), :mod:`.toolbox` (running calls; the code
-interpreter), :mod:`.sandbox` (the guarded subprocess tree model-written code runs in).
+ends at a reply without calls or after ``max_turns`` replies.  ``engine`` is anything with the one chat method
+``batch_chat_completion`` (an Engine, a Ray pool, a scripted stand-in, an adapter over a remote endpoint).
+``run_batch`` runs many dialogs with each turn batched across the dialogs still running.  Modules: :mod:`.loop`
+(the turns, each dialog with its own tools; the evals harness drives the same :func:`complete_turn`),
+:mod:`.toolbox` (running calls; the code interpreter), :mod:`.sandbox` (the guarded subprocess tree model-written
+code runs in).
 """
 
 from workbench.tools.loop import Dialog, complete_turn, later_choice, run, run_batch

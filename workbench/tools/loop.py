@@ -1,15 +1,17 @@
 """The tool loop: dialogs whose replies call tools until they answer, each dialog with its own tools.
 
-A turn is :func:`complete_turn`: every running :class:`Dialog` rendered with its own tools and tool choice
-(``chat.prepare``), one batch of replies from the engine (``batch_chat_rendered``, which parses them; an engine
-without it: ``batch_completion`` and ``chat.finish``).  The caller then answers each reply's calls with its
-dialog's :class:`~.toolbox.Toolbox` (:meth:`Dialog.answer`).  :func:`run_batch` / :func:`run` drive it for
+A turn is :func:`complete_turn`: one ``engine.batch_chat_completion`` over every running :class:`Dialog` — the one
+chat route (:class:`~workbench.engine.interfaces.ChatEngine`), which renders each dialog with its own tools and
+tool choice and parses the replies, once per call — so anything with that method drives the loop: an Engine, a
+Ray pool, a scripted stand-in, an adapter over a remote endpoint.  The caller then answers each reply's calls with
+its dialog's :class:`~.toolbox.Toolbox` (:meth:`Dialog.answer`).  :func:`run_batch` / :func:`run` drive it for
 dialogs sharing one set of tools until each answers; the evals harness (:mod:`workbench.evals.harness`) drives it
 for cases that each offer their own tools and ask several questions.
 
 A dialog whose prompt no longer fits ``max_seq_len`` (a long tool result) ends with ``prompt_too_long`` while the
-others go on; a cancelled call (``engine.cancel()``, Ctrl-C) leaves every dialog's cut reply in its transcript
-(``stop_reason="cancelled"``) and raises.
+others go on (the engine's :class:`~workbench.errors.PromptTooLongError` names its rows); a cancelled call
+(``engine.cancel()``, Ctrl-C) leaves every dialog's cut reply in its transcript (``stop_reason="cancelled"``) and
+raises.
 
 ``run="name"`` (with the sampling keywords) stores every turn in the run store as chat rows keyed by the turn's
 prompt ids, which hold the dialog so far, tool results included.  Re-running a loop answers each turn from the
@@ -23,29 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from workbench.engine import chat
-from workbench.engine.interfaces import CompletionEngine
+from workbench.engine.interfaces import ChatEngine
 from workbench.engine.llama_stack import llama_stack_spellings
-from workbench.errors import GenerationCancelled, InputError
-from workbench.formats import Prompt, coerce_messages
+from workbench.errors import GenerationCancelled, InputError, PromptTooLongError
+from workbench.formats import coerce_messages
 from workbench.progress import TokenRate, progress_bar
 from workbench.tools.toolbox import CodeInterpreter, Toolbox
 from workbench.types import ChatCompletion, Message, ToolCall, Transcript
 
 # Keywords of a chat call that shape the prompts and the reply formats (chat.prepare), not the sampling.
 CHAT_OPTIONS = ("response_format", "system_message_behavior")
-
-
-class ChatEngine(Protocol):
-    """An engine that renders and parses itself: ``batch_chat_completion(dialogs, tools=..., ...)``."""
-
-    def batch_chat_completion(self, dialogs: Sequence[Any], tools: Sequence[Any] | None = None,
-                              **kwargs: Any) -> list[ChatCompletion]: ...
-
-
-LoopEngine = CompletionEngine | ChatEngine
 
 
 @dataclass
@@ -91,31 +82,49 @@ class Dialog:
         return answers
 
 
-def complete_turn(engine: LoopEngine, dialogs: Sequence[Dialog], *, tool_prompt_format: Any = None,
+def complete_turn(engine: ChatEngine, dialogs: Sequence[Dialog], *, tool_prompt_format: Any = None,
                   chat_options: dict[str, Any] | None = None, sampling: dict[str, Any] | None = None,
                   too_long: Literal["end", "raise"] = "end") -> list[tuple[Dialog, ChatCompletion]]:
     """One reply for every dialog of ``dialogs``, generated in one batch: ``(dialog, reply)`` pairs, in order,
     for the dialogs that were generated (the replies are not added to the transcripts: the caller decides).
 
-    Each dialog is rendered with its own tools and tool choice; ``chat_options`` (``response_format``,
-    ``system_message_behavior``, ``constrain_tools``) apply to all, ``sampling`` goes to the engine as it is.
+    Each dialog is rendered with its own tools and tool choice (one set for the call when the dialogs share one,
+    as in :func:`run_batch`; one per dialog otherwise, as the evals' cases); ``chat_options``
+    (``response_format``, ``system_message_behavior``, ``constrain_tools``) apply to all, ``sampling`` goes to
+    the engine as it is.
     too_long: a dialog whose prompt no longer fits the engine's ``max_seq_len`` ends with ``prompt_too_long``
-        (``"end"``), or is left to the engine, which refuses the call (``"raise"``: the caller's own dialog).
-    An engine without a formatter (only ``batch_chat_completion``) renders and parses itself: its dialogs are
-    sent in one call per set of tools and tool choice.
+        (``"end"``: the engine's PromptTooLongError names those rows, and the others are asked again without
+        them), or the engine's error is raised (``"raise"``: the caller's own dialog).
     """
-    chat_options, sampling = dict(chat_options or {}), dict(sampling or {})
-    if not dialogs:
-        return []
-    if getattr(engine, "formatter", None) is None or not hasattr(engine, "batch_completion"):
-        return _complete_by_chat(engine, list(dialogs), tool_prompt_format, {**chat_options, **sampling})
-    return _complete_prepared(engine, list(dialogs), tool_prompt_format, chat_options, sampling, too_long)
+    options = {**(chat_options or {}), **(sampling or {})}
+    kept = list(dialogs)
+    while kept:
+        try:
+            return list(zip(kept, _batch(engine, kept, tool_prompt_format, options)))
+        except PromptTooLongError as error:
+            too_long_rows = {row for row in error.rows if 0 <= row < len(kept)}
+            if too_long == "raise" or not too_long_rows:
+                raise
+            for row in too_long_rows:  # a tool result made it too long: this dialog ends, the others go on
+                kept[row].end("prompt_too_long")
+            kept = [d for i, d in enumerate(kept) if i not in too_long_rows]
+    return []
 
 
-def _generate(dialogs: list[Dialog], generate: Any) -> Any:
-    """``generate()`` for ``dialogs``; a cancelled call leaves every dialog's cut reply in its transcript."""
+def _batch(engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any,
+           options: dict[str, Any]) -> list[ChatCompletion]:
+    """The turn's one engine call (the only place the loop generates).  The dialogs' tools and tool choices go
+    as one when all dialogs share them (what a stand-in written for ``batch_chat_completion(dialogs, tools,
+    tool_choice=...)`` expects), else as one entry per dialog; the engine checks each distinct tool set once and
+    renders every dialog once.  Each dialog goes as a snapshot of its transcript (the engine may keep it: a run
+    store writes it as the row's request).  A cancelled call leaves every dialog's cut reply in its transcript."""
+    sets = [d.toolbox.definitions for d in dialogs]
+    choices = [d.tool_choice for d in dialogs]
+    shared = all(t is sets[0] for t in sets) and all(c == choices[0] for c in choices)
     try:
-        return generate()
+        return engine.batch_chat_completion([list(d.transcript) for d in dialogs], tools=sets[0] if shared else sets,
+                                            tool_choice=choices[0] if shared else choices,
+                                            tool_prompt_format=tool_prompt_format, **options)
     except GenerationCancelled as cancelled:  # nothing is lost: the transcripts so far travel with the error
         for dialog, partial in zip(dialogs, cancelled.partial):
             text = partial.text if isinstance(partial.text, str) else str(partial.text)
@@ -126,74 +135,12 @@ def _generate(dialogs: list[Dialog], generate: Any) -> Any:
         raise
 
 
-def _complete_prepared(engine: CompletionEngine, dialogs: list[Dialog], tool_prompt_format: Any,
-                       chat_options: dict[str, Any], sampling: dict[str, Any],
-                       too_long: str) -> list[tuple[Dialog, ChatCompletion]]:
-    formatter = engine.formatter
-    limit = getattr(engine, "max_seq_len", None)  # an engine stand-in may have no limit
-    rendered: dict[int, tuple[Any, Any]] = {}  # dialog -> (prompt, format), rendered once per set of tools
-    for group in _by_tools(dialogs):
-        prompts, formats = chat.prepare(formatter, [d.transcript for d in group], group[0].toolbox.definitions,
-                                        group[0].tool_choice, tool_prompt_format, **chat_options)
-        rendered.update((id(d), pair) for d, pair in zip(group, zip(prompts, formats)))
-    kept: list[Dialog] = []
-    prompts, formats = [], []
-    for dialog in dialogs:
-        prompt, fmt = rendered[id(dialog)]
-        size = len(prompt.tokens if isinstance(prompt, Prompt) else prompt)
-        if too_long == "end" and limit is not None and size >= limit:
-            dialog.end("prompt_too_long")  # a tool result made it too long: this dialog ends, the others go on
-            continue
-        kept.append(dialog)
-        prompts.append(prompt)
-        formats.append(fmt)
-    if not kept:
-        return []
-    rendered = getattr(engine, "batch_chat_rendered", None)
-    if rendered is not None:  # the engine parses, so a run store keeps the parsed replies (kind "chat")
-        requests = [_request(d) for d in kept]
-        return list(zip(kept, _generate(kept, lambda: rendered(prompts, formats, requests=requests, **sampling))))
-    if any(f is not None for f in formats):
-        sampling["response_format"] = formats
-    completions = _generate(kept, lambda: engine.batch_completion(prompts, **sampling))
-    return list(zip(kept, chat.finish(completions, formats, formatter)))
-
-
-def _request(dialog: Dialog) -> dict[str, Any]:
-    """A turn's request as the run store keeps it for browsing: the dialog so far and the offered tools' names."""
-    request: dict[str, Any] = {"messages": list(dialog.transcript),
-                               "tools": [d.tool_name for d in dialog.toolbox.definitions]}
-    if dialog.tool_choice != "auto":
-        request["tool_choice"] = dialog.tool_choice
-    return request
-
-
-def _by_tools(dialogs: list[Dialog]) -> list[list[Dialog]]:
-    """The dialogs grouped by their tools and tool choice (in order): each group renders in one ``chat.prepare``."""
-    groups: dict[tuple[int, str], list[Dialog]] = {}
-    for dialog in dialogs:
-        groups.setdefault((id(dialog.toolbox), repr(dialog.tool_choice)), []).append(dialog)
-    return list(groups.values())
-
-
-def _complete_by_chat(engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any,
-                      kwargs: dict[str, Any]) -> list[tuple[Dialog, ChatCompletion]]:
-    replies: dict[int, ChatCompletion] = {}
-    for group in _by_tools(dialogs):
-        first = group[0]
-        out = _generate(group, lambda g=group, d=first: engine.batch_chat_completion(
-            [x.transcript for x in g], tools=d.toolbox.definitions, tool_choice=d.tool_choice,
-            tool_prompt_format=tool_prompt_format, **kwargs))
-        replies.update((id(d), r) for d, r in zip(group, out))
-    return [(d, replies[id(d)]) for d in dialogs]
-
-
 def later_choice(tool_choice: Any) -> Any:
     """A forced tool choice applies to the first reply only; afterwards the model may answer."""
     return tool_choice if tool_choice in ("auto", "none", None) else "auto"
 
 
-def _turns(engine: LoopEngine, dialogs: list[Dialog], max_turns: int, tool_choice: Any, tool_prompt_format: Any,
+def _turns(engine: ChatEngine, dialogs: list[Dialog], max_turns: int, tool_choice: Any, tool_prompt_format: Any,
            constrain_tools: bool, chat_options: dict[str, Any], sampling: dict[str, Any], bar: Any,
            rate: TokenRate) -> None:
     """The turns of :func:`run_batch`: complete the running dialogs, run their calls, until none is running.  A
@@ -229,7 +176,7 @@ def _turns(engine: LoopEngine, dialogs: list[Dialog], max_turns: int, tool_choic
 
 @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
 def run_batch(
-    engine: LoopEngine,
+    engine: ChatEngine,
     dialogs: Sequence[Any],
     tools: Iterable[Any] | None = None,
     *,
@@ -282,7 +229,7 @@ def run_batch(
 
 @llama_stack_spellings(chat=True)
 def run(
-    engine: LoopEngine,
+    engine: ChatEngine,
     messages: Any,
     tools: Iterable[Any] | None = None,
     *,

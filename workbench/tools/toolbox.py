@@ -124,7 +124,7 @@ class Toolbox:
         if tools is not None:
             items = [tools] if isinstance(tools, (str, dict)) or callable(tools) else list(tools)
         given = [t for t in items if isinstance(t, CodeInterpreter)]  # an interpreter in tools is an opt-in too
-        defs = coerce_tools([t for t in items if not isinstance(t, CodeInterpreter)])
+        defs = list(coerce_tools([t for t in items if not isinstance(t, CodeInterpreter)]))
         if given and code_interpreter in (False, None, True):
             code_interpreter = given[0]
         interpreter: CodeInterpreter | None

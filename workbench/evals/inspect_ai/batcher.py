@@ -1,11 +1,13 @@
 """Gather concurrent generate calls into engine batches.
 
 Inspect runs many samples at once, each awaiting its own ``generate``.  Run one by one they would leave the
-engine's batch slots empty; here each call adds its prompt to a pending list and waits a short gathering
-window, then the first waiter takes every pending prompt with the same sampling settings and runs them as one
-``engine.batch_completion`` in a worker thread.  Calls that arrive while a batch runs gather for the next one
-(the lock is held while the engine works), so the engine is never idle while prompts wait and never runs a
-batch smaller than what has arrived.
+engine's batch slots empty; here each call adds its dialog (with its own tools) to a pending list and waits a
+short gathering window, then the first waiter takes every pending dialog with the same sampling settings and runs
+them as one ``engine.batch_chat_completion`` (the one chat route: tools one per dialog) in a worker thread.  A
+dialog the engine refuses (bad content, too long) must not fail the samples it was gathered with: a refused
+batch is asked again dialog by dialog, so only the sample at fault sees the error.  Calls that arrive while a
+batch runs gather for the next one (the lock is held while the engine works), so the engine is never idle while
+dialogs wait and never runs a batch smaller than what has arrived.
 """
 
 from __future__ import annotations
@@ -19,11 +21,21 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from workbench.engine import Engine
+from workbench.errors import WorkbenchError
+
+
+@dataclass
+class DialogRow:
+    """One generate call's dialog: workbench messages, its tools (None: none) and tool choice."""
+
+    messages: list[dict[str, Any]]
+    tools: list[Any] | None
+    tool_choice: Any = "auto"
 
 
 @dataclass
 class _Pending:
-    prompt: Any  # token ids, or a workbench Prompt (ids + images)
+    prompt: DialogRow
     key: Hashable
     sampling: dict[str, Any]
     taken: bool = False
@@ -43,7 +55,7 @@ class BatchStats:
 
 
 class Batcher:
-    """One gathering queue per engine; ``await submit(prompt, sampling)`` returns that prompt's Completion."""
+    """One gathering queue per engine; ``await submit(dialog, sampling)`` returns that dialog's ChatCompletion."""
 
     def __init__(self, engine: Engine, window: float = 0.05) -> None:
         self.engine = engine
@@ -60,7 +72,7 @@ class Batcher:
             self._lock, self._loop_token = anyio.Lock(), token
         return self._lock
 
-    async def submit(self, prompt: Any, sampling: dict[str, Any]) -> Any:
+    async def submit(self, prompt: DialogRow, sampling: dict[str, Any]) -> Any:
         key = _sampling_key(sampling)
         item = _Pending(prompt, key, sampling)
         self._pending.append(item)
@@ -84,7 +96,17 @@ class Batcher:
 
         def work() -> None:  # results are stored by the thread, so a cancelled leader loses no one's result
             try:
-                results = self.engine.batch_completion(prompts, progress=False, **sampling)
+                results = self._replies(prompts, sampling)
+            except WorkbenchError as exc:
+                if len(group) == 1:
+                    group[0].error = exc
+                    return
+                for p in group:  # one dialog was refused: ask again alone, so only its sample sees the error
+                    try:
+                        p.result = self._replies([p.prompt], sampling)[0]
+                    except Exception as alone:
+                        p.error = alone
+                return
             except Exception as exc:  # every caller of this batch sees the engine's error
                 for p in group:
                     p.error = exc
@@ -93,6 +115,12 @@ class Batcher:
                 p.result = result
 
         await anyio.to_thread.run_sync(work)
+
+    def _replies(self, dialogs: list[DialogRow], sampling: dict[str, Any]) -> list[Any]:
+        """One engine call: every dialog with its own tools and tool choice."""
+        return self.engine.batch_chat_completion([d.messages for d in dialogs], tools=[d.tools for d in dialogs],
+                                                 tool_choice=[d.tool_choice for d in dialogs], progress=False,
+                                                 **sampling)
 
 
 def _sampling_key(sampling: dict[str, Any]) -> Hashable:

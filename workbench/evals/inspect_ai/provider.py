@@ -2,8 +2,9 @@
 
 ``--model workbench/<name>`` loads ``wb.load(<name>, **model_args)`` (a checkpoints.toml entry or a folder;
 ``workbench/default`` is ``wb.load()``), or uses the engine passed as ``get_model(..., engine=engine)``.
-Each call renders its dialog with ``engine.formatter`` (tools as the model was trained to see them, each call
-with its own tool set), and concurrent calls are gathered into engine batches (see :mod:`.batcher`).
+Each call's dialog, with its own tool set, goes through the engine's one chat route (``batch_chat_completion``,
+which renders it in the model's official format — tools as the model was trained to see them — and parses the
+reply), and concurrent calls are gathered into one such call (see :mod:`.batcher`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from workbench.engine import Engine
 
 from ...errors import InputError
 from ...session import load
-from .batcher import Batcher
+from .batcher import Batcher, DialogRow
 
 #: GenerateConfig fields the engine has no equivalent for: asking for them is an error, not silently ignored.
 UNSUPPORTED_CONFIG = ("frequency_penalty", "presence_penalty", "logit_bias", "best_of", "response_schema",
@@ -108,32 +109,28 @@ class WorkbenchAPI(ModelAPI):
 
     async def generate(self, input: list[ChatMessage], tools: list[ToolInfo], tool_choice: ToolChoice,
                        config: GenerateConfig) -> ModelOutput:
-        sampling = sampling_kwargs(config)
-        messages = to_messages(input)
+        sampling = {**sampling_kwargs(config), "tool_prompt_format": self.tool_prompt_format}
         tool_defs = [to_tool(t) for t in tools] or None
         choice = to_tool_choice(tool_choice) if tool_defs else "auto"
-        prompt = self.engine.formatter.encode_prompt(messages, tools=tool_defs, tool_choice=choice,
-                                                     tool_prompt_format=self.tool_prompt_format)
-        content = prompt if prompt.images else list(prompt.tokens)
-        completion = await self.batcher.submit(content, sampling)
-        return self.to_output(completion, len(prompt.tokens))
+        reply = await self.batcher.submit(DialogRow(to_messages(input), tool_defs, choice), sampling)
+        return self.to_output(reply)
 
-    def to_output(self, completion: Any, prompt_tokens: int) -> ModelOutput:
-        """A workbench Completion as Inspect's ModelOutput: parsed tool calls, stop reason, usage, logprobs."""
-        message = self.engine.formatter.decode_assistant(completion.text, completion.stop_reason)
+    def to_output(self, reply: Any) -> ModelOutput:
+        """A workbench ChatCompletion as Inspect's ModelOutput: tool calls, stop reason, usage, logprobs."""
+        message, prompt_tokens = reply.message, reply.prompt_tokens
         calls = [ToolCall(id=c.call_id or f"call_{uuid.uuid4().hex[:12]}", function=c.tool_name,
                           arguments=dict(c.arguments)) for c in message.tool_calls]
-        text = message.content if isinstance(message.content, str) else completion.text
+        text = message.content if isinstance(message.content, str) else reply.text
         assistant = ChatMessageAssistant(content=text, tool_calls=calls or None, model=self.model_name,
                                          source="generate")
-        if completion.stop_reason == "out_of_tokens":
-            full = prompt_tokens + len(completion.tokens) >= self.engine.max_seq_len
+        if reply.stop_reason == "out_of_tokens":
+            full = prompt_tokens + len(reply.tokens) >= self.engine.max_seq_len
             stop = "model_length" if full else "max_tokens"
         else:
             stop = "tool_calls" if calls else "stop"
-        output_tokens = len(completion.tokens)
+        output_tokens = len(reply.tokens)
         metadata = {"parse_error": message.parse_error} if message.parse_error else None
-        choice = ChatCompletionChoice(message=assistant, stop_reason=stop, logprobs=to_logprobs(completion.logprobs))
+        choice = ChatCompletionChoice(message=assistant, stop_reason=stop, logprobs=to_logprobs(reply.logprobs))
         return ModelOutput(
             model=self.model_name,
             choices=[choice],
