@@ -155,10 +155,13 @@ def compare(a: str, b: str, *, by: str = "item", score: str | None = None, diffe
                "change", *[f"{n}_{s}" for n in names for s in ("a", "b", "change")], "stop_reason_a",
                "stop_reason_b", "tool_calls_a", "tool_calls_b", "turns_a", "turns_b"]
     frame = pd.DataFrame.from_records(records, columns=columns)
+    for name in names:  # None where an item lacks the score; pass/fail stays True/False (not numpy's bools)
+        for side in ("a", "b"):
+            frame[f"{name}_{side}"] = pd.Series([r[f"{name}_{side}"] for r in records], dtype=object)
     order = frame["change"].map({"regressed": 0, "improved": 1}).fillna(2) + frame["same"].astype(int)
     frame = frame.iloc[order.argsort(kind="stable")].reset_index(drop=True)
-    for column in ("first_diff", "token_a", "token_b"):
-        frame[column] = frame[column].astype("Int64")
+    for column in ("first_diff", "token_a", "token_b"):  # ints, None where the outputs are the same
+        frame[column] = pd.Series([None if v is None or v != v else int(v) for v in frame[column]], dtype=object)
     counts = {"both": len(both), "only_a": sum(i not in right for i in left),
               "only_b": sum(i not in left for i in right), "differ": int((~frame["same"]).sum()),
               "improved": int((frame["change"] == "improved").sum()),
