@@ -58,6 +58,10 @@ class Dialog:
     tool_choice: Any = "auto"
     item: str | None = None  # the item its rows answer in a run store (None: its input without the settings)
 
+    def __post_init__(self) -> None:
+        if self.item is None:  # named by its input as given, so every turn's row answers the same item
+            self.item = runs.input_item(self.transcript)
+
     @property
     def running(self) -> bool:
         return self.transcript.stop_reason is None
@@ -167,7 +171,7 @@ def _request(dialog: Dialog, tool_prompt_format: Any = None) -> dict[str, Any]:
     definitions = dialog.toolbox.definitions
     request: dict[str, Any] = {"messages": list(dialog.transcript), "tools": [d.tool_name for d in definitions],
                                "tool_schemas": {d.tool_name: runs.tool_schema_hash(d) for d in definitions},
-                               "item": dialog.item if dialog.item is not None else runs.input_item(dialog.transcript),
+                               "item": dialog.item,
                                "turn": sum(m.role == "assistant" for m in dialog.transcript)}
     if dialog.tool_choice != "auto":
         request["tool_choice"] = dialog.tool_choice
