@@ -168,6 +168,11 @@ def test_explicit_items_and_runs_with_no_item_in_common(st):
     assert run.put(run.key([6], GREEDY), request={"prompt": "Tell me a joke"}, prompt_ids=[6],
                    output=Completion("no", [1], "end_of_turn"))
     assert runs.rows("x", store=st)["item"].iloc[-1] == runs.derive_item({"prompt": "Tell me a joke"})[0]
+    copier = st.open_run("copy", provenance())  # identical keys answered from run x: the copies take our items
+    keys = [copier.key([1, 2, i], GREEDY, kind="chat") for i in range(3)]
+    assert len(copier.lookup(keys, items=["mine-0", None, "mine-2"], requests=[{"prompt": "p"}] * 3)) == 3
+    copied = runs.rows("copy", store=st).set_index("key")["item"]
+    assert [copied[k.key] for k in keys] == ["mine-0", runs.derive_item({"prompt": "p"})[0], "mine-2"]
 
 
 def test_score_bad_inputs_keep_the_store_whole(st):
@@ -391,8 +396,8 @@ def test_the_tool_loop_names_each_dialog_an_item_and_numbers_its_turns(demo, sto
         assert mine["turn"].tolist() == list(range(sum(m.role == "assistant" for m in transcript)))
     assert frame["item"].iloc[1].startswith("What's the weather in Rome? #")  # the system prompt is no part of it
     assert frame["n_tool_calls"].sum() >= 1
-    wb.tools.run(demo, dialogs[0], tools=loop_tools, max_tokens=48, run="loop-named", item="paris")
-    assert set(runs.rows("loop-named")["item"]) == {"paris"}
+    named = wb.tools.run(demo, dialogs[0], tools=loop_tools, max_tokens=48, run="loop-named", item="paris")
+    assert named.cached and set(runs.rows("loop-named")["item"]) == {"paris"}  # rows copied from "loop", renamed
     with pytest.raises(InputError, match="one id per dialog"):
         wb.tools.run_batch(demo, dialogs, tools=loop_tools, run="loop", item="one")
     settings = runs.settings("loop")
