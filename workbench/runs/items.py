@@ -97,11 +97,15 @@ def prompt_item(prompt: Any) -> str:
 
 def derive_item(request: Any) -> tuple[str, int | None]:
     """``(item, turn)`` of a row from its request as stored (plain JSON, :func:`workbench.runs.codec.plain`):
-    the request's own ``item`` / ``turn`` when it carries them (the tool loop's turns), else the item of its
-    input without the settings (see the module docstring) and no turn."""
+    the request's own ``item`` / ``turn`` when it carries them, else the item of its input without the settings
+    (see the module docstring); a chat row's turn is the number of assistant replies in its input (a tool loop
+    passes its dialog's item, so every turn of one dialog is a row of one item, numbered from 0)."""
     if isinstance(request, Mapping):
         turn = request.get("turn")
         turn = turn if isinstance(turn, int) and not isinstance(turn, bool) else None
+        messages = request.get("messages")
+        if turn is None and isinstance(messages, list):  # a chat row is its dialog's reply number (replies so far)
+            turn = sum(isinstance(m, Mapping) and m.get("role") == "assistant" for m in messages)
         given = request.get("item")
         if given is not None:
             return check_item(given), turn
