@@ -25,6 +25,17 @@ _LAZY = {"serve": ("workbench.serve", "serve"), "cluster": ("workbench.cluster",
          "bench": ("workbench.notebook.bench", None), "plots": ("workbench.notebook.plots", None)}
 
 
+def view_runs(*names: str, baseline: str | None = None, store: Any = None) -> Any:
+    """The viewer of stored runs ``names`` against ``baseline`` (default: the first), as ``wb.runs.view``:
+    runs, tags, notes, differing settings, the score summary, the item grid (regressions first) and both
+    transcripts of an item side by side.  It lives in the notebook face (ipywidgets, itables), above the run
+    store, so the package face hands it to ``wb.runs`` and imports it on first use."""
+    return importlib.import_module("workbench.notebook.runs_view").view(*names, baseline=baseline, store=store)
+
+
+runs.view = view_runs
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module, attribute = _LAZY[name]

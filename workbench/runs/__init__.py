@@ -13,6 +13,8 @@ For people (``wb.runs``)::
     wb.runs.export("sweep", "sweep.parquet")   # or .jsonl
     wb.runs.to_inspect("sweep", "sweep.eval")  # an Inspect log: `inspect view` browses the transcripts
     wb.runs.delete("sweep")
+    wb.runs.report(["bf16", "int4"], "report.html")   # one self-contained HTML file: summary, settings, changes
+    wb.runs.view("bf16", "int4")         # the viewer in the notebook (set by the package face: it needs widgets)
 
 For the engine and integrations (see :class:`Run`)::
 
@@ -66,7 +68,8 @@ store = open_store  # wb.runs.store(): the Store of $WORKBENCH_STORE (or of a gi
 
 # browsing: imported on first use (pandas; inspect_ai for to_inspect)
 _LAZY = {"table": "workbench.runs.browse", "rows": "workbench.runs.browse", "compare": "workbench.runs.browse",
-         "export": "workbench.runs.browse", "to_inspect": "workbench.runs.inspect_log"}
+         "export": "workbench.runs.browse", "to_inspect": "workbench.runs.inspect_log",
+         "report": "workbench.runs.report_html"}
 
 
 def path() -> Path:
@@ -91,6 +94,6 @@ __all__ = [
     "RowRequest", "Run", "Store", "StoredRow", "cache_key", "call_keywords", "canonical_sampling", "check_run_name",
     "checkpoint_identity", "compare",
     "decode", "delete", "draw_seed", "dumps", "encode", "export", "image_digest", "load_fields", "loads",
-    "needs_seed", "path", "request_identity", "request_keys", "row_key", "rows", "settle_seed", "store", "table",
-    "to_inspect",
+    "needs_seed", "path", "report", "request_identity", "request_keys", "row_key", "rows", "settle_seed", "store",
+    "table", "to_inspect",
 ]
