@@ -22,26 +22,27 @@ from workbench.errors import MissingExtraError
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
-def _build_module():
-    spec = importlib.util.spec_from_file_location("notebook_build", NOTEBOOKS / "build.py")
+def _load(file: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, NOTEBOOKS / file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-build = _build_module()
+build = _load("build.py", "notebook_build")
+checks = _load("checks.py", "notebook_checks")
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
 def test_stored_notebook_has_no_stale_outputs(path: Path) -> None:
-    assert build.stale_outputs(nbformat.read(path, as_version=4)) == []
+    assert checks.stale_outputs(nbformat.read(path, as_version=4)) == []
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
 def test_stored_notebook_shows_nothing_a_reader_should_not_see(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
-    assert build.output_problems(nb) == []
-    assert build.structure_problems(nb) == []
+    assert checks.output_problems(nb) == []
+    assert checks.structure_problems(nb) == []
 
 
 def test_every_built_notebook_is_stored() -> None:
@@ -54,7 +55,7 @@ def test_the_check_finds_a_half_bar_and_an_orphan_widget_view() -> None:
     cell = nbformat.v4.new_code_cell("run()")
     cell.outputs = [
         nbformat.v4.new_output("stream", name="stderr", text="generating:  16%|█▌        | 1/6 [00:01<00:05]"),
-        nbformat.v4.new_output("display_data", data={build.WIDGET_VIEW: {"model_id": "abc", "version_major": 2},
+        nbformat.v4.new_output("display_data", data={checks.WIDGET_VIEW: {"model_id": "abc", "version_major": 2},
                                                      "text/plain": "HBox(children=...)"}),
         nbformat.v4.new_output("stream", name="stderr", text="generating: 6 rows · 141 tokens · 6.2 s · 22.7 tok/s"),
         nbformat.v4.new_output("stream", name="stdout", text="generating: 100%|██████████| 6/6"),
@@ -62,10 +63,10 @@ def test_the_check_finds_a_half_bar_and_an_orphan_widget_view() -> None:
         nbformat.v4.new_output("stream", name="stderr", text="requests:  16%|█▌  | 1/6\rrequests: 100%|████| 6/6\n"),
     ]
     nb.cells.append(cell)
-    assert build.stale_outputs(nb) == ["cell 0: a progress bar stopped part-way",
+    assert checks.stale_outputs(nb) == ["cell 0: a progress bar stopped part-way",
                                        "cell 0: a widget view whose model abc is not saved"]
-    nb.metadata["widgets"] = {build.WIDGET_STATE: {"state": {"abc": {}}}}
-    assert build.stale_outputs(nb) == ["cell 0: a progress bar stopped part-way"]
+    nb.metadata["widgets"] = {checks.WIDGET_STATE: {"state": {"abc": {}}}}
+    assert checks.stale_outputs(nb) == ["cell 0: a progress bar stopped part-way"]
 
 
 def test_widget_state_no_output_shows_is_stale_and_build_strips_it() -> None:
@@ -80,13 +81,13 @@ def test_widget_state_no_output_shows_is_stale_and_build_strips_it() -> None:
         "barlayout": {"model_name": "LayoutModel", "state": {}},
     }
     nb = _cell_with(nbformat.v4.new_output("display_data", data={
-        build.WIDGET_VIEW: {"model_id": "box", "version_major": 2}, "text/html": "<b>chat</b>", "text/plain": "chat"}))
-    nb.metadata["widgets"] = {build.WIDGET_STATE: {"state": state, "version_major": 2, "version_minor": 0}}
-    assert build.stale_outputs(nb) == [
+        checks.WIDGET_VIEW: {"model_id": "box", "version_major": 2}, "text/html": "<b>chat</b>", "text/plain": "chat"}))
+    nb.metadata["widgets"] = {checks.WIDGET_STATE: {"state": state, "version_major": 2, "version_minor": 0}}
+    assert checks.stale_outputs(nb) == [
         "widget state saved for 2 model(s) no output shows (IntProgressModel, LayoutModel)"]
     cleaned = build.clean(nb)
-    assert set(cleaned.metadata["widgets"][build.WIDGET_STATE]["state"]) == {"box", "label", "layout"}
-    assert build.stale_outputs(cleaned) == []
+    assert set(cleaned.metadata["widgets"][checks.WIDGET_STATE]["state"]) == {"box", "label", "layout"}
+    assert checks.stale_outputs(cleaned) == []
     nb.cells[0].outputs = []  # no view left: no state kept at all
     assert "widgets" not in build.clean(nb).metadata
 
@@ -129,9 +130,9 @@ PNG = "iVBORw0KGgo="
     (nbformat.v4.new_output("stream", name="stderr", text="[Task: mc] metric acc: using default aggregation\n"),
      "log output"),
     (nbformat.v4.new_output("error", ename="KeyError", evalue="'x'", traceback=["KeyError: 'x'"]), "an error"),
-    (nbformat.v4.new_output("display_data", data={build.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
+    (nbformat.v4.new_output("display_data", data={checks.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
                                                   "text/plain": "Output()"}), "a stray widget"),
-    (nbformat.v4.new_output("display_data", data={build.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
+    (nbformat.v4.new_output("display_data", data={checks.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
                                                   "text/plain": "Generating test split: 0 examples"}),
      "a stray widget"),
     (nbformat.v4.new_output("stream", name="stdout", text="\n"), "an empty output"),
@@ -140,13 +141,13 @@ PNG = "iVBORw0KGgo="
      "a figure shown as text"),
 ])
 def test_each_output_check_fires_on_a_bad_sample(output, problem) -> None:
-    found = build.output_problems(_cell_with(output))
+    found = checks.output_problems(_cell_with(output))
     assert len(found) == 1 and found[0].startswith(f"cell 0: {problem}"), found
 
 
 def test_the_same_figure_twice_and_clean_outputs() -> None:
     figure = nbformat.v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure size 1x1>"})
-    assert build.output_problems(_cell_with(figure, figure)) == ["cell 0: the same figure twice"]
+    assert checks.output_problems(_cell_with(figure, figure)) == ["cell 0: the same figure twice"]
     fine = [
         figure,
         # workbench's own bars end as one summary line; a rate of 100% in words is no bar either
@@ -154,21 +155,21 @@ def test_the_same_figure_twice_and_clean_outputs() -> None:
                                                                    "207.2 tok/s"}),
         nbformat.v4.new_output("stream", name="stdout", text="same reply: 100% of 4 | 4/4 rows [01:02 wall]\n"),
         nbformat.v4.new_output("execute_result", data={"text/plain": "checkpoint ~/.cache/workbench/demo-llama4"}),
-        nbformat.v4.new_output("display_data", data={build.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
+        nbformat.v4.new_output("display_data", data={checks.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
                                                      "text/html": "<b>playground</b>", "text/plain": "playground"}),
     ]
-    assert build.output_problems(_cell_with(*fine)) == []
+    assert checks.output_problems(_cell_with(*fine)) == []
 
 
 def test_the_structure_check_wants_the_extra_first_and_a_next_step_last() -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("import workbench as wb")]
-    found = build.structure_problems(nb)
+    found = checks.structure_problems(nb)
     assert [p.split(" must")[0] for p in found] == ["the first cell", "the extra check", "the last cell"]
     nb.cells = [nbformat.v4.new_code_cell('# needs: pip install -e ".[cluster]"\nimport workbench as wb\n\n'
                                           'wb.require("cluster")'),
                 nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_markdown_cell("## Next\n\nnotebook 06")]
-    assert build.structure_problems(nb) == []
+    assert checks.structure_problems(nb) == []
 
 
 def test_every_notebook_opens_with_the_check_of_its_extra() -> None:
