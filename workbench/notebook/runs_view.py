@@ -141,7 +141,7 @@ class RunsView:
     def _grid_options(self) -> dict[str, Any]:
         return {"select": {"style": "single"}, "pageLength": self.page_rows, "lengthMenu": [self.page_rows, 50, 100],
                 "maxBytes": 0, "showIndex": False, "classes": "display compact", "order": [],
-                "autoWidth": False, "scrollX": True}
+                "autoWidth": False, "style": "table-layout:auto;width:100%;margin:0"}
 
     # -------------------------------------------------------------------------------------------- state
     def _choose(self, names: list[str], baseline: str | None) -> None:
