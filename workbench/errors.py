@@ -105,6 +105,10 @@ class StoreWarning(UserWarning):
     """The run store could not be read or written; results are computed and returned but not stored."""
 
 
+class ScoreWarning(UserWarning):
+    """``wb.runs.score``'s function raised on some rows: those rows got no score, the others were stored."""
+
+
 class MissingExtraError(WorkbenchError, ImportError):
     """An optional extra (Ray, lm-eval, Inspect, BFCL...) that a notebook or feature needs is not installed.
 

@@ -8,8 +8,14 @@ For people (``wb.runs``)::
 
     wb.runs.path()                       # the store file ($WORKBENCH_STORE, else runs.sqlite in the data folder)
     wb.runs.table()                      # DataFrame: one row per run
-    wb.runs.rows("sweep")                # DataFrame: one row per stored result, with provenance columns
-    wb.runs.compare("bf16", "int4")      # DataFrame: requests both answered whose outputs differ
+    wb.runs.rows("sweep")                # DataFrame: one row per stored result: item, turn, output, scores...
+    wb.runs.settings("sweep")            # dict: load and call settings (Varies where they vary in the run)
+    wb.runs.diff_settings("a", "b")      # {setting: (value in a, value in b)}: only what differs
+    wb.runs.score("sweep", fn)           # fn(row) -> {"passed": bool, ...} on every row; nothing generated
+    wb.runs.compare("a", "b")            # DataFrame: one row per item in both runs (by="request": exact pairs)
+    wb.runs.transcript("a", item)        # one item's rows, turn by turn
+    wb.runs.summary(["a", "b"])          # per run x score: mean, 95 % interval, paired diff, p-value
+    wb.runs.tag("a", "baseline"); wb.runs.note("a", "..."); wb.runs.rename("a", "b"); wb.runs.vacuum()
     wb.runs.export("sweep", "sweep.parquet")   # or .jsonl
     wb.runs.to_inspect("sweep", "sweep.eval")  # an Inspect log: `inspect view` browses the transcripts
     wb.runs.delete("sweep")
@@ -36,6 +42,7 @@ from typing import Any
 
 from workbench.runs.codec import decode, dumps, encode, loads
 from workbench.runs.identity import CheckpointIdentity, checkpoint_identity
+from workbench.runs.items import derive_item, item_id
 from workbench.runs.keys import (
     NUMERICS_VERSION,
     RowKey,
@@ -51,7 +58,10 @@ from workbench.runs.keys import (
     row_key,
     settle_seed,
 )
+from workbench.runs.manage import note, rename, tag, untag, vacuum
 from workbench.runs.provenance import Provenance
+from workbench.runs.scores import put_scores, score, set_items
+from workbench.runs.settings import Varies, diff_settings, settings, tool_schema_hash
 from workbench.runs.store import (
     SCHEMA_VERSION,
     STORE_ENV,
@@ -67,7 +77,8 @@ from workbench.runs.store import (
 store = open_store  # wb.runs.store(): the Store of $WORKBENCH_STORE (or of a given file)
 
 # browsing: imported on first use (pandas; inspect_ai for to_inspect)
-_LAZY = {"table": "workbench.runs.browse", "rows": "workbench.runs.browse", "compare": "workbench.runs.browse",
+_LAZY = {"table": "workbench.runs.browse", "rows": "workbench.runs.browse", "compare": "workbench.runs.pairing",
+         "transcript": "workbench.runs.pairing", "summary": "workbench.runs.significance",
          "export": "workbench.runs.browse", "to_inspect": "workbench.runs.inspect_log",
          "report": "workbench.runs.report_html"}
 
@@ -91,9 +102,10 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "NUMERICS_VERSION", "SCHEMA_VERSION", "STORE_ENV", "CheckpointIdentity", "Provenance", "RowKey",
-    "RowRequest", "Run", "Store", "StoredRow", "cache_key", "call_keywords", "canonical_sampling", "check_run_name",
-    "checkpoint_identity", "compare",
-    "decode", "delete", "draw_seed", "dumps", "encode", "export", "image_digest", "load_fields", "loads",
-    "needs_seed", "path", "report", "request_identity", "request_keys", "row_key", "rows", "settle_seed", "store",
-    "table", "to_inspect",
+    "RowRequest", "Run", "Store", "StoredRow", "Varies", "cache_key", "call_keywords", "canonical_sampling",
+    "check_run_name", "checkpoint_identity", "compare", "decode", "delete", "derive_item", "diff_settings",
+    "draw_seed", "dumps", "encode", "export", "image_digest", "item_id", "load_fields", "loads", "needs_seed",
+    "note", "path", "put_scores", "rename", "report", "request_identity", "request_keys", "row_key", "rows", "score",
+    "set_items", "settings", "settle_seed", "store", "summary", "table", "tag", "to_inspect", "tool_schema_hash",
+    "transcript", "untag", "vacuum",
 ]

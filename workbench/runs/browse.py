@@ -18,7 +18,9 @@ from typing import Any
 import pandas as pd
 
 from workbench.errors import InputError
+from workbench.reports import human_bytes
 from workbench.runs.codec import encode
+from workbench.runs.outline import read_outline
 from workbench.runs.store import Store, StoredRow, open_store
 from workbench.types import ChatCompletion, Completion, Message, ScoredRow, Transcript
 
@@ -32,23 +34,27 @@ def _when(stamp: float | None) -> Any:
 
 # ------------------------------------------------------------------------------------------------ table
 def table(*, store: str | Path | Store | None = None) -> pd.DataFrame:
-    """One row per run (first column ``run``): rows stored, how many were computed by the run itself, sessions,
-    times, and the provenance of its latest session (model, checkpoint identity, load settings, versions)."""
+    """One row per run (first column ``run``): rows stored, items, how many rows were computed by the run
+    itself, score names, tags, note, sessions, times (created, last row, last written), the bytes its rows
+    hold, and the provenance of its latest session (model, checkpoint identity, load settings, versions)."""
     records = []
     for summary in open_store(store).summaries():
         prov = summary["provenance"]
         load = prov.get("load", {})
         records.append({
-            "run": summary["name"], "rows": summary["rows"], "computed": summary["computed"],
-            "sessions": summary["sessions"], "created_at": _when(summary["created_at"]),
-            "last_row_at": _when(summary["last_row_at"]), "model": prov.get("model"),
+            "run": summary["name"], "rows": summary["rows"], "items": summary["items"],
+            "computed": summary["computed"], "scores": summary["scores"], "tags": summary["tags"],
+            "note": summary["note"], "sessions": summary["sessions"], "created_at": _when(summary["created_at"]),
+            "last_row_at": _when(summary["last_row_at"]), "updated_at": _when(summary["updated_at"]),
+            "size": human_bytes(summary["bytes"]), "bytes": summary["bytes"], "model": prov.get("model"),
             "checkpoint_identity": prov.get("checkpoint_identity"), "checkpoint_path": prov.get("checkpoint_path"),
             "quantization": load.get("quantization"), "dtype": load.get("dtype"),
             "model_parallel_size": load.get("model_parallel_size"), "device": prov.get("device"),
             "workbench_version": prov.get("workbench_version"), "host": prov.get("host"),
             "git_commit": prov.get("git_commit"),
         })
-    columns = ["run", "rows", "computed", "sessions", "created_at", "last_row_at", "model", "checkpoint_identity",
+    columns = ["run", "rows", "items", "computed", "scores", "tags", "note", "sessions", "created_at", "last_row_at",
+               "updated_at", "size", "bytes", "model", "checkpoint_identity",
                "checkpoint_path", "quantization", "dtype", "model_parallel_size", "device", "workbench_version",
                "host", "git_commit"]
     return pd.DataFrame.from_records(records, columns=columns)
@@ -112,7 +118,8 @@ def row_record(row: StoredRow) -> dict[str, Any]:
     load = prov.get("load", {})
     timings = row.timings
     return {
-        "run": row.run, "kind": row.kind, "prompt": prompt_text(row.request), **output_fields(row.output),
+        "run": row.run, "item": row.item, "turn": row.turn, "kind": row.kind, "prompt": prompt_text(row.request),
+        **output_fields(row.output),
         "prompt_tokens": len(row.prompt_ids), "seed": row.seed, "seed_drawn": row.seed_drawn,
         "temperature": row.sampling.get("temperature"), "top_p": row.sampling.get("top_p"),
         "top_k": row.sampling.get("top_k"), "max_tokens": row.sampling.get("max_tokens"),
@@ -123,34 +130,63 @@ def row_record(row: StoredRow) -> dict[str, Any]:
         "model_parallel_size": load.get("model_parallel_size"), "device": prov.get("device"),
         "workbench_version": prov.get("workbench_version"), "torch_version": prov.get("torch_version"),
         "numerics_version": prov.get("numerics_version"), "host": prov.get("host"),
-        "git_commit": prov.get("git_commit"), "key": row.key, "match": row.match,
+        "git_commit": prov.get("git_commit"), "key": row.key, "match": row.match, **row.scores,
     }
 
 
 def rows(name: str, *, store: str | Path | Store | None = None) -> pd.DataFrame:
-    """One row per stored result of run ``name``, in the order they were stored, with provenance columns."""
-    return frame_of(name, (row_record(r) for r in open_store(store).rows(name)))
+    """One row per stored result of run ``name``, in the order they were stored: its ``item`` and ``turn``,
+    the prompt, the output (text, stop reason, tool calls flattened), sampling, provenance columns, and one
+    column per score (``attrs["scores"]`` lists their names; a row without that score holds None).  Read
+    from the stored JSON directly (:mod:`workbench.runs.outline`): 10,000 rows take a fraction of a second."""
+    st = open_store(store)
+    sessions = st.sessions(name)
+    records = []
+    for r in read_outline(st, name):
+        prov = sessions.get(r["session"], {})
+        load = prov.get("load", {})
+        sampling = r["sampling"]
+        records.append({
+            "run": name, "item": r["item"], "turn": r["turn"], "kind": r["kind"], "prompt": prompt_text(r["request"]),
+            "output": r["output"], "stop_reason": r["stop_reason"], "generated_tokens": r["generated_tokens"],
+            "tool_calls": r["tool_calls"], "n_tool_calls": r["n_tool_calls"], "prompt_tokens": r["prompt_tokens"],
+            "seed": sampling.get("seed"), "seed_drawn": r["seed_drawn"], "temperature": sampling.get("temperature"),
+            "top_p": sampling.get("top_p"), "top_k": sampling.get("top_k"), "max_tokens": sampling.get("max_tokens"),
+            "computed": r["computed"], "stored_at": _when(r["created_at"]), "seconds": r["timings"].get("seconds"),
+            "model": prov.get("model"), "checkpoint_identity": prov.get("checkpoint_identity"),
+            "checkpoint_path": prov.get("checkpoint_path"), "quantization": load.get("quantization"),
+            "dtype": load.get("dtype"), "model_parallel_size": load.get("model_parallel_size"),
+            "device": prov.get("device"), "workbench_version": prov.get("workbench_version"),
+            "torch_version": prov.get("torch_version"), "numerics_version": prov.get("numerics_version"),
+            "host": prov.get("host"), "git_commit": prov.get("git_commit"), "key": r["key"], "match": r["match"],
+            "tokens": r["tokens"], "row_id": r["row_id"], **r["scores"]})
+    return frame_of(name, records)
 
 
 ROW_COLUMNS = [
-    "run", "kind", "prompt", "output", "stop_reason", "generated_tokens", "tool_calls", "n_tool_calls",
+    "run", "item", "turn", "kind", "prompt", "output", "stop_reason", "generated_tokens", "tool_calls", "n_tool_calls",
     "prompt_tokens", "seed", "seed_drawn", "temperature", "top_p", "top_k", "max_tokens", "computed", "stored_at",
     "seconds", "model", "checkpoint_identity", "checkpoint_path", "quantization", "dtype", "model_parallel_size",
     "device", "workbench_version", "torch_version", "numerics_version", "host", "git_commit", "key", "match",
 ]
-_INT_COLUMNS = ("top_k", "max_tokens", "model_parallel_size", "numerics_version")
+_INT_COLUMNS = ("turn", "top_k", "max_tokens", "model_parallel_size", "numerics_version")
+_NOT_SCORES = {"tokens", "row_id", "request", "prompt_ids", "sampling", "timings", "provenance", "result"}
 
 
 def frame_of(name: str, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     """The rows DataFrame of ``records`` (:func:`row_record` dicts).  Seeds span 64 bits, which a float column
     would round, so ``seed`` holds Python ints (None where absent); counts are nullable integers."""
     records = list(records)
-    extra = [k for r in records[:1] for k in r if k not in ROW_COLUMNS]
+    extra = list(dict.fromkeys(k for r in records for k in r if k not in ROW_COLUMNS))
     frame = pd.DataFrame.from_records(records, columns=[*ROW_COLUMNS, *extra])
+    scores = [k for k in extra if k not in _NOT_SCORES]
+    for column in scores:  # a row without the score holds None (pass/fail columns stay True/False, not 1.0/0.0)
+        frame[column] = pd.Series([r.get(column) for r in records], index=frame.index, dtype=object)
     frame["seed"] = pd.Series([r["seed"] for r in records], index=frame.index, dtype=object)
     for column in _INT_COLUMNS:
         frame[column] = frame[column].astype("Int64")
     frame.attrs["run"] = name
+    frame.attrs["scores"] = scores
     return frame
 
 
@@ -180,8 +216,8 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def compare(a: str, b: str, *, store: str | Path | Store | None = None, differing_only: bool = True
-            ) -> pd.DataFrame:
+def compare_requests(a: str, b: str, *, store: str | Path | Store | None = None, differing_only: bool = True
+                     ) -> pd.DataFrame:
     """The requests both runs answered (matched by the request itself: prompt ids, images, sampling, kind —
     not the checkpoint or load settings), one row each where the outputs differ (all of them with
     ``differing_only=False``): both outputs, stop reasons, tool calls, and the first differing token.

@@ -560,6 +560,13 @@ class Database:
         """SQLite's ``PRAGMA integrity_check``: ``"ok"`` for an intact file."""
         return "\n".join(str(r[0]) for r in self.query("PRAGMA integrity_check"))
 
+    def vacuum(self) -> None:
+        """Checkpoint the WAL into the file and rewrite it without the free pages (SQLite's ``VACUUM``)."""
+        with self._lock:
+            conn = self.connection()
+            for statement in ("PRAGMA wal_checkpoint(TRUNCATE)", "VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)"):
+                conn.execute(statement)
+
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal")) if p.exists())
 
