@@ -33,9 +33,10 @@ def tool_of(name: str, i: int) -> str:
 
 def reply(name: str, i: int) -> ChatCompletion:
     city = CITIES[i % len(CITIES)]
-    text = f"Checking {city} now." if not (name == "prompt-b" and i % 11 == 5) else f"Looking up {city}."
+    reworded = name == "prompt-b" and i % 11 == 5
+    text = f"Looking up {city}." if reworded else f"Checking {city} now."
     call = ToolCall(tool_of(name, i), {"city": city}, f"call-{i}")
-    tokens = [i % 50, 7 if name == "prompt-a" else 8]
+    tokens = [i % 50, 8 if reworded or call.tool_name == "get_time" else 7]  # the same reply: the same tokens
     return ChatCompletion(Message("assistant", text, [call]), tokens, "end_of_message", prompt_tokens=4)
 
 

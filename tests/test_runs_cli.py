@@ -1,9 +1,12 @@
-"""``python -m workbench runs ...``: every subcommand as a user runs it (a subprocess), its output fitting a
-terminal, exit status 0, and its bad input (an unknown run, a file that is not a store) exiting 2 with one
-line."""
+"""``python -m workbench runs ...``: every subcommand, its output fitting a terminal, exit status 0, and its bad
+input (an unknown run, a file that is not a store) exiting 2 with one line.  Each subcommand runs through the
+CLI's ``main`` (argv in, exit status, stdout and stderr out); the entry point itself runs as a user runs it, a
+subprocess, for a success and each kind of failure (each subprocess imports torch: seconds apiece)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -14,18 +17,36 @@ import pytest
 from _runs_experiment import N_DEFAULT, expected_counts, write_runs
 
 from workbench import runs
+from workbench.runs import cli as runs_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH = 100
 
 
-def cli(*args: str | Path) -> subprocess.CompletedProcess:
+class Done:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def subprocess_cli(*args: str | Path) -> Done:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    return subprocess.run([sys.executable, "-m", "workbench", "runs", *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "workbench", "runs", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    return Done(done.returncode, done.stdout, done.stderr)
 
 
-def ok(*args: str | Path) -> str:
+def main_cli(*args: str | Path) -> Done:
+    """The CLI's main in this process, its stdout and stderr captured (argparse's own exits included)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = runs_cli.main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code
+    return Done(code, out.getvalue(), err.getvalue())
+
+
+def ok(*args: str | Path, cli=main_cli) -> str:  # noqa: ANN001
     done = cli(*args)
     assert done.returncode == 0, (args, done.stdout, done.stderr)
     lines = done.stdout.splitlines()
@@ -33,7 +54,7 @@ def ok(*args: str | Path) -> str:
     return done.stdout
 
 
-def bad(*args: str | Path) -> str:
+def bad(*args: str | Path, cli=main_cli) -> str:  # noqa: ANN001
     done = cli(*args)
     assert done.returncode == 2, (args, done.returncode, done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
@@ -100,3 +121,14 @@ def test_bad_input_exits_2_with_one_line(store, tmp_path):
     assert bad("diff", "prompt-a")  # a missing argument
     assert not (tmp_path / "n.html").exists()
     assert len(runs.rows("prompt-a", store=store)) == N_DEFAULT  # nothing lost
+
+
+def test_the_entry_point_as_a_user_runs_it(store, tmp_path):
+    """``python -m workbench runs`` in a subprocess: a success, an unknown run, a text file as the store, a
+    usage error — exit 0 or 2, one line on stderr."""
+    assert "prompt-b" in ok("ls", "--store", store, cli=subprocess_cli)
+    assert "no run named 'nope'" in bad("show", "nope", "--store", store, cli=subprocess_cli)
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("not a database\n" * 50)
+    assert "notes.txt" in bad("diff", "prompt-a", "prompt-b", "--store", text_file, cli=subprocess_cli)
+    assert "invalid choice" in bad("frobnicate", cli=subprocess_cli)

@@ -57,11 +57,8 @@ def grid_frame(compared: pd.DataFrame) -> pd.DataFrame:
     for score in scores:
         pairs = zip(compared[f"{score}_a"], compared[f"{score}_b"])
         columns[score] = [f"{_cut(a, 8)} → {_cut(b, 8)}" for a, b in pairs]
-    for side in ("a", "b"):
-        column = compared[f"output_{side}"] if f"output_{side}" in compared.columns else [""] * len(compared)
-        calls = compared[f"tool_calls_{side}"] if f"tool_calls_{side}" in compared.columns else [""] * len(compared)
-        columns[f"output {side}"] = [_cut(" ".join(filter(None, (_cut(o, 200), _cut(c, 200)))))
-                                     for o, c in zip(column, calls)]
+    for side in ("a", "b"):  # a tool-loop item's output lists its calls turn by turn, then the answer
+        columns[f"output {side}"] = [_cut(o) for o in compared[f"output_{side}"]]
     return pd.DataFrame(columns)
 
 
@@ -101,6 +98,8 @@ class RunsView:
         if not names:
             raise InputError(f"the run store {str(self.store.path)!r} holds no runs yet; store some with run=...")
         self.page_rows = page_rows
+        self.updating = False
+        self.names = names
         self.items = pd.DataFrame()
         self.shown = pd.DataFrame()
         self.pick = widgets.SelectMultiple(options=known, value=tuple(names), description="runs",
@@ -133,7 +132,7 @@ class RunsView:
         self._choose(names, baseline or names[0])
         self.pick.observe(lambda change: self._choose(list(change["new"]), self.baseline.value), "value")
         self.baseline.observe(lambda change: self._choose(list(self.pick.value), change["new"]), "value")
-        self.other.observe(lambda change: self._compare(), "value")
+        self.other.observe(lambda change: None if self.updating else self._compare(), "value")
         for control in (self.changed_only, self.regressed_only, self.search):
             control.observe(lambda change: self._filter(), "value")
         self.grid.observe(lambda change: self._open_selected(change["new"]), "selected_rows")
@@ -146,20 +145,24 @@ class RunsView:
     # -------------------------------------------------------------------------------------------- state
     def _choose(self, names: list[str], baseline: str | None) -> None:
         """Runs picked (at least one), baseline among them: redraw the runs, the summary and the grid."""
+        if self.updating:  # the controls set below call back here
+            return
         names = names or [self.pick.options[0]]
         baseline = baseline if baseline in names else names[0]
-        with self.baseline.hold_trait_notifications():
+        others = [n for n in names if n != baseline]
+        previous = self.other.value
+        self.updating = True
+        try:
             self.baseline.options = names
             self.baseline.value = baseline
-        others = [n for n in names if n != baseline]
+            self.other.options = others
+            self.other.value = previous if previous in others else (others[0] if others else None)
+        finally:
+            self.updating = False
         self.names = names
         diffs = {n: runs.diff_settings(baseline, n, store=self.store) for n in others}
         self.runs_box.value = runs_html(names, baseline, runs.table(store=self.store), diffs)
         self.summary_box.value = summary_html(runs.summary(names, baseline=baseline, store=self.store))
-        previous = self.other.value
-        with self.other.hold_trait_notifications():
-            self.other.options = others
-            self.other.value = previous if previous in others else (others[0] if others else None)
         self._compare()
 
     def _compare(self) -> None:

@@ -30,6 +30,7 @@ import pandas as pd
 
 from workbench import runs
 from workbench.errors import WorkbenchError
+from workbench.reports import human_bytes
 from workbench.runs.report_html import NOT_SHOWN, ordered_changes, report, score_names, verdict
 from workbench.runs.store import open_store
 
@@ -50,8 +51,10 @@ def cut(value: Any, width: int) -> str:
     """``value`` as one line of at most ``width`` characters (``…`` marks a cut)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         text = ""
+    elif isinstance(value, bool):
+        text = "1" if value else "0"
     elif isinstance(value, float):
-        text = f"{value:.4g}"
+        text = f"{value:.3f}" if abs(value) >= 1e-3 or value == 0 else f"{value:.1e}"
     elif isinstance(value, (list, tuple, set)):
         text = ",".join(map(str, value))
     else:
@@ -76,12 +79,7 @@ def text_table(records: Sequence[dict[str, Any]], columns: Sequence[tuple[str, s
 def _size(n: Any) -> str:
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return ""
-    n = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return ""
+    return n if isinstance(n, str) else human_bytes(int(n))
 
 
 def _when(value: Any) -> str:
@@ -122,11 +120,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         r = mine[0]
         for key in ("items", "tags", "note"):
             value = r.get(key)
-            if value is not None and not (isinstance(value, float) and math.isnan(value)) and value != []:
-                print(cut(f"  {key}: {cut(value, WIDTH)}", WIDTH))
+            if value is not None and not (isinstance(value, float) and math.isnan(value)) and value not in ([], ""):
+                print("  " + cut(f"{key}: {value}", WIDTH - 2))
     print("settings:")
     for key, value in settings.items():
-        print(cut(f"  {key}: {value}", WIDTH))
+        print("  " + cut(f"{key}: {value}", WIDTH - 2))
     scores = list(frame.attrs.get("scores", []))
     columns = [("item", "item", 30), ("turn", "turn", 4), ("output", "output", 40), ("tool_calls", "tool calls", 24)]
     columns += [(s, s, 10) for s in scores]
@@ -144,7 +142,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     print(f"{args.b} vs {args.a} (baseline)")
     print("settings that differ:" if diff else "settings that differ: none")
     for key, (va, vb) in diff.items():
-        print(cut(f"  {key}: {va!r} -> {vb!r}", WIDTH))
+        print("  " + cut(f"{key}: {va!r} -> {vb!r}", WIDTH - 2))
     counts = frame.attrs.get("counts", {})
     print("items: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()))
     ordered = ordered_changes(frame)
@@ -155,10 +153,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     scores = score_names(frame)
     records = []
     for r in changed.head(DIFF_ITEMS).to_dict("records"):
-        marks = " ".join(f"{s} {cut(r.get(f'{s}_a'), 5)}->{cut(r.get(f'{s}_b'), 5)}" for s in scores)
+        marks = " ".join(f"{cut(r.get(f'{s}_a'), 6)}->{cut(r.get(f'{s}_b'), 6)}" for s in scores)
         records.append({**r, "marks": marks})
-    print(text_table(records, [("status", "status", 9), ("item", "item", 22), ("marks", "scores", 16),
-                               ("output_a", args.a, 24), ("output_b", args.b, 24)]))
+    print(f"scores a->b: {', '.join(scores)}" if scores else "no scores")
+    print(text_table(records, [("status", "status", 9), ("item", "item", 24), ("marks", "scores", 12),
+                               ("output_a", args.a, 25), ("output_b", args.b, 25)]))
     if len(changed) > DIFF_ITEMS:
         print(f"... and {len(changed) - DIFF_ITEMS} more changed items")
     return EXIT_OK
@@ -174,13 +173,13 @@ def cmd_summary(args: argparse.Namespace) -> int:
     for r in frame.to_dict("records"):
         has_diff = r.get("diff") is not None and not pd.isna(r.get("diff"))
         records.append({
-            **r, "mean_ci": f"{cut(r.get('mean'), 6)} [{cut(r.get('low'), 6)}, {cut(r.get('high'), 6)}]",
-            "diff_ci": (f"{cut(r.get('diff'), 6)} [{cut(r.get('diff_low'), 6)}, {cut(r.get('diff_high'), 6)}]"
+            **r, "mean_ci": f"{cut(r.get('mean'), 7)} [{cut(r.get('low'), 7)}, {cut(r.get('high'), 7)}]",
+            "diff_ci": (f"{cut(r.get('diff'), 7)} [{cut(r.get('diff_low'), 7)}, {cut(r.get('diff_high'), 7)}]"
                         if has_diff else ""),
-            "p": cut(r.get("p_value"), 6), "verdict": verdict(r)})
+            "p": cut(r.get("p_value"), 7), "verdict": verdict(r)})
     print(text_table(records, [("run", "run", 16), ("score", "score", 14), ("n", "n", 5),
                                ("mean_ci", "mean [95% CI]", 22), ("diff_ci", "diff [95% CI]", 24),
-                               ("p", "p", 6), ("verdict", "verdict", 19)]))
+                               ("p", "p", 7), ("verdict", "verdict", 19)]))
     if any(r["verdict"] == NOT_SHOWN for r in records):
         print(f"{NOT_SHOWN}: the 95% interval of the paired difference covers 0")
     return EXIT_OK

@@ -164,7 +164,9 @@ def item_text(row: Mapping[str, Any], side: str) -> str:
     if not _missing(output) and str(output):
         lines.append(str(output))
     for call in _as_list(row.get(f"tool_calls_{side}")):
-        lines.append(f"call: {_call_text(call)}")
+        text = _call_text(call)
+        if text not in "\n".join(lines):  # a tool-loop item's output lists its calls already
+            lines.append(f"call: {text}")
     return "\n".join(lines)
 
 
@@ -361,11 +363,11 @@ def report(names: str | Sequence[str], path: str | Path, *, baseline: str | None
     highlighted.  No script, style sheet, font or image is fetched: the file opens offline, attached to a
     paper, a pull request or a message.  Returns the path written."""
     path = Path(path).expanduser()
-    if path.suffix.lower() not in (".html", ".htm"):
-        raise InputError(f"the report is an HTML file; end its name with .html (got {path.name!r})")
     if path.is_dir():
         raise InputError(f"{str(path)!r} is a folder; give the report a file name inside it, e.g. "
                          f"{str(path / 'report.html')!r}")
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise InputError(f"the report is an HTML file; end its name with .html (got {path.name!r})")
     document = report_html(names, baseline=baseline, store=store, limit=limit)  # before touching the disk
     tmp = path.with_name(f".{path.name}.tmp")
     try:
