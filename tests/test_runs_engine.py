@@ -308,7 +308,7 @@ def test_browse_compare_and_export_after_real_runs(engine, store, tmp_path):
     assert len(rows) == 3 and set(rows["kind"]) == {"chat"} and rows["prompt"].tolist() == [
         d[0]["content"] for d in DIALOGS]
     assert rows["checkpoint_identity"].str.startswith("sha256:").all() and rows["model"].eq(MODEL).all()
-    both = wb.runs.compare("fp32", "bf16", differing_only=False)
+    both = wb.runs.compare("fp32", "bf16", by="request", differing_only=False)
     assert both.attrs["both"] == 3 and len(both) == 3 and set(both["b_quantization"]) == {"bf16"}
     for suffix in (".jsonl", ".parquet"):
         path = wb.runs.export("fp32", tmp_path / f"fp32{suffix}")

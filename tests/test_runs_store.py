@@ -510,13 +510,13 @@ def test_table_rows_and_delete(two_runs):
 
 
 def test_compare_pairs_requests_across_engines(two_runs):
-    diff = runs.compare("bf16", "int4", store=two_runs)
+    diff = runs.compare("bf16", "int4", store=two_runs, by="request")  # exact requests (identical prompt ids)
     assert diff.attrs["both"] == 4 and diff.attrs["differ"] == 2 and diff.attrs["only_a"] == 1
     assert list(diff["prompt"]) == ["question 1", "question 3"]
     assert list(diff["first_differing_token"]) == [1, 1]
     assert diff.loc[0, "a_tool_calls"] != diff.loc[0, "b_tool_calls"]
     assert list(diff["b_quantization"]) == ["int4_mixed"] * 2
-    everything = runs.compare("bf16", "int4", store=two_runs, differing_only=False)
+    everything = runs.compare("bf16", "int4", store=two_runs, by="request", differing_only=False)
     assert len(everything) == 4 and everything["same"].sum() == 2
 
 

@@ -212,7 +212,8 @@ class StoredCall:
             by_type.setdefault(id(kind), (kind, []))[1].append(i)
         found: dict[int, Any] = {}
         for kind, rows in by_type.values():
-            answers = self.run.lookup([self.keys[i] for i in rows], parsed_type=kind)
+            answers = self.run.lookup([self.keys[i] for i in rows], parsed_type=kind,
+                                      requests=[self.given[i] for i in rows])  # a copied row answers this call's item
             used: set[str] = set()
             for i in rows:
                 stored = answers.get(self.keys[i].key)

@@ -130,7 +130,8 @@ def run_cases(
                              "pass tools={name: function} to the harness")
         system = case.system if case.system is not None else system_prompt
         messages = [Message(role="system", content=system)] if system else []
-        case_run = _Run(case, Dialog(Transcript(messages), Toolbox.create([registry[n] for n in case.tools])))
+        case_run = _Run(case, Dialog(Transcript(messages), Toolbox.create([registry[n] for n in case.tools]),
+                                     item=case.id))  # the case id names the rows of its turns in a run store
         _start_turn(case_run, tool_choice)
         case_runs.append(case_run)
     sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "progress": False, **stored}
@@ -171,7 +172,14 @@ def run_cases(
                 case_run.done = True
                 bar.update(1)
     bar.close()
-    return pd.DataFrame([_score(r) for r in case_runs])
+    scored = [_score(r) for r in case_runs]
+    if run is not None:  # each case's scores on its last stored row, for wb.runs.compare / summary
+        runs.keep_scores(run, {row["id"]: {k: row[k] for k in STORED_SCORES if row[k] is not None} for row in scored})
+    return pd.DataFrame(scored)
+
+
+# The pass/fail columns of a scored case that a run store keeps as the case's scores.
+STORED_SCORES = ("name_match", "exact_match", "arg_names_from_schema", "answer_has_result", "direct_answer")
 
 
 def _progress(enabled: bool, total: int) -> Any:

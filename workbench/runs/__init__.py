@@ -42,7 +42,7 @@ from typing import Any
 
 from workbench.runs.codec import decode, dumps, encode, loads
 from workbench.runs.identity import CheckpointIdentity, checkpoint_identity
-from workbench.runs.items import derive_item, item_id
+from workbench.runs.items import check_item, derive_item, input_item, item_id
 from workbench.runs.keys import (
     NUMERICS_VERSION,
     RowKey,
@@ -60,7 +60,7 @@ from workbench.runs.keys import (
 )
 from workbench.runs.manage import note, rename, tag, untag, vacuum
 from workbench.runs.provenance import Provenance
-from workbench.runs.scores import put_scores, score, set_items
+from workbench.runs.scores import keep_scores, put_scores, score, set_items
 from workbench.runs.settings import Varies, diff_settings, settings, tool_schema_hash
 from workbench.runs.store import (
     SCHEMA_VERSION,
@@ -101,11 +101,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "NUMERICS_VERSION", "SCHEMA_VERSION", "STORE_ENV", "CheckpointIdentity", "Provenance", "RowKey",
-    "RowRequest", "Run", "Store", "StoredRow", "Varies", "cache_key", "call_keywords", "canonical_sampling",
+    "NUMERICS_VERSION", "SCHEMA_VERSION", "STORE_ENV", "CheckpointIdentity", "Provenance", "RowKey", "RowRequest",
+    "Run", "Store", "StoredRow", "Varies", "cache_key", "call_keywords", "canonical_sampling", "check_item",
     "check_run_name", "checkpoint_identity", "compare", "decode", "delete", "derive_item", "diff_settings",
-    "draw_seed", "dumps", "encode", "export", "image_digest", "item_id", "load_fields", "loads", "needs_seed",
-    "note", "path", "put_scores", "rename", "report", "request_identity", "request_keys", "row_key", "rows", "score",
-    "set_items", "settings", "settle_seed", "store", "summary", "table", "tag", "to_inspect", "tool_schema_hash",
-    "transcript", "untag", "vacuum",
+    "draw_seed", "dumps", "encode", "export", "image_digest", "input_item", "item_id", "keep_scores", "load_fields",
+    "loads", "needs_seed", "note", "path", "put_scores", "rename", "report", "request_identity", "request_keys",
+    "row_key", "rows", "score", "set_items", "settings", "settle_seed", "store", "summary", "table", "tag", "to_inspect",
+    "tool_schema_hash", "transcript", "untag", "vacuum",
 ]

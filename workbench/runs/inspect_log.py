@@ -1,5 +1,6 @@
 """A run as an Inspect eval log, written through inspect_ai's public log API (``inspect_ai.log``), so
-``inspect view`` browses its transcripts: one sample per stored row, its input (the prompt or the dialog as
+``inspect view`` browses its transcripts: one sample per stored row (its id the row's item, with the turn when
+the item has several rows; its scores as Inspect scores), its input (the prompt or the dialog as
 given), the messages (dialog plus reply, or the whole tool-loop transcript with its calls and results), the
 model output with its stop reason and token counts, and the row's key, seed and sampling as metadata.
 
@@ -28,10 +29,11 @@ def _inspect() -> Any:
     try:
         import inspect_ai.log as log
         import inspect_ai.model as model
+        import inspect_ai.scorer as scorer
         import inspect_ai.tool as tool
     except ImportError as exc:
         raise InputError(f"to_inspect needs inspect_ai ({exc}); pip install 'workbench[inspect]'") from None
-    return log, model, tool
+    return log, model, tool, scorer
 
 
 def _text(content: Any) -> str:
@@ -81,7 +83,8 @@ def _message(message: Any, model: Any, tool: Any) -> Any:
     return model.ChatMessageUser(content=text)
 
 
-def _sample(index: int, row: StoredRow, model_name: str, log: Any, model: Any, tool: Any) -> Any:
+def _sample(index: int | str, row: StoredRow, model_name: str, log: Any, model: Any, tool: Any,
+            scorer: Any = None) -> Any:
     request = row.request if isinstance(row.request, dict) else {}
     given = request.get("messages") if isinstance(request.get("messages"), list) else None
     inputs = [_message(m, model, tool) for m in given] if given else None
@@ -113,12 +116,19 @@ def _sample(index: int, row: StoredRow, model_name: str, log: Any, model: Any, t
                 "seed_drawn": row.seed_drawn, "sampling": row.sampling, "computed": row.computed,
                 "timings": row.timings, "prompt_tokens": len(row.prompt_ids),
                 "checkpoint_identity": row.provenance.get("checkpoint_identity"),
-                "quantization": row.provenance.get("load", {}).get("quantization")}
+                "quantization": row.provenance.get("load", {}).get("quantization"), "item": row.item,
+                "turn": row.turn}
+    scores = {name: scorer.Score(value=value) for name, value in row.scores.items()} if scorer is not None else {}
     return log.EvalSample(
         id=index, epoch=1, input=inputs if inputs else prompt_text(request), target="", messages=messages,
         output=model.ModelOutput(model=model_name, choices=[choice], completion=last.text, usage=usage),
-        metadata=metadata, uuid=uuid.uuid4().hex,
+        metadata=metadata, uuid=uuid.uuid4().hex, scores=scores or None,
         model_usage={model_name: usage} if usage is not None else {})
+
+
+def _mean(rows: list[StoredRow], name: str) -> float:
+    values = [float(r.scores[name]) for r in rows if name in r.scores]
+    return sum(values) / len(values) if values else float("nan")
 
 
 def _iso(stamp: float | None) -> str:
@@ -132,17 +142,31 @@ def to_inspect(name: str, path: str | Path, *, store: str | Path | Store | None 
     path = Path(path)
     if path.suffix not in LOG_SUFFIXES:
         raise InputError(f"an Inspect log file ends with .eval or .json, got {path.name!r}")
-    log, model, tool = _inspect()
+    log, model, tool, scorer = _inspect()
     st = open_store(store)
     sessions = st.sessions(name)
     latest = sessions[max(sessions)] if sessions else {}
     model_name = f"workbench/{latest.get('model') or 'unknown'}"
     samples, first, last = [], None, None
-    for index, row in enumerate(st.rows(name), start=1):
-        samples.append(_sample(index, row, model_name, log, model, tool))
+    rows = list(st.rows(name))
+    per_item: dict[Any, int] = {}
+    for row in rows:
+        per_item[row.item] = per_item.get(row.item, 0) + 1
+    seen: set[str] = set()
+    for index, row in enumerate(rows, start=1):
+        sample_id: int | str = index if row.item is None else (
+            row.item if per_item[row.item] == 1 else f"{row.item} · turn {row.turn if row.turn is not None else index}")
+        if sample_id in seen:  # two rows of one item and turn (a re-run with other sampling): keep ids unique
+            sample_id = f"{sample_id} · row {index}"
+        seen.add(str(sample_id))
+        samples.append(_sample(sample_id, row, model_name, log, model, tool, scorer))
         first = row.created_at if first is None else min(first, row.created_at)
         last = row.created_at if last is None else max(last, row.created_at)
     started = min((s.get("session_started_at") or 0) for s in sessions.values()) if sessions else first
+    names = sorted({n for row in rows for n in row.scores})
+    results = log.EvalResults(total_samples=len(samples), completed_samples=len(samples), scores=[
+        log.EvalScore(name=n, scorer=n, metrics={"mean": log.EvalMetric(name="mean", value=_mean(rows, n))})
+        for n in names])
     spec = log.EvalSpec(
         created=_iso(started), task=name, dataset=log.EvalDataset(name=name, samples=len(samples),
                                                                    sample_ids=[s.id for s in samples]),
@@ -150,7 +174,7 @@ def to_inspect(name: str, path: str | Path, *, store: str | Path | Store | None 
                                                               "store": str(st.path)})
     eval_log = log.EvalLog(
         version=2, status="success", eval=spec, samples=samples,
-        results=log.EvalResults(total_samples=len(samples), completed_samples=len(samples)),
+        results=results,
         stats=log.EvalStats(started_at=_iso(started), completed_at=_iso(last)))
     path.parent.mkdir(parents=True, exist_ok=True)
     log.write_eval_log(eval_log, str(path))

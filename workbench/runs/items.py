@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workbench.errors import InputError
+from workbench.runs.codec import plain
 
 SNIPPET_CHARS = 48
 HASH_CHARS = 10
@@ -77,6 +78,12 @@ def dialog_item(messages: Any) -> str:
     last = users[-1] if users else (body[-1] if body else None)
     text = _content_text(last.get("content")) if isinstance(last, Mapping) else ("" if last is None else str(last))
     return item_id(text, {"messages": body})
+
+
+def input_item(messages: Any) -> str:
+    """The default item of a dialog given as messages (Message objects or dicts): what a tool loop names a
+    dialog's rows by, and what a chat row of the same dialog derives (so both line up)."""
+    return dialog_item(plain(list(messages)))
 
 
 def prompt_item(prompt: Any) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from workbench.runs.codec import TAG
@@ -122,13 +123,24 @@ def _read(store: Database, run_id: int) -> list[dict[str, Any]]:
         last = page[-1][0]
 
 
-def read_outline(store: Database, name: str, *, with_request: bool = True) -> Iterator[dict[str, Any]]:
-    """Every row of run ``name`` in stored order as a flat record: ``row_id, item, turn, kind, output,
-    tool_calls, n_tool_calls, calls, stop_reason, tokens, generated_tokens, request`` (parsed; None with
-    ``with_request=False``), ``sampling``, ``seed_drawn``, ``timings``, ``computed``, ``created_at``,
-    ``session``, ``key``, ``match``, ``prompt_tokens``, ``scores`` (name -> value).  Unknown run: InputError
-    listing the runs.  The records of an unchanged run come from a small in-process cache: treat them as
-    read-only."""
+@dataclass(frozen=True)
+class Outline:
+    """A run's rows as flat records (read-only: they may be shared with later reads) and its scores by row id."""
+
+    records: list[dict[str, Any]]
+    scores: dict[int, dict[str, Any]]
+
+    def scores_of(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        return self.scores.get(record["row_id"], {})
+
+
+def outline(store: Database, name: str) -> Outline:
+    """Every row of run ``name`` in stored order as a flat record — ``row_id, item, turn, kind, output,
+    tool_calls, n_tool_calls, calls, stop_reason, tokens, generated_tokens, request`` (parsed), ``sampling``,
+    ``seed_drawn``, ``timings``, ``computed``, ``created_at``, ``session``, ``key``, ``match``,
+    ``prompt_tokens`` — and the run's scores.  The records of an unchanged run come from a small in-process
+    cache (so score, compare and summary of the same runs read each once).  Unknown run: InputError listing
+    the runs."""
     run_id = store.run_id(name)
     slot = (str(store.path.absolute()), run_id)
     signature = _signature(store, run_id)
@@ -137,7 +149,11 @@ def read_outline(store: Database, name: str, *, with_request: bool = True) -> It
         held = _CACHE[slot] = (signature, _read(store, run_id))
         while len(_CACHE) > CACHED_RUNS:
             del _CACHE[next(iter(_CACHE))]
-    scores = store.scores_of(run_id)
-    for record in held[1]:
-        yield {**record, "scores": scores.get(record["row_id"], {}),
-               **({} if with_request else {"request": None})}
+    return Outline(held[1], store.scores_of(run_id))
+
+
+def read_outline(store: Database, name: str) -> Iterator[dict[str, Any]]:
+    """:func:`outline`'s records, each a fresh dict with its ``scores`` (name -> value)."""
+    found = outline(store, name)
+    for record in found.records:
+        yield {**record, "scores": found.scores_of(record)}

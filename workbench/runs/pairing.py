@@ -14,7 +14,7 @@ Higher is better for every score: a pass/fail score improves from False to True,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import pandas as pd
 
 from workbench.errors import InputError
 from workbench.runs.browse import compare_requests
-from workbench.runs.outline import calls_text, read_outline
+from workbench.runs.outline import Outline, calls_text, outline, read_outline
 from workbench.runs.settings import diff_settings
 from workbench.runs.store import Store, open_store
 
@@ -31,16 +31,16 @@ CHANGES = ("regressed", "improved", "same")
 DIFF_CHARS = 60
 
 
-def item_turns(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def item_turns(records: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """A run's records grouped by item (in the order items first appear), each item's rows by turn; of two
     rows of one item and turn, the later stored one stands."""
-    grouped: dict[str, dict[int, dict[str, Any]]] = {}
+    grouped: dict[str, dict[int, Mapping[str, Any]]] = {}
     for record in records:
         grouped.setdefault(record["item"], {})[record["turn"] or 0] = record
     return {item: [turns[t] for t in sorted(turns)] for item, turns in grouped.items()}
 
 
-def item_text(turns: list[dict[str, Any]]) -> str:
+def item_text(turns: list[Mapping[str, Any]]) -> str:
     """An item's output as text: a one-row item's output; a tool-loop item's calls turn by turn, then its
     final answer."""
     if len(turns) == 1 and not turns[0]["calls"]:
@@ -49,16 +49,18 @@ def item_text(turns: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _signature(turns: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+def _signature(turns: list[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
     """What two items must share to be the same answer: every turn's tokens, text, calls and stop reason."""
     return [(tuple(t["tokens"]), t["output"], t["tool_calls"], t["stop_reason"]) for t in turns]
 
 
-def item_scores(turns: list[dict[str, Any]]) -> dict[str, Any]:
+def item_scores(turns: list[Mapping[str, Any]], found: Outline) -> dict[str, Any]:
     """An item's scores: each name's value on the last row (turn) that carries it."""
+    if len(turns) == 1:
+        return found.scores_of(turns[0])
     out: dict[str, Any] = {}
     for turn in turns:
-        out.update(turn["scores"])
+        out.update(found.scores_of(turn))
     return out
 
 
@@ -114,12 +116,14 @@ def compare(a: str, b: str, *, by: str = "item", score: str | None = None, diffe
     st = open_store(store)
     if by == "request":
         return compare_requests(a, b, store=st, differing_only=True if differing_only is None else differing_only)
-    left = item_turns(read_outline(st, a, with_request=False))
-    right = item_turns(read_outline(st, b, with_request=False))
+    found_a, found_b = outline(st, a), outline(st, b)
+    left, right = item_turns(found_a.records), item_turns(found_b.records)
     both = [item for item in left if item in right]
     if not both:
         raise no_common_items(a, b, len(left), len(right))
-    names = list(dict.fromkeys(n for side in (left, right) for item in both for n in item_scores(side[item])))
+    scores_a = {item: item_scores(left[item], found_a) for item in both}
+    scores_b = {item: item_scores(right[item], found_b) for item in both}
+    names = list(dict.fromkeys(n for side in (scores_a, scores_b) for item in both for n in side[item]))
     primary = score if score is not None else (names[0] if names else None)
     if primary is not None and primary not in names:
         raise InputError(f"no score named {primary!r} on the items of {a!r} and {b!r} (scores: "
@@ -141,7 +145,7 @@ def compare(a: str, b: str, *, by: str = "item", score: str | None = None, diffe
                                                                                    if t["tool_calls"]),
                   "tool_calls_b": "; ".join(t["tool_calls"] for t in y if t["tool_calls"]),
                   "turns_a": len(x), "turns_b": len(y)}
-        sx, sy = item_scores(x), item_scores(y)
+        sx, sy = scores_a[item], scores_b[item]
         for name in names:
             record[f"{name}_a"], record[f"{name}_b"] = sx.get(name), sy.get(name)
             record[f"{name}_change"] = change_of(sx.get(name), sy.get(name))
@@ -151,10 +155,13 @@ def compare(a: str, b: str, *, by: str = "item", score: str | None = None, diffe
                "change", *[f"{n}_{s}" for n in names for s in ("a", "b", "change")], "stop_reason_a",
                "stop_reason_b", "tool_calls_a", "tool_calls_b", "turns_a", "turns_b"]
     frame = pd.DataFrame.from_records(records, columns=columns)
+    for name in names:  # None where an item lacks the score; pass/fail stays True/False (not numpy's bools)
+        for side in ("a", "b"):
+            frame[f"{name}_{side}"] = pd.Series([r[f"{name}_{side}"] for r in records], dtype=object)
     order = frame["change"].map({"regressed": 0, "improved": 1}).fillna(2) + frame["same"].astype(int)
     frame = frame.iloc[order.argsort(kind="stable")].reset_index(drop=True)
-    for column in ("first_diff", "token_a", "token_b"):
-        frame[column] = frame[column].astype("Int64")
+    for column in ("first_diff", "token_a", "token_b"):  # ints, None where the outputs are the same
+        frame[column] = pd.Series([None if v is None or v != v else int(v) for v in frame[column]], dtype=object)
     counts = {"both": len(both), "only_a": sum(i not in right for i in left),
               "only_b": sum(i not in left for i in right), "differ": int((~frame["same"]).sum()),
               "improved": int((frame["change"] == "improved").sum()),
@@ -177,7 +184,7 @@ def transcript(name: str, item: str, *, store: str | Path | Store | None = None)
     st = open_store(store)
     records = [r for r in read_outline(st, name) if r["item"] == item]
     if not records:
-        known = list(dict.fromkeys(r["item"] for r in read_outline(st, name, with_request=False)))[:10]
+        known = list(dict.fromkeys(r["item"] for r in outline(st, name).records))[:10]
         raise InputError(f"run {name!r} has no item {item!r} (items: {', '.join(map(repr, known)) or 'none'}); "
                          "wb.runs.rows(name)['item'] lists them")
     turns = item_turns(records)[item]

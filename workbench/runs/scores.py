@@ -18,15 +18,22 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.errors import InputError, ScoreWarning, StoreError
-from workbench.runs.database import Database, to_json
+from workbench.errors import InputError, ScoreWarning, StoreError, StoreWarning
+from workbench.runs.database import Database
 from workbench.runs.items import check_item
 from workbench.runs.keys import pack_ids
-from workbench.runs.outline import read_outline
+from workbench.runs.outline import outline
 from workbench.runs.store import Store, open_store
 
 ScoreValue = bool | int | float
 SCORE_NAME_MAX = 100
+# the columns rows() already has (workbench.runs.browse.ROW_COLUMNS and its extras): not score names
+RESERVED_NAMES = frozenset((
+    "run", "item", "turn", "kind", "prompt", "output", "stop_reason", "generated_tokens", "tool_calls", "n_tool_calls",
+    "prompt_tokens", "seed", "seed_drawn", "temperature", "top_p", "top_k", "max_tokens", "computed", "stored_at",
+    "seconds", "model", "checkpoint_identity", "checkpoint_path", "quantization", "dtype", "model_parallel_size",
+    "device", "workbench_version", "torch_version", "numerics_version", "host", "git_commit", "key", "match",
+    "tokens", "row_id", "request", "prompt_ids", "sampling", "timings", "provenance", "result", "change", "same"))
 
 
 def score_kind(name: str, value: Any) -> tuple[str, float] | None:
@@ -48,9 +55,13 @@ def score_kind(name: str, value: Any) -> tuple[str, float] | None:
 
 
 def check_score_name(name: Any) -> str:
+    """A score name: printable, 1 to 100 characters, not a column ``rows()`` already shows."""
     if not isinstance(name, str) or not name.strip() or len(name) > SCORE_NAME_MAX or not name.isprintable():
         raise InputError(f"a score name must be a printable string of 1 to {SCORE_NAME_MAX} characters, got "
                          f"{name!r:.80}")
+    if name in RESERVED_NAMES:
+        raise InputError(f"{name!r} is a column of wb.runs.rows() already, so it cannot name a score; use another "
+                         f"name (e.g. {name + '_score'!r})")
     return name
 
 
@@ -86,8 +97,10 @@ def write_scores(store: Database, run: str, values: Sequence[tuple[int, str, Any
     given drop their old values on every row first).  Returns how many were stored."""
     run_id = store.run_id(run)
     typed = []
+    for name in {name for _, name, _ in values}:
+        check_score_name(name)
     for row_id, name, value in values:
-        kind = score_kind(check_score_name(name), value)
+        kind = score_kind(name, value)
         if kind is not None:
             typed.append((row_id, name, *kind))
     names = {name for _, name, _, _ in typed}
@@ -110,13 +123,17 @@ def write_scores(store: Database, run: str, values: Sequence[tuple[int, str, Any
     return len(typed)
 
 
-def row_view(record: Mapping[str, Any]) -> dict[str, Any]:
+def row_view(record: Mapping[str, Any], scores: Mapping[str, Any]) -> dict[str, Any]:
     """The row a score function sees: ``item``, ``turn``, ``kind``, ``output`` (text), ``tool_calls`` (text),
     ``calls`` (``[(name, arguments)]``), ``stop_reason``, ``tokens``, ``request``, ``sampling`` and the row's
     scores so far (``scores``)."""
-    return {k: record[k] for k in ("item", "turn", "kind", "output", "tool_calls", "calls", "n_tool_calls",
-                                   "stop_reason", "tokens", "generated_tokens", "request", "sampling", "key",
-                                   "scores")}
+    view = {k: record[k] for k in _VIEW}
+    view["scores"] = dict(scores)
+    return view
+
+
+_VIEW = ("row_id", "item", "turn", "kind", "output", "tool_calls", "calls", "n_tool_calls", "stop_reason", "tokens",
+         "generated_tokens", "request", "sampling", "key")
 
 
 def score(name: str, fn: Callable[[dict[str, Any]], Mapping[str, ScoreValue]], *,
@@ -134,9 +151,11 @@ def score(name: str, fn: Callable[[dict[str, Any]], Mapping[str, ScoreValue]], *
     scored = failed = 0
     first_error: str | None = None
     names: dict[str, None] = {}
-    for record in read_outline(st, name):
+    found = outline(st, name)
+    checked: set[str] = set()
+    for record in found.records:
         try:
-            result = fn(row_view(record))
+            result = fn(row_view(record, found.scores_of(record)))
         except Exception as exc:  # a row the function cannot score: counted, shown once, the others stored
             failed += 1
             if first_error is None:
@@ -147,7 +166,9 @@ def score(name: str, fn: Callable[[dict[str, Any]], Mapping[str, ScoreValue]], *
                              "name -> number or bool, e.g. {'exact': row['output'] == target}")
         scored += 1
         for key, value in result.items():
-            names[check_score_name(key)] = None
+            if key not in checked:
+                names[check_score_name(key)] = None
+                checked.add(key)
             values.append((record["row_id"], key, value))
     write_scores(st, name, values, replace_names=True)
     if failed:
@@ -195,4 +216,22 @@ def set_items(name: str, items: Sequence[tuple[Sequence[int], Any]], *,
     return len(updates)
 
 
-__all__ = ["put_scores", "score", "score_kind", "set_items", "to_json", "write_scores"]
+def keep_scores(name: str, scores: Mapping[Any, Mapping[str, ScoreValue]], *,
+                items: Sequence[tuple[Sequence[int], Any]] = (), store: str | Path | Store | None = None) -> bool:
+    """What a harness calls after scoring the cases of a ``run=`` call: name the rows' items by their prompt ids
+    (``items``, see :func:`set_items`; rows the engine named already need none) and store the scores by item
+    (:func:`put_scores`).  Like every write from a call, it never raises for a store that cannot be written: it
+    warns (:class:`~workbench.errors.StoreWarning`) and returns False; the harness's results stand."""
+    try:
+        if items:
+            set_items(name, items, store=store)
+        put_scores(name, scores, store=store)
+    except (StoreError, sqlite3.Error, OSError) as exc:
+        warnings.warn(f"the scores of run {name!r} could not be stored ({exc}); the results are returned but "
+                      "wb.runs.compare/summary will not see them. Free disk space or make the store writable, then "
+                      "run again (every row is answered from the store)", StoreWarning, stacklevel=2)
+        return False
+    return True
+
+
+__all__ = ["keep_scores", "put_scores", "score", "score_kind", "set_items", "write_scores"]

@@ -22,7 +22,7 @@ import pandas as pd
 
 from workbench.errors import InputError
 from workbench.runs import stats
-from workbench.runs.outline import read_outline
+from workbench.runs.outline import outline
 from workbench.runs.pairing import item_scores, item_turns
 from workbench.runs.store import Store, open_store
 
@@ -33,8 +33,9 @@ COLUMNS = ["run", "score", "kind", "n", "mean", "low", "high", "paired", "diff",
 def _run_scores(store: Store, name: str) -> dict[str, dict[str, Any]]:
     """``{score: {item: value}}`` of run ``name`` (an item's value: its last row's that carries the score)."""
     out: dict[str, dict[str, Any]] = {}
-    for item, turns in item_turns(read_outline(store, name, with_request=False)).items():
-        for score, value in item_scores(turns).items():
+    found = outline(store, name)
+    for item, turns in item_turns(found.records).items():
+        for score, value in item_scores(turns, found).items():
             out.setdefault(score, {})[item] = value
     return out
 

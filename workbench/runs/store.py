@@ -205,13 +205,16 @@ class Run:
         self.close()
 
     # ------------------------------------------------------------------------------------ lookup / put
-    def lookup(self, keys: Iterable[RowKey | str], *, anywhere: bool = True, parsed_type: Any = None
-               ) -> dict[str, StoredRow]:
+    def lookup(self, keys: Iterable[RowKey | str], *, anywhere: bool = True, parsed_type: Any = None,
+               requests: Sequence[Any] | None = None, items: Sequence[Any] | None = None) -> dict[str, StoredRow]:
         """The stored rows of ``keys`` (by key string; missing keys are absent).  This run's own row wins;
         with ``anywhere`` a key stored only by another run is answered from there too (an exact key means the
-        same numbers) and copied into this run (``computed=False``), so the run holds every row it returned.
+        same numbers) and copied into this run (``computed=False``), so the run holds every row it returned;
+        the copy answers the caller's item — ``items[i]`` (None: derived), else derived from ``requests[i]`` (the
+        request as given, what :meth:`put` would store), else the item it was stored with.
         Outputs come back with ``cached=True``; ``parsed_type`` rebuilds pydantic ``parsed`` objects.
         Never raises for a store that cannot be read: the answer is then ``{}`` (after one warning)."""
+        keys = list(keys)
         wanted = list(dict.fromkeys(str(k) for k in keys))
         if not wanted:
             return {}
@@ -247,11 +250,32 @@ class Run:
                 del best[key]
         foreign = [record[0] for record in best.values() if record[-1] != self.run_id]
         if foreign:
-            self._adopt(foreign)
+            self._adopt(foreign, self._callers_items(keys, requests, items, best))
         return found
 
-    def _adopt(self, row_ids: list[int]) -> None:
-        """Copy other runs' rows into this run (one transaction); a failure only warns."""
+    def _callers_items(self, keys: list[RowKey | str], requests: Sequence[Any] | None, items: Sequence[Any] | None,
+                       best: Mapping[str, tuple]) -> list[tuple[str, int | None, str]]:
+        """``(item, turn, key)`` the caller gives the rows copied from other runs (none without requests/items)."""
+        if requests is None and items is None:
+            return []
+        out = []
+        for i, key in enumerate(keys):
+            record = best.get(str(key))
+            if record is None or record[-1] == self.run_id:
+                continue
+            try:
+                derived = derive_item(codec.plain(requests[i])) if requests is not None else (None, None)
+                given = items[i] if items is not None else None
+                item = check_item(given) if given is not None else derived[0]
+            except (InputError, IndexError):
+                continue  # the copy keeps the item it was stored with
+            if item is not None:
+                out.append((item, derived[1], str(key)))
+        return out
+
+    def _adopt(self, row_ids: list[int], items: Sequence[tuple[str, int | None, str]] = ()) -> None:
+        """Copy other runs' rows into this run (one transaction), naming their items ``(item, turn, key)``; a
+        failure only warns."""
         if self.run_id is None or self.session_id is None:
             return
 
@@ -264,6 +288,8 @@ class Run:
                     "request, prompt_ids, sampling, seed_drawn, output, timings, 0, ?, item, turn FROM rows "
                     "WHERE id IN "
                     f"({','.join('?' * len(part))})", [self.run_id, self.session_id, time.time(), *part])
+            conn.executemany("UPDATE rows SET item = ?, turn = ? WHERE run_id = ? AND key = ? AND computed = 0",
+                             [(item, turn, self.run_id, key) for item, turn, key in items])
             conn.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), self.run_id))
 
         try:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
+from workbench import runs
 from workbench.engine import chat
 from workbench.engine.interfaces import CompletionEngine
 from workbench.engine.llama_stack import llama_stack_spellings
@@ -55,6 +56,11 @@ class Dialog:
     transcript: Transcript
     toolbox: Toolbox
     tool_choice: Any = "auto"
+    item: str | None = None  # the item its rows answer in a run store (None: its input without the settings)
+
+    def __post_init__(self) -> None:
+        if self.item is None:  # named by its input as given, so every turn's row answers the same item
+            self.item = runs.input_item(self.transcript)
 
     @property
     def running(self) -> bool:
@@ -151,7 +157,7 @@ def _complete_prepared(engine: CompletionEngine, dialogs: list[Dialog], tool_pro
         return []
     rendered = getattr(engine, "batch_chat_rendered", None)
     if rendered is not None:  # the engine parses, so a run store keeps the parsed replies (kind "chat")
-        requests = [_request(d) for d in kept]
+        requests = [_request(d, tool_prompt_format) for d in kept]
         return list(zip(kept, _generate(kept, lambda: rendered(prompts, formats, requests=requests, **sampling))))
     if any(f is not None for f in formats):
         sampling["response_format"] = formats
@@ -159,12 +165,18 @@ def _complete_prepared(engine: CompletionEngine, dialogs: list[Dialog], tool_pro
     return list(zip(kept, chat.finish(completions, formats, formatter)))
 
 
-def _request(dialog: Dialog) -> dict[str, Any]:
-    """A turn's request as the run store keeps it for browsing: the dialog so far and the offered tools' names."""
-    request: dict[str, Any] = {"messages": list(dialog.transcript),
-                               "tools": [d.tool_name for d in dialog.toolbox.definitions]}
+def _request(dialog: Dialog, tool_prompt_format: Any = None) -> dict[str, Any]:
+    """A turn's request as the run store keeps it: the dialog so far, the offered tools' names and schema hashes,
+    the tool options, and the item and turn the row answers (the dialog's item; its replies so far)."""
+    definitions = dialog.toolbox.definitions
+    request: dict[str, Any] = {"messages": list(dialog.transcript), "tools": [d.tool_name for d in definitions],
+                               "tool_schemas": {d.tool_name: runs.tool_schema_hash(d) for d in definitions},
+                               "item": dialog.item,
+                               "turn": sum(m.role == "assistant" for m in dialog.transcript)}
     if dialog.tool_choice != "auto":
         request["tool_choice"] = dialog.tool_choice
+    if tool_prompt_format is not None:
+        request["tool_prompt_format"] = tool_prompt_format
     return request
 
 
@@ -240,6 +252,7 @@ def run_batch(
     constrain_tools: bool = False,
     tool_timeout: float | None = None,
     progress: bool | None = None,
+    item: Sequence[str | None] | None = None,
     **sampling: Any,
 ) -> list[Transcript]:
     """Run the tool loop on many dialogs; each turn is one batched chat completion over the dialogs that
@@ -255,14 +268,21 @@ def run_batch(
     hold every dialog so far, the cut replies included (``stop_reason="cancelled"``).  ``tool_timeout`` (seconds)
     bounds each Python tool call.  ``run="name"`` (``refresh=True`` to recompute) remembers every turn in the run
     store, so a re-run loop is answered from there up to where the last one stopped (see the module docstring);
-    the other keywords (``max_tokens``, ``temperature``, ``seed``...) go to every turn's engine call."""
+    each dialog is one item of the run, its turns the item's rows numbered from 0 (``item=``: one id per dialog,
+    e.g. case ids; default: the dialog's input without the settings, so runs that differ only in system prompt,
+    tools or sampling line up).  The other keywords (``max_tokens``, ``temperature``, ``seed``...) go to every
+    turn's engine call."""
     if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
         raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
     if not isinstance(dialogs, (list, tuple)):
         raise InputError("run_batch takes a list of dialogs (each a list of messages); for one dialog use run()")
+    if item is not None and (isinstance(item, str) or not isinstance(item, (list, tuple)) or len(item) != len(dialogs)):
+        raise InputError(f"item= takes one id per dialog (a list of {len(dialogs)}), got {item!r:.80}; for one "
+                         "dialog use run(..., item='case-1')")
     toolbox = Toolbox.create(tools, code_interpreter, tool_timeout)
     transcripts = [Transcript(coerce_messages(d)) for d in dialogs]
-    loop = [Dialog(t, toolbox, tool_choice) for t in transcripts]
+    items = [None if item is None or item[k] is None else runs.check_item(item[k]) for k in range(len(dialogs))]
+    loop = [Dialog(t, toolbox, tool_choice, items[k]) for k, t in enumerate(transcripts)]
     chat_options = {k: sampling.pop(k) for k in CHAT_OPTIONS if k in sampling}
     # One bar for the whole loop, so the engine's per-turn bars stay off; an automatic bar counts dialogs, and a
     # single dialog gets none (as the engine's automatic bars count rows), nor does it change the engine's.
@@ -292,6 +312,7 @@ def run(
     code_interpreter: bool | CodeInterpreter = False,
     constrain_tools: bool = False,
     tool_timeout: float | None = None,
+    item: str | None = None,
     **sampling: Any,
 ) -> Transcript:
     """Run the tool loop on one dialog and return the whole transcript (list of :class:`Message`).
@@ -299,7 +320,8 @@ def run(
     The transcript ends with the model's final answer, or — when ``max_turns`` replies all called tools —
     with the tool messages answering the last calls; its ``stop_reason`` says which (``"answered"``,
     ``"max_turns"``, ``"prompt_too_long"``, ``"out_of_tokens"``, ``"tool_choice_none"``).  ``run="name"``
-    remembers every turn in the run store (see :func:`run_batch`).
+    remembers every turn in the run store as the rows of one item (``item=``, default the dialog's input without
+    the settings; see :func:`run_batch`).
     """
     return run_batch(
         engine,
@@ -311,5 +333,6 @@ def run(
         code_interpreter=code_interpreter,
         constrain_tools=constrain_tools,
         tool_timeout=tool_timeout,
+        item=None if item is None else [item],
         **sampling,
     )[0]

@@ -100,6 +100,9 @@ def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit
             if not valid and message.parse_error and not calls:
                 error = f"the reply's tool call could not be parsed: {message.parse_error}"
             row.update(valid=valid, error=error)
+        if run is not None:  # each entry's id names its row, its verdict is the row's score
+            runs.keep_scores(run, {row["id"]: {"valid": bool(row["valid"])} for row, _, _ in work},
+                             items=[(ids, row["id"]) for row, _, ids in work])
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
