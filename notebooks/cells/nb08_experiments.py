@@ -141,7 +141,7 @@ def expected_of(row):
 def score(row):
     tool, city = expected_of(row)
     if row["tool_calls"]:  # a turn that calls: did the first call name the right tool?
-        return {"right_tool": str(row["tool_calls"]).startswith(tool.__name__ + "(")} if row["turn"] == 1 else {}
+        return {"right_tool": str(row["tool_calls"]).startswith(tool.__name__ + "(")} if row["turn"] == 0 else {}
     return {"restates": tool(city) in str(row["output"])}  # the final answer: the right value in it
 
 

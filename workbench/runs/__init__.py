@@ -106,6 +106,6 @@ __all__ = [
     "check_run_name", "checkpoint_identity", "compare", "decode", "delete", "derive_item", "diff_settings",
     "draw_seed", "dumps", "encode", "export", "image_digest", "input_item", "item_id", "keep_scores", "load_fields",
     "loads", "needs_seed", "note", "path", "put_scores", "rename", "report", "request_identity", "request_keys",
-    "row_key", "rows", "score", "set_items", "settings", "settle_seed", "store", "summary", "table", "tag", "to_inspect",
-    "tool_schema_hash", "transcript", "untag", "vacuum",
+    "row_key", "rows", "score", "set_items", "settings", "settle_seed", "store", "summary", "table", "tag",
+    "to_inspect", "tool_schema_hash", "transcript", "untag", "vacuum",
 ]
