@@ -161,17 +161,18 @@ summary.round(3)''', IGNORE),
     ("code", '''for row in summary[summary["run"] != "plain-none"].itertuples():
     verdict = ("higher" if row.diff_low > 0 else "lower") if row.shown else "not shown to differ"
     print(f"{row.run:<11} {row.score:<10} {row.diff:+.3f} [{row.diff_low:+.3f}, {row.diff_high:+.3f}] vs plain-none, "
-          f"p = {row.p_value:.3g} ({row.improved} improved, {row.regressed} regressed): {verdict}")''', IGNORE),
+          f"p = {row.p_value:.3g} ({row.improved:.0f} improved, {row.regressed:.0f} regressed): {verdict}")''', IGNORE),
     ("md", """With 32 items, a difference of a few items is rarely shown: the interval says how large a change these
 cases could still hide. More cases narrow it.
 
 ## Item by item
 
-`wb.runs.compare(a, b)` pairs the items (both transcripts, same or not, the first differing token, each score
-in both runs and whether the item improved, regressed or stayed):"""),
+`wb.runs.compare(a, b)` pairs the items (both transcripts, same or not, the first differing token and both texts
+from where they part, each score in both runs and whether the item improved, regressed or stayed), regressions
+first:"""),
     ("code", '''pairs = wb.runs.compare("plain-none", "brief-none")
 print(pairs.attrs["counts"])
-pairs.sort_values("change", key=lambda c: c.map({"regressed": 0, "improved": 1}).fillna(2)).head(6)''', IGNORE),
+pairs[["item", "same", "first_diff", "diff_a", "diff_b", "right_tool_change", "restates_change"]].head(6)''', IGNORE),
     ("md", """## The viewer
 
 `wb.runs.view(*runs)`: pick the runs and the baseline; the runs with their tags, notes and differing
