@@ -162,10 +162,10 @@ evals.rate_table(summary)''', IGNORE),
 `wb.runs.summary` gives the paired difference with its 95 % interval, McNemar's exact p-value (only the cases
 that changed count) and how many cases improved and regressed. Where the interval covers 0, the cases do not
 show that the setting differs — each line below says which:"""),
-    ("code", '''paired = wb.runs.summary(list(settings), baseline="baseline", scores=["exact_match", "answer_has_result"])
+    ("code", '''paired = wb.runs.summary(list(settings), baseline="baseline")  # every stored score
 for row in paired[paired["run"] != "baseline"].itertuples():
     verdict = ("higher" if row.diff_low > 0 else "lower") if row.shown else "not shown to differ"
-    print(f"{row.run:<16} {row.score:<17} {row.diff:+.2f} [{row.diff_low:+.2f}, {row.diff_high:+.2f}], "
+    print(f"{row.run:<16} {row.score:<21} {row.diff:+.2f} [{row.diff_low:+.2f}, {row.diff_high:+.2f}], "
           f"p = {row.p_value:.2g} ({row.improved:.0f} improved, {row.regressed:.0f} regressed): {verdict}")
 if previous_store is None:
     os.environ.pop("WORKBENCH_STORE", None)
