@@ -192,8 +192,11 @@ def change_of(row: Mapping[str, Any]) -> str:
 def ordered_changes(frame: pd.DataFrame) -> pd.DataFrame:
     """The compare frame with a ``status`` column (regressed, improved, changed, same), regressions first; the
     compare order is kept inside each group."""
-    status = [change_of(r) for r in frame.to_dict("records")] if len(frame) else []
-    out = frame.assign(status=pd.Series(status, index=frame.index, dtype=object))
+    change = frame["change"] if "change" in frame.columns else pd.Series(None, index=frame.index, dtype=object)
+    same = frame["same"].fillna(True).astype(bool) if "same" in frame.columns else True
+    scored = change.isin(["regressed", "improved"])
+    status = change.where(scored, pd.Series("same", index=frame.index).where(same, "changed"))
+    out = frame.assign(status=status.astype(object))  # change_of, row by row, vectorized
     rank = out["status"].map(CHANGE_ORDER).fillna(len(CHANGE_ORDER))
     return out.iloc[rank.argsort(kind="stable")]
 
