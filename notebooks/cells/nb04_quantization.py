@@ -91,7 +91,7 @@ the verdict that range supports — faster or slower only when the range exclude
 go either way, not which way it went here. Every product a mode does not quantize runs in bfloat16 under bf16, fp8_mixed and
 int4_mixed, and in float32 under `none`. **Prefill** (products over many prompt tokens at once) gains from
 bfloat16 on a CPU with AVX-512 BF16 or AMX instructions, which computes it natively on half the bytes (a CPU
-without them converts, and bf16 loses). **Decode** (a few rows per step) weighs two things: bfloat16 reads
+without them converts first, which costs time; the measured ratio says which effect won here). **Decode** (a few rows per step) weighs two things: bfloat16 reads
 half the bytes, but only float32 has the packed copy of the 202k-row output matrix, each step's largest
 product; it is also where this machine's noise shows most, since decode is a call's time minus a separately
 timed prefill. On top of that, a CPU has no fp8 matmul, so `fp8/dequant` widens the fp8 weights before every
