@@ -118,9 +118,14 @@ def test_viewer_grid_puts_regressions_first_filters_and_opens_both_transcripts(e
     assert "runs view" in bundle["text/plain"] and "prompt-a" in bundle["text/html"]
 
 
-def test_viewer_refuses_unknown_runs(experiment):
+def test_viewer_refuses_unknown_runs_and_says_when_runs_share_no_item(experiment):
     with pytest.raises(InputError, match="no run named 'nope'.*wb.runs.table"):
         wb.runs.view("prompt-a", "nope", store=experiment)
+    write_runs(experiment, 5, names=("prompt-a",), first=100)  # another run's items: none in common
+    view = wb.runs.view("prompt-a", "prompt-b", store=experiment)
+    assert len(view.items) == N_ITEMS
+    view.select(["prompt-b", "other-items"], baseline="prompt-b")
+    assert "no item" in view.counts.value and len(view.shown) == 0 and view.other.value == "other-items"
 
 
 def test_summary_html_without_scores_says_how_to_add_them():

@@ -171,7 +171,13 @@ class RunsView:
             self.items = pd.DataFrame(columns=["status", "item", "output_a", "output_b"])
             self.counts.value = "<p class='wb-muted'>pick a second run to compare items</p>"
         else:
-            compared = runs.compare(baseline, other, store=self.store)
+            try:
+                compared = runs.compare(baseline, other, store=self.store)
+            except InputError as exc:  # no item in common: say so and why, keep the viewer usable
+                self.items = pd.DataFrame(columns=["status", "item", "output_a", "output_b"])
+                self.counts.value = f"<p class='wb-regressed-verdict'>{esc(exc)}</p>"
+                self._filter()
+                return
             self.items = ordered_changes(compared).reset_index(drop=True)
             self.items.attrs.update(compared.attrs)
             counts = counts_html(compared.attrs.get("counts", {}))
