@@ -224,7 +224,9 @@ def test_a_run_resumed_with_more_entries_computes_only_the_new_ones(engine, tmp_
         c: [True, False, False] for c in cats}  # the first entry of each category came from the store
     plain = bfcl.run(engine, cats, limit=3, max_tokens=32, progress=False)
     pd.testing.assert_frame_equal(more.drop(columns="cached"), plain.drop(columns="cached"))
-    assert len(wb.runs.rows("bfcl")) == 6
+    stored = wb.runs.rows("bfcl")
+    assert len(stored) == 6 and sorted(stored["item"]) == sorted(more["id"])  # each entry's id is its item
+    assert stored.set_index("item")["valid"].to_dict() == more.set_index("id")["valid"].to_dict()  # its score
 
 
 def test_a_prompt_longer_than_max_seq_len_is_scored_wrong_not_generated(engine):

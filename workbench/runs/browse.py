@@ -20,7 +20,7 @@ import pandas as pd
 from workbench.errors import InputError
 from workbench.reports import human_bytes
 from workbench.runs.codec import encode
-from workbench.runs.outline import read_outline
+from workbench.runs.outline import gc_paused, read_outline
 from workbench.runs.store import Store, StoredRow, open_store
 from workbench.types import ChatCompletion, Completion, Message, ScoredRow, Transcript
 
@@ -134,6 +134,7 @@ def row_record(row: StoredRow) -> dict[str, Any]:
     }
 
 
+@gc_paused()  # tens of thousands of small records: see workbench.runs.outline.gc_paused
 def rows(name: str, *, store: str | Path | Store | None = None) -> pd.DataFrame:
     """One row per stored result of run ``name``, in the order they were stored: its ``item`` and ``turn``,
     the prompt, the output (text, stop reason, tool calls flattened), sampling, provenance columns, and one

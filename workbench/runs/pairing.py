@@ -22,7 +22,7 @@ import pandas as pd
 
 from workbench.errors import InputError
 from workbench.runs.browse import compare_requests
-from workbench.runs.outline import Outline, calls_text, outline, read_outline
+from workbench.runs.outline import Outline, calls_text, gc_paused, outline, read_outline
 from workbench.runs.settings import diff_settings
 from workbench.runs.store import Store, open_store
 
@@ -95,6 +95,7 @@ def no_common_items(a: str, b: str, n_a: int, n_b: int) -> InputError:
         "the evals use case ids), or pair identical requests with by='request'")
 
 
+@gc_paused()  # tens of thousands of small records: see workbench.runs.outline.gc_paused
 def compare(a: str, b: str, *, by: str = "item", score: str | None = None, differing_only: bool | None = None,
             store: str | Path | Store | None = None) -> pd.DataFrame:
     """Runs ``a`` and ``b`` item by item: one row per item both answered (see the module docstring).

@@ -22,7 +22,7 @@ from workbench.errors import InputError, ScoreWarning, StoreError, StoreWarning
 from workbench.runs.database import Database
 from workbench.runs.items import check_item
 from workbench.runs.keys import pack_ids
-from workbench.runs.outline import outline
+from workbench.runs.outline import gc_paused, outline
 from workbench.runs.store import Store, open_store
 
 ScoreValue = bool | int | float
@@ -153,23 +153,24 @@ def score(name: str, fn: Callable[[dict[str, Any]], Mapping[str, ScoreValue]], *
     names: dict[str, None] = {}
     found = outline(st, name)
     checked: set[str] = set()
-    for record in found.records:
-        try:
-            result = fn(row_view(record, found.scores_of(record)))
-        except Exception as exc:  # a row the function cannot score: counted, shown once, the others stored
-            failed += 1
-            if first_error is None:
-                first_error = f"{type(exc).__name__}: {exc} (item {record['item']!r})"
-            continue
-        if not isinstance(result, Mapping):
-            raise InputError(f"the score function returned a {type(result).__name__}; return a dict of score "
-                             "name -> number or bool, e.g. {'exact': row['output'] == target}")
-        scored += 1
-        for key, value in result.items():
-            if key not in checked:
-                names[check_score_name(key)] = None
-                checked.add(key)
-            values.append((record["row_id"], key, value))
+    with gc_paused():
+        for record in found.records:
+            try:
+                result = fn(row_view(record, found.scores_of(record)))
+            except Exception as exc:  # a row the function cannot score: counted, shown once, the others stored
+                failed += 1
+                if first_error is None:
+                    first_error = f"{type(exc).__name__}: {exc} (item {record['item']!r})"
+                continue
+            if not isinstance(result, Mapping):
+                raise InputError(f"the score function returned a {type(result).__name__}; return a dict of score "
+                                 "name -> number or bool, e.g. {'exact': row['output'] == target}")
+            scored += 1
+            for key, value in result.items():
+                if key not in checked:
+                    names[check_score_name(key)] = None
+                    checked.add(key)
+                values.append((record["row_id"], key, value))
     write_scores(st, name, values, replace_names=True)
     if failed:
         warnings.warn(f"the score function raised on {failed} of {scored + failed} rows of run {name!r}; those "

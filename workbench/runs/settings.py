@@ -46,8 +46,9 @@ def _canonical(value: Any) -> str:
 
 
 def tool_schema_hash(definition: Any) -> str:
-    """A tool's schema by content (10 hex digits of sha256 of its definition as plain JSON; a Python tool by
-    its name, description and parameters), so two runs offering the same tool under one name agree."""
+    """A tool's schema by content (10 hex digits of sha256 of its definition as plain JSON: a tool definition by
+    its name, description and parameters), so two runs offering the same tool under one name agree.  A Python
+    function given to a chat call is stored by its name only, so its hash covers the name."""
     plain = codec.plain(definition)
     if isinstance(plain, dict):
         plain = {k: v for k, v in plain.items() if k != "function" or isinstance(v, dict)}

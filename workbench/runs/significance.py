@@ -22,7 +22,7 @@ import pandas as pd
 
 from workbench.errors import InputError
 from workbench.runs import stats
-from workbench.runs.outline import outline
+from workbench.runs.outline import gc_paused, outline
 from workbench.runs.pairing import item_scores, item_turns
 from workbench.runs.store import Store, open_store
 
@@ -64,6 +64,7 @@ def _against(kind: str, base: dict[str, Any], mine: dict[str, Any]) -> dict[str,
             "improved": improved, "regressed": regressed, "test": test}
 
 
+@gc_paused()  # tens of thousands of small records: see workbench.runs.outline.gc_paused
 def summary(names: str | Sequence[str], baseline: str | None = None, scores: Sequence[str] | None = None, *,
             store: str | Path | Store | None = None) -> pd.DataFrame:
     """One row per run × score: ``n`` (items scored), ``mean`` with its 95 % interval (``low``, ``high``), and
