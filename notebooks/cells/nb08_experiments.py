@@ -99,7 +99,7 @@ print(f"resumed in {time.perf_counter() - start:.1f} s: {len(rows)} turns stored
     return [[(m.role, m.content) for m in t] for t in transcripts]
 
 
-uninterrupted = tools.run_batch(engine, dialogs("plain"), TOOLS, **SETTINGS)  # no run=: all computed
+uninterrupted = tools.run_batch(engine, dialogs("plain"), TOOLS, progress=False, **SETTINGS)  # no run=: all computed
 print("the resumed run equals one never interrupted:", messages(baseline) == messages(uninterrupted))''',
      CHECK),
     ("md", """## The other three runs
@@ -199,7 +199,7 @@ print(f"{report.name}: {len(text.encode()) / 1e3:.0f} kB, external references: "
 A stored run answers again from the store; `refresh=True` computes every turn afresh and replaces the stored
 rows (greedy decoding: the same answers)."""),
     ("code", '''before = wb.runs.rows("brief-none")
-again = tools.run_batch(engine, dialogs("brief"), TOOLS, run="brief-none", refresh=True, **SETTINGS)
+again = tools.run_batch(engine, dialogs("brief"), TOOLS, run="brief-none", refresh=True, progress=False, **SETTINGS)
 after = wb.runs.rows("brief-none")
 print("recomputed every turn:", bool(after["stored_at"].min() > before["stored_at"].max()),
       "| the same transcripts:", messages(again) == messages(transcripts["brief-none"]))''',
