@@ -162,7 +162,10 @@ class RunsView:
         self.names = names
         diffs = {n: runs.diff_settings(baseline, n, store=self.store) for n in others}
         self.runs_box.value = runs_html(names, baseline, runs.table(store=self.store), diffs)
-        self.summary_box.value = summary_html(runs.summary(names, baseline=baseline, store=self.store))
+        try:
+            self.summary_box.value = summary_html(runs.summary(names, baseline=baseline, store=self.store))
+        except InputError as exc:  # e.g. scores of different kinds under one name: the message names the fix
+            self.summary_box.value = f"<p class='wb-regressed-verdict'>{esc(exc)}</p>"
         self._compare()
 
     def _compare(self) -> None:
