@@ -205,6 +205,15 @@ def test_score_bad_inputs_keep_the_store_whole(st):
     assert set(RESERVED_NAMES) >= set(wb.runs.browse.ROW_COLUMNS)
 
 
+def test_a_harness_whose_store_cannot_take_scores_warns_and_goes_on(st, tmp_path):
+    put_chat_run(st, "h", "S.", ["right"], items=["case-1"])
+    readonly = runs.Store(st.path, readonly=True)
+    with pytest.warns(StoreWarning, match="scores of run 'h' could not be stored"):
+        assert runs.keep_scores("h", {"case-1": {"passed": True}}, store=readonly) is False
+    assert runs.keep_scores("h", {"case-1": {"passed": True}, "case-9": {"passed": False}}, store=st)
+    assert runs.rows("h", store=st)["passed"].tolist() == [True]  # the missing case is skipped
+
+
 def test_a_tool_loop_item_is_its_transcript_and_transcript_reads_it_turn_by_turn(st):
     dialog = [{"role": "user", "content": "Weather in Paris?"}]
     call = ToolCall("get_weather", {"city": "Paris"}, "c1")

@@ -28,6 +28,7 @@ from workbench.places import STORE_ENV, data_dir
 from workbench.reports import BOX, esc
 from workbench.runs import codec
 from workbench.runs.database import (
+    BUSY_TIMEOUT_S,
     DEFAULT_NAME,
     MAX_VARS,
     ROW_COLUMNS,
@@ -102,8 +103,9 @@ class Store(Database):
     ``readonly`` opens it for reading only, ``synchronous="FULL"`` fsyncs every row (see
     :data:`~workbench.runs.database.SYNCHRONOUS`)."""
 
-    def __init__(self, path: str | Path, **options: Any) -> None:
-        super().__init__(path, **options)
+    def __init__(self, path: str | Path, *, readonly: bool = False, busy_timeout_s: float = BUSY_TIMEOUT_S,
+                 synchronous: str = "NORMAL") -> None:
+        super().__init__(path, readonly=readonly, busy_timeout_s=busy_timeout_s, synchronous=synchronous)
         self._runs: dict[tuple[str, str], Run] = {}
 
     def forget_runs(self, name: str | None = None) -> None:
