@@ -32,6 +32,7 @@ from cells.nb04_quantization import QUANTIZATION  # noqa: E402
 from cells.nb05_scale_out import SCALE_OUT  # noqa: E402
 from cells.nb06_evaluations import BFCL_INSPECT_CELLS, EVALUATIONS_INTRO, LM_EVAL_CELLS  # noqa: E402
 from cells.nb07_run_store import RUN_STORE  # noqa: E402
+from cells.nb08_experiments import EXPERIMENTS  # noqa: E402
 from checks import WIDGET_STATE, coalesced, output_texts, problems, shown_widget_models  # noqa: E402
 
 NOTEBOOKS = {
@@ -42,6 +43,7 @@ NOTEBOOKS = {
     "05": ("05_scale_out.ipynb", SCALE_OUT),
     "06": ("06_evaluations.ipynb", EVALUATIONS_INTRO + LM_EVAL_CELLS + BFCL_INSPECT_CELLS),
     "07": ("07_run_store.ipynb", RUN_STORE),
+    "08": ("08_experiments.ipynb", EXPERIMENTS),
 }
 
 

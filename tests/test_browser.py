@@ -474,3 +474,101 @@ def _drive(driver, lab: Lab) -> None:
         '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output img[src^="data:image/png"]')]
         .map(img => [img.complete, img.naturalWidth, img.naturalHeight]);""")
     assert sizes and all(done and w > 300 and h > 150 for done, w, h in sizes), f"plot images: {sizes}"
+
+
+# ------------------------------------------------------------------------------------------ runs: viewer, report
+VIEW_ITEMS = 2000  # items per run in the viewer test: many pages, a few hundred regressions
+_GRID_STATE = """
+const view = document.querySelector('.wb-runs-view');
+if (!view) return null;
+const rows = [...view.querySelectorAll('.wb-runs-grid table.dataTable tbody tr')];
+return {rows: rows.map(r => [...r.querySelectorAll('td')].map(td => td.textContent)),
+        info: (view.querySelector('.wb-runs-grid .dt-info, .wb-runs-grid .dataTables_info') || {}).textContent || '',
+        summary: (view.querySelector('.wb-runs-summary') || {}).textContent || '',
+        detail: view.querySelector('.wb-runs-detail').innerHTML,
+        dels: view.querySelectorAll('.wb-runs-detail .wb-del').length,
+        inss: view.querySelectorAll('.wb-runs-detail .wb-ins').length};
+"""
+
+
+def _viewer_notebook(path: Path, store: Path) -> None:
+    cells = [
+        "import workbench as wb",
+        f"view = wb.runs.view('prompt-a', 'prompt-b', store={str(store)!r})\nview",
+    ]
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None}
+                          for s in cells],
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+                "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(notebook))
+
+
+def test_runs_viewer_in_a_real_browser(browser, lab, tmp_path):
+    """wb.runs.view in JupyterLab: the grid draws one page (not every item), a regression first; a click on it
+    opens both transcripts side by side with the differing words marked; "regressed only" keeps regressions."""
+    from _runs_experiment import expected_counts, write_runs
+
+    store = write_runs(tmp_path / "store" / "runs.sqlite", VIEW_ITEMS)
+    _viewer_notebook(tmp_path / "notebooks" / "runs_view.ipynb", store)
+    artifacts = Path(os.environ.get("WORKBENCH_BROWSER_ARTIFACTS") or tmp_path / "artifacts")
+    try:
+        _drive_viewer(browser, lab, expected_counts(VIEW_ITEMS))
+    except BaseException as exc:
+        folder = _save_artifacts(browser, lab, artifacts)
+        raise AssertionError(f"{type(exc).__name__}: {exc}\n(artifacts of the failure: {folder})") from exc
+
+
+def _drive_viewer(driver, lab: Lab, counts: dict[str, int]) -> None:
+    from selenium.webdriver.common.by import By
+
+    took = _open_and_run_all(driver, lab, "runs_view.ipynb", timeout=600)
+    start = time.monotonic()
+    state = _wait("the item grid to draw", lambda: (s := driver.execute_script(_GRID_STATE)) and s["rows"] and s,
+                  timeout=120, every=0.05)
+    print(f"viewer: cells ran in {took:.1f} s; grid drawn {time.monotonic() - start:.2f} s after (polling)")
+    assert state["rows"][0][0] == "regressed", state["rows"][:3]
+    assert 0 < len(state["rows"]) <= 15, f"{len(state['rows'])} rows in the DOM: the grid must page"
+    assert str(VIEW_ITEMS).replace("000", ",000") in state["info"] or str(VIEW_ITEMS) in state["info"], state["info"]
+    assert "p-value" in state["summary"] and "prompt-b" in state["summary"], state["summary"]
+
+    first = driver.find_element(By.CSS_SELECTOR, ".wb-runs-grid table.dataTable tbody tr td")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", first)
+    first.click()
+    state = _wait("both transcripts side by side", lambda: (s := driver.execute_script(_GRID_STATE))["dels"] and s,
+                  timeout=60)
+    assert state["inss"] and "get_time" in state["detail"] and "get_weather" in state["detail"], state["detail"]
+    assert "wb-side" in state["detail"]
+
+    box = driver.find_element(By.CSS_SELECTOR, ".wb-runs-regressed-only input[type=checkbox]")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
+    box.click()
+    total = f"{counts['regressed']:,}"
+    state = _wait("the regressed-only filter", lambda: (s := driver.execute_script(_GRID_STATE))
+                  and (total in s["info"] or str(counts["regressed"]) in s["info"]) and s, timeout=60)
+    assert {row[0] for row in state["rows"]} == {"regressed"}, state["rows"]
+
+
+def test_report_opens_offline_in_a_real_browser(browser, tmp_path):
+    """The report file, opened with the network switched off: everything draws (styles inline), the page
+    fetched nothing, and its text holds no external reference."""
+    from _runs_experiment import write_runs
+
+    import workbench as wb
+
+    store = write_runs(tmp_path / "store" / "runs.sqlite", 60)
+    path = wb.runs.report(["prompt-a", "prompt-b"], tmp_path / "report.html", store=store)
+    text = path.read_text()
+    for needle in ("http://", "https://", "//cdn", "<link", "src=", "@import"):
+        assert needle not in text, needle
+    browser.set_network_conditions(offline=True, latency=0, download_throughput=0, upload_throughput=0)
+    browser.get(path.as_uri())
+    seen = browser.execute_script("""return {
+        resources: performance.getEntriesByType('resource').map(e => e.name),
+        summary: document.querySelectorAll('table.wb-summary tr.wb-summary-row').length,
+        regressed: document.querySelector('.wb-item .wb-change-regressed') !== null,
+        firstItem: (document.querySelector('.wb-item span') || {}).textContent,
+        marked: getComputedStyle(document.querySelector('.wb-ins')).backgroundColor,
+        font: getComputedStyle(document.querySelector('.wb-runs')).fontFamily};""")
+    assert seen["resources"] == [], seen["resources"]
+    assert seen["summary"] >= 2 and seen["regressed"] and seen["firstItem"] == "regressed", seen
+    assert seen["marked"] not in ("", "rgba(0, 0, 0, 0)"), seen  # the inline style sheet applied

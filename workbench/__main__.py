@@ -46,7 +46,8 @@ DESCRIPTION = (
     "/ckpts/Llama3.1-8B-Instruct --model Llama3.1-8B-Instruct --device cuda (or a checkpoints.toml entry name). "
     "'python -m workbench serve [--checkpoint ...] [--port ...]' serves the model as an OpenAI-compatible endpoint; "
     "'python -m workbench batch -i requests.jsonl -o results.jsonl' runs a batch file (OpenAI batch lines in, "
-    "vLLM run-batch lines out, resumable)."
+    "vLLM run-batch lines out, resumable); 'python -m workbench runs ls | show | diff | summary | report | tag | "
+    "note | rename | rm | export | vacuum' lists, compares and manages the run store (see 'runs --help')."
 )
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
@@ -93,6 +94,13 @@ def _batch(argv: list[str]) -> int:
     except ImportError as exc:
         return _fail(f"batch files need the serve extra ({exc}); pip install -e '.[serve]'", False)
     return batch_main.main(argv)
+
+
+def _runs(argv: list[str]) -> int:
+    """``python -m workbench runs ls | show | diff | summary | report | ...``: the run store in plain text."""
+    from workbench.runs import cli as runs_cli  # pandas loads only for this subcommand
+
+    return runs_cli.main(argv)
 
 
 def _fail(message: str, debug: bool) -> int:
@@ -148,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(argv[1:])
     if argv[:1] == ["batch"]:  # python -m workbench batch -i in.jsonl -o out.jsonl: a batch file, no server
         return _batch(argv[1:])
+    if argv[:1] == ["runs"]:  # python -m workbench runs ls | show NAME | diff A B | ...: the run store
+        return _runs(argv[1:])
     args = build_parser().parse_args(argv)
 
     if args.max_tokens < 1:

@@ -8,6 +8,9 @@ chain as an import going up.  With these imports in ``__init__.py`` the root was
 arrow went unseen (import-linter cannot make a package a layer among its own children).
 """
 
+import importlib
+from typing import Any
+
 from workbench import runs, tools
 from workbench.engine import Engine, chat
 from workbench.errors import WorkbenchError
@@ -16,6 +19,17 @@ from workbench.notebook.display import show_prompt, to_frame
 from workbench.notebook.extras import require
 from workbench.session import current, load, unload
 from workbench.types import ChatCompletion, Completion, Message, StreamChunk, TokenLogprob, ToolCall, Transcript
+
+
+def view_runs(*names: str, baseline: str | None = None, store: Any = None) -> Any:
+    """The viewer of stored runs ``names`` against ``baseline`` (default: the first), as ``wb.runs.view``:
+    runs, tags, notes, differing settings, the score summary, the item grid (regressions first) and both
+    transcripts of an item side by side.  It lives in the notebook face (ipywidgets, itables), above the run
+    store, so the package face hands it to ``wb.runs`` and imports it on first use."""
+    return importlib.import_module("workbench.notebook.runs_view").view(*names, baseline=baseline, store=store)
+
+
+runs.view = view_runs
 
 __all__ = [
     "ChatCompletion", "Completion", "Engine", "Message", "StreamChunk", "TokenLogprob", "ToolCall",

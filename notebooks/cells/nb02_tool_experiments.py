@@ -139,24 +139,41 @@ baseline (the first row), a system prompt the model never saw in training, a sam
 int4 quantization. Every rate comes with the number of cases it counts and its 95% Wilson interval. (Llama 4
 takes custom tools in the python-list format only; on a Llama 3.1 checkpoint `{"tool_prompt_format": "json"}`
 and `"function_tag"` compare the call syntaxes the same way.)"""),
-    ("code", '''from workbench import evals
+    ("code", '''import pandas as pd
+from workbench import evals
+from workbench.places import data_dir
+
+previous_store = os.environ.get("WORKBENCH_STORE")  # this notebook's own run store (put back below)
+os.environ["WORKBENCH_STORE"] = str(data_dir() / "notebook-02.sqlite")
+for name in wb.runs.store().run_names():
+    wb.runs.delete(name)
 
 cases = evals.synthetic_cases(25, split="heldout", seed=7)
-settings = [{}, {"system_prompt": ("answer briefly", "Answer briefly.")}, {"temperature": 0.7},
-            {"quantization": "int4_mixed"}]
-results = evals.compare(engine, cases, settings)
+settings = {"baseline": {}, "answer-briefly": {"system_prompt": ("answer briefly", "Answer briefly.")},
+            "temperature-0.7": {"temperature": 0.7}, "int4": {"quantization": "int4_mixed"}}
+# each setting its own stored run (run=): the case ids are its items, the scores are stored on them
+results = pd.concat([evals.compare(engine, cases, [setting], run=name) for name, setting in settings.items()],
+                    ignore_index=True)
 summary = evals.summarize(results)
 evals.rate_table(summary)''', IGNORE),
     ("code", "evals.plot_summary(summary)", IGNORE),
     ("md", """**Reading it.** Of the 25 cases, 15 expect a call and 10 a direct answer, so one case moves a rate by
-0.07 or 0.10. Where a setting's interval overlaps the baseline's, the cases do not show that it differs:"""),
-    ("code", '''base, labels = summary.iloc[0], evals.setting_labels(summary)
-for label, (_, row) in zip(labels[1:], summary.iloc[1:].iterrows()):
-    apart = row.tool_call_exact_low > base.tool_call_exact_high or row.tool_call_exact_high < base.tool_call_exact_low
-    print(f"{label:<32} exact calls {row.tool_call_exact:.2f} vs {base.tool_call_exact:.2f}:",
-          "a difference" if apart else "not shown to differ (the intervals overlap)")''', IGNORE),
-    ("md", """To tell settings apart, run more cases (`python -m workbench.evals --cases 200`); the demo model's
-accuracy on its held-out split is in `docs/demo-model.md`.
+0.07 or 0.10. Every setting ran the same cases, so each compares with the baseline case by case:
+`wb.runs.summary` gives the paired difference with its 95 % interval, McNemar's exact p-value (only the cases
+that changed count) and how many cases improved and regressed. Where the interval covers 0, the cases do not
+show that the setting differs — each line below says which:"""),
+    ("code", '''paired = wb.runs.summary(list(settings), baseline="baseline")  # every stored score
+for row in paired[paired["run"] != "baseline"].itertuples():
+    verdict = ("higher" if row.diff_low > 0 else "lower") if row.shown else "not shown to differ"
+    print(f"{row.run:<16} {row.score:<21} {row.diff:+.2f} [{row.diff_low:+.2f}, {row.diff_high:+.2f}], "
+          f"p = {row.p_value:.2g} ({row.improved:.0f} improved, {row.regressed:.0f} regressed): {verdict}")
+if previous_store is None:
+    os.environ.pop("WORKBENCH_STORE", None)
+else:
+    os.environ["WORKBENCH_STORE"] = previous_store''', IGNORE),
+    ("md", """To tell settings apart, run more cases (`python -m workbench.evals --cases 200`): the interval narrows with
+the number of cases. `08_experiments.ipynb` takes one such comparison further (the viewer, a report file);
+the demo model's accuracy on its held-out split is in `docs/demo-model.md`.
 
 One row per case: what was expected and what the model did (the baseline)."""),
     ("code", '''columns = ["kind", "expected_calls", "calls_made", "exact_match", "answer_has_result", "direct_answer"]

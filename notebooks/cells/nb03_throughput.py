@@ -61,7 +61,8 @@ float32 products, with a packed copy of the output matrix for batched decode (`p
 `01_quickstart.ipynb`); `bf16` runs the same products in bfloat16 — half the bytes, no packed copy, and native
 speed only on CPUs with AVX-512 BF16 or AMX instructions; `int4_mixed` is bf16 with the experts in int4 through
 torch's int4 kernel. On the demo model those experts are a few MiB beside the 202k-row embedding and output
-that both store alike, so `int4_mixed ÷ bf16` is the ratio that isolates int4, and int4 has little to win.
+that both store alike, so `int4_mixed ÷ bf16` is the ratio that isolates int4: its printed line, with the
+range over the cells and the verdict that range supports, is all this run says about int4's speed.
 What bf16 and int4 surely buy here is memory (`04_quantization.ipynb`).
 
 Batching never changes results: every row equals the prompt run alone."""),

@@ -40,12 +40,19 @@ def speed(column):  # the median of the runs, with their min–max
             zip(table[column], table[f"{column}_min"], table[f"{column}_max"])]
 
 
-for column in ("prefill_tok_s", "decode_tok_s"):  # each mode against none: where the ranges overlap, no verdict
-    low, high, base = table[f"{column}_min"], table[f"{column}_max"], table.loc["none", column]
-    print(f"{column.split('_')[0]:>7} ÷ none:", ", ".join(
-        f"{mode} {table.loc[mode, column] / base:.2f}"
-        + (" (ranges overlap)" if low[mode] <= high["none"] and high[mode] >= low["none"] else "")
-        for mode in table.index[1:]))
+
+def versus_none(column, mode):
+    """The ratio of medians to none's, with the range the runs allow (slowest vs fastest run of each), and the
+    verdict that range supports: faster or slower only when it excludes 1."""
+    low, high = table.loc[mode, f"{column}_min"], table.loc[mode, f"{column}_max"]
+    ratio = table.loc[mode, column] / table.loc["none", column]
+    ratio_low, ratio_high = low / table.loc["none", f"{column}_max"], high / table.loc["none", f"{column}_min"]
+    verdict = "faster" if ratio_low > 1 else "slower" if ratio_high < 1 else "not shown to differ"
+    return f"{mode} {ratio:.2f}x [{ratio_low:.2f}, {ratio_high:.2f}] {verdict}"
+
+
+for column in ("prefill_tok_s", "decode_tok_s"):
+    print(f"{column.split('_')[0]:>7} ÷ none:", "; ".join(versus_none(column, mode) for mode in table.index[1:]))
 pd.DataFrame({"weights MiB": mib("weights_bytes"), "+ packed copy MiB": mib("packed_bytes"),
               "= resident MiB": mib("resident_bytes"), "resident ÷ none": table["resident_ratio"].round(3),
               "kernels": table["kernels"], "prefill tok/s (min–max)": speed("prefill_tok_s"),
@@ -77,17 +84,20 @@ the same), which leaves the layers nearest the embedding and the output unquanti
 quantizes every MoE layer's routed and shared experts. On a real Llama the experts and feed-forwards are most
 of the weights, and the same table shows where the memory goes.
 
-On speed, read the spreads (where two modes' min–max ranges overlap, this run does not tell them apart) and
-`kernels`; the lines printed above the first table compare each mode's median with `none`'s and say where
-the ranges overlap. Every product a mode does not quantize runs in bfloat16 under bf16, fp8_mixed and
+On speed, every claim is the lines printed above the first table: each mode's median against `none`'s as a
+ratio, with the range its runs allow (its slowest run against `none`'s fastest, and the other way round), and
+the verdict that range supports — faster or slower only when the range excludes 1, else *not shown to differ*
+(this run does not tell them apart; more `repeats` narrow the range). The sentences below say why a mode can
+go either way, not which way it went here. Every product a mode does not quantize runs in bfloat16 under bf16, fp8_mixed and
 int4_mixed, and in float32 under `none`. **Prefill** (products over many prompt tokens at once) gains from
 bfloat16 on a CPU with AVX-512 BF16 or AMX instructions, which computes it natively on half the bytes (a CPU
-without them converts, and bf16 loses). **Decode** (a few rows per step) weighs two things: bfloat16 reads
+without them converts first, which costs time; the measured ratio says which effect won here). **Decode** (a few rows per step) weighs two things: bfloat16 reads
 half the bytes, but only float32 has the packed copy of the 202k-row output matrix, each step's largest
 product; it is also where this machine's noise shows most, since decode is a call's time minus a separately
 timed prefill. On top of that, a CPU has no fp8 matmul, so `fp8/dequant` widens the fp8 weights before every
 product (on a CPU fp8_mixed checks numerics and saves memory; it is not built to save time), and `int4/cpu`
-is torch's int4 kernel, on expert matrices too small here to gain much. On GPUs with fp8 tensor cores the
+is torch's int4 kernel, which reads a quarter of bfloat16's bytes for the experts and runs everything else
+in bfloat16: its ratio above, with its range, says whether that paid on this machine. On GPUs with fp8 tensor cores the
 kernel is `fp8/scaled_mm`."""),
     ("code", 'plots.quantization(table)  # save="quantization.png" writes a PNG too', IGNORE),
     ("code", '''print("mode after the comparison:", engine.settings.quantization or "none")

@@ -19,6 +19,8 @@ For people (``wb.runs``)::
     wb.runs.export("sweep", "sweep.parquet")   # or .jsonl
     wb.runs.to_inspect("sweep", "sweep.eval")  # an Inspect log: `inspect view` browses the transcripts
     wb.runs.delete("sweep")
+    wb.runs.report(["bf16", "int4"], "report.html")   # one self-contained HTML file: summary, settings, changes
+    wb.runs.view("bf16", "int4")         # the viewer in the notebook (set by the package face: it needs widgets)
 
 For the engine and integrations (see :class:`Run`)::
 
@@ -77,7 +79,8 @@ store = open_store  # wb.runs.store(): the Store of $WORKBENCH_STORE (or of a gi
 # browsing: imported on first use (pandas; inspect_ai for to_inspect)
 _LAZY = {"table": "workbench.runs.browse", "rows": "workbench.runs.browse", "compare": "workbench.runs.pairing",
          "transcript": "workbench.runs.pairing", "summary": "workbench.runs.significance",
-         "export": "workbench.runs.browse", "to_inspect": "workbench.runs.inspect_log"}
+         "export": "workbench.runs.browse", "to_inspect": "workbench.runs.inspect_log",
+         "report": "workbench.runs.report_html"}
 
 
 def path() -> Path:
@@ -102,7 +105,7 @@ __all__ = [
     "Run", "Store", "StoredRow", "Varies", "cache_key", "call_keywords", "canonical_sampling", "check_item",
     "check_run_name", "checkpoint_identity", "compare", "decode", "delete", "derive_item", "diff_settings",
     "draw_seed", "dumps", "encode", "export", "image_digest", "input_item", "item_id", "keep_scores", "load_fields",
-    "loads", "needs_seed", "note", "path", "put_scores", "rename", "request_identity", "request_keys", "row_key",
-    "rows", "score", "set_items", "settings", "settle_seed", "store", "summary", "table", "tag", "to_inspect",
-    "tool_schema_hash", "transcript", "untag", "vacuum",
+    "loads", "needs_seed", "note", "path", "put_scores", "rename", "report", "request_identity", "request_keys",
+    "row_key", "rows", "score", "set_items", "settings", "settle_seed", "store", "summary", "table", "tag",
+    "to_inspect", "tool_schema_hash", "transcript", "untag", "vacuum",
 ]
