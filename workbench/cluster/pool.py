@@ -29,14 +29,13 @@ from ..engine import chat
 from ..engine.interfaces import ChatFormatter, TextTokenizer
 from ..engine.llama_stack import llama_stack_spellings
 from ..engine.remember import (
-    SAMPLING_KEYWORDS,
     StoredCall,
     chat_finish,
     chat_request,
     check_run,
     engine_provenance,
     generation_call,
-    per_row_seeds,
+    row_items,
     row_requests,
 )
 from ..errors import ConfigError, FormatError, InputError
@@ -274,18 +273,20 @@ class ReplicaPool:
         """``run=`` / ``refresh=`` taken out of ``kwargs``: the call's rows against the run store (looked up here,
         in the driver), keyed as an engine keys them; None without ``run``."""
         run, refresh = kwargs.pop("run", None), kwargs.pop("refresh", False)
+        items = row_items(kwargs.pop("item", None), len(rows), "batch_chat_completion" if kind == "chat"
+                          else "batch_completion")
         if not check_run(run, refresh):
             return None
         assert self.settings is not None and self.tokenizer is not None and self.formatter is not None
-        scalar, seeds = per_row_seeds(kwargs.get("seed"), len(rows))
-        params = SamplingParams.create(**{k: kwargs[k] for k in SAMPLING_KEYWORDS if k in kwargs}, seed=scalar)
+        params, seeds = SamplingParams.resolve(kwargs.get("sampling"), **{
+            f.name: kwargs[f.name] for f in SamplingParams.keywords() if f.name in kwargs}).split_seeds(len(rows))
         if formats is None:
             formats = per_row_formats(kwargs.get("response_format"), len(rows))
         prompts = [self._key_prompt(row, i) for i, row in enumerate(rows)]
         requests = row_requests([ids for ids, _ in prompts], [images for _, images in prompts], params, formats,
                                 seeds, kind=kind, max_seq_len=self.max_seq_len)
         return generation_call(self.open_run(run), requests, given, formats, params, refresh=refresh,
-                               finish=chat_finish(formats, self.formatter) if kind == "chat" else None)
+                               finish=chat_finish(formats, self.formatter) if kind == "chat" else None, items=items)
 
     def open_run(self, name: str) -> runs.Run:
         """The run ``name`` in the run store as this pool writes it (``Engine.open_run``'s provenance, with the

@@ -40,7 +40,7 @@ from workbench.engine.remember import (
     check_run,
     engine_provenance,
     generation_call,
-    per_row_seeds,
+    row_items,
     row_requests,
     tile_digests,
 )
@@ -120,34 +120,27 @@ class Engine(IntrospectionMixin):
     # ----------------------------------------------------------------------------- completions
     @llama_stack_spellings(content="content")
     @sampling_doc
-    def completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
-                   top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                   stop: str | Sequence[str] | None = None, response_format: Any = None, run: str | None = None,
-                   refresh: bool = False) -> Completion:
+    def completion(self, content: Content, *, sampling: SamplingParams | None = None, response_format: Any = None,
+                   item: Any = None, run: str | None = None, refresh: bool = False) -> Completion:
         """Complete one prompt and return a :class:`~workbench.types.Completion` (text, tokens, stop reason).
 
         content: a string (encoded with a BOS token), a list of token ids used exactly as given, a list
             mixing text and images (Llama 4: BOS, then the items, no chat headers), or a ``Prompt`` from
             ``engine.formatter.encode_prompt``.
         """
-        if isinstance(response_format, (list, tuple)):
-            raise FormatError("completion takes one response_format (a list is for batch_completion)")
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)
+        assert sampling is not None  # resolved by the signature's wrapper (docs.take_sampling)
         prompt, tiles = encode_row(self, content, 0)
         formats = per_row_formats(response_format, 1)
-        stored = self._stored(run, refresh, [prompt], [tiles], params, formats, None, [{"prompt": content}])
-        return self.generate_tokens([prompt], params, progress=False, formats=formats, image_tiles=[tiles],
+        stored = self._stored(run, refresh, [prompt], [tiles], sampling, formats, None, [{"prompt": content}],
+                              items=[item])
+        return self.generate_tokens([prompt], sampling, progress=False, formats=formats, image_tiles=[tiles],
                                     stored=stored)[0]
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
-    def batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
-                         temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                         seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
-                         stop: str | Sequence[str] | None = None, progress: bool | None = None,
-                         response_format: Any = None, run: str | None = None,
-                         refresh: bool = False) -> list[Completion]:
+    def batch_completion(self, contents: Sequence[Content], *, sampling: SamplingParams | None = None,
+                         progress: bool | None = None, response_format: Any = None, item: Any = None,
+                         run: str | None = None, refresh: bool = False) -> list[Completion]:
         """Complete many prompts in one batch: one :class:`~workbench.types.Completion` per prompt, in order.
 
         Each row's result equals running that prompt alone (greedy, or sampled with a seed), so
@@ -158,17 +151,18 @@ class Engine(IntrospectionMixin):
         progress: a progress bar of rows done and tokens/s; None (default) shows it once the call has
             run for a couple of seconds, True at once, False never.
         """
+        assert sampling is not None
         if isinstance(contents, str):
             raise InputError("batch_completion takes a list of prompts; for one string use completion()")
-        scalar, seeds = per_row_seeds(seed, len(contents))
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=scalar, logprobs=logprobs, stop=stop)
+        params, seeds = sampling.split_seeds(len(contents))
+        items = row_items(item, len(contents), "batch_completion")
         check_progress(progress)
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
         prompts = [ids for ids, _ in rows]
         tiles = [t for _, t in rows]
         formats = per_row_formats(response_format, len(prompts))
-        stored = self._stored(run, refresh, prompts, tiles, params, formats, seeds, [{"prompt": c} for c in contents])
+        stored = self._stored(run, refresh, prompts, tiles, params, formats, seeds, [{"prompt": c} for c in contents],
+                              items=items)
         return self.generate_tokens(prompts, params, progress=progress, formats=formats, image_tiles=tiles,
                                     seeds=seeds, stored=stored)
 
@@ -243,24 +237,21 @@ class Engine(IntrospectionMixin):
 
     @llama_stack_spellings(content="content")
     @sampling_doc
-    def stream_completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
-                          top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                          stop: str | Sequence[str] | None = None, response_format: Any = None,
-                          run: str | None = None, refresh: bool = False) -> Iterator[StreamChunk]:
+    def stream_completion(self, content: Content, *, sampling: SamplingParams | None = None,
+                          response_format: Any = None, item: Any = None, run: str | None = None,
+                          refresh: bool = False) -> Iterator[StreamChunk]:
         """Yield :class:`~workbench.types.StreamChunk` text deltas of one completion as tokens arrive.
 
         The last chunk carries ``final``, the complete :class:`~workbench.types.Completion`.  Stop strings
         never leak: text that could be the start of a stop string is held back until it is decided.  A row
         answered from the run store (``run=``) streams its stored tokens the same way.
         """
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)
+        assert sampling is not None
         prompt, tiles = encode_row(self, content, 0)
-        if isinstance(response_format, (list, tuple)):
-            raise FormatError("stream_completion takes one response_format (a list is for batch_completion)")
         formats = per_row_formats(response_format, 1)
-        stored = self._stored(run, refresh, [prompt], [tiles], params, formats, None, [{"prompt": content}])
-        return self._open_stream([prompt], [tiles], params, formats, what="stream_completion",
+        stored = self._stored(run, refresh, [prompt], [tiles], sampling, formats, None, [{"prompt": content}],
+                              items=[item])
+        return self._open_stream([prompt], [tiles], sampling, formats, what="stream_completion",
                                  stored=stored).chunks()
 
     def _open_stream(self, prompts: list[list[int]], tiles: list[Any], params: SamplingParams,
@@ -327,25 +318,24 @@ class Engine(IntrospectionMixin):
 
     def _stored(self, run: str | None, refresh: bool, prompts: list[list[int]], tiles: list[Any],
                 params: SamplingParams, formats: list[OutputFormat | None], seeds: Sequence[int | None] | None,
-                given: Sequence[Any], *, kind: str = "completion") -> StoredCall | None:
-        """The call's rows against run ``run`` (None: no run store), looked up now."""
+                given: Sequence[Any], *, kind: str = "completion", items: Sequence[Any] = ()) -> StoredCall | None:
+        """The call's rows against run ``run`` (None: no run store), looked up now; ``items``: each row's ``item=``."""
         if not check_run(run, refresh):
             return None
         requests = row_requests(prompts, [tile_digests(t) for t in tiles], params, formats, seeds, kind=kind,
                                 max_seq_len=self.max_seq_len)
         return generation_call(self.open_run(run), requests, given, formats, params, refresh=refresh,
-                               finish=chat_finish(formats, self.formatter) if kind == "chat" else None)
+                               finish=chat_finish(formats, self.formatter) if kind == "chat" else None,
+                               items=list(items) or None)
 
     # ----------------------------------------------------------------------------- chat
     @llama_stack_spellings(chat=True)
     @sampling_doc
     def chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
                         tool_choice: str = "auto", tool_prompt_format: str | None = None, stream: bool = False,
-                        max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                        seed: int | None = None, logprobs: int = 0, stop: str | Sequence[str] | None = None,
-                        response_format: Any = None, constrain_tools: bool = False,
-                        system_message_behavior: str = "append", run: str | None = None,
-                        refresh: bool = False) -> Any:
+                        sampling: SamplingParams | None = None, response_format: Any = None,
+                        constrain_tools: bool = False, system_message_behavior: str = "append", item: Any = None,
+                        run: str | None = None, refresh: bool = False) -> Any:
         """One assistant reply in the model's official prompt format (a :class:`~workbench.types.ChatCompletion`).
 
         messages: the dialog, :class:`~workbench.types.Message` objects or dicts like
@@ -365,33 +355,27 @@ class Engine(IntrospectionMixin):
         A JSON-schema ``response_format`` also appends Llama Stack's "Please respond in JSON format with the
         schema: ..." user message, as the reference does.
         """
-        if isinstance(response_format, (list, tuple)):
-            raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
+        assert sampling is not None
         if stream:
             return self._chat_stream(messages, tools, tool_choice, tool_prompt_format, response_format, constrain_tools,
-                                     system_message_behavior, run, refresh, max_tokens=max_tokens,
-                                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
-                                     stop=stop)
+                                     system_message_behavior, run, refresh, sampling, item)
         prompts, formats = chat.prepare(self.formatter, [messages], tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)
         ids, tiles = self._rendered(prompts)
-        stored = self._stored(run, refresh, ids, tiles, params, formats, None,
-                              [chat_request(messages, tools, tool_choice, tool_prompt_format)], kind="chat")
-        return self.generate_tokens(ids, params, progress=False, formats=formats, image_tiles=tiles, stored=stored,
+        stored = self._stored(run, refresh, ids, tiles, sampling, formats, None,
+                              [chat_request(messages, tools, tool_choice, tool_prompt_format)], kind="chat",
+                              items=[item])
+        return self.generate_tokens(ids, sampling, progress=False, formats=formats, image_tiles=tiles, stored=stored,
                                     finish=chat_finish(formats, self.formatter))[0]
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
     def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
                               tool_choice: str = "auto", tool_prompt_format: str | None = None,
-                              max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                              top_k: int = 0, seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
-                              stop: str | Sequence[str] | None = None, progress: bool | None = None,
+                              sampling: SamplingParams | None = None, progress: bool | None = None,
                               response_format: Any = None, constrain_tools: bool = False,
-                              system_message_behavior: str = "append", run: str | None = None,
+                              system_message_behavior: str = "append", item: Any = None, run: str | None = None,
                               refresh: bool = False) -> list[ChatCompletion]:
         """One reply per dialog, generated in one batch (per-row results equal single calls).
 
@@ -400,27 +384,27 @@ class Engine(IntrospectionMixin):
         progress: a progress bar of dialogs done and tokens/s; None (default) shows it once the call
             has run for a couple of seconds, True at once, False never.
         """
+        assert sampling is not None
         prompts, formats = chat.prepare(self.formatter, dialogs, tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
         if not prompts:
             return []
-        scalar, seeds = per_row_seeds(seed, len(prompts))
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=scalar, logprobs=logprobs, stop=stop)
+        params, seeds = sampling.split_seeds(len(prompts))
+        items = row_items(item, len(prompts), "batch_chat_completion")
         check_progress(progress)
         ids, tiles = self._rendered(prompts)
         stored = self._stored(run, refresh, ids, tiles, params, formats, seeds,
-                              [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], kind="chat")
+                              [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], kind="chat",
+                              items=items)
         return self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles, seeds=seeds,
                                     stored=stored, finish=chat_finish(formats, self.formatter))
 
+    @llama_stack_spellings()
     @sampling_doc
     def batch_chat_rendered(self, prompts: Sequence[PromptRow], formats: Sequence[OutputFormat | None] | None = None,
-                            *, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                            top_k: int = 0, seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
-                            stop: str | Sequence[str] | None = None, progress: bool | None = None,
-                            requests: Sequence[Any] | None = None, run: str | None = None,
+                            *, sampling: SamplingParams | None = None, progress: bool | None = None,
+                            requests: Sequence[Any] | None = None, item: Any = None, run: str | None = None,
                             refresh: bool = False) -> list[ChatCompletion]:
         """Replies to dialogs already rendered by ``chat.prepare`` (``prompts``, and ``formats``: each row's
         output format, as ``prepare`` returned them), parsed: one batch for dialogs that each offer their own
@@ -428,19 +412,19 @@ class Engine(IntrospectionMixin):
         with ``run=`` every turn is stored as chat rows keyed by the turn's prompt ids, so a re-run loop is
         answered turn by turn up to where it stopped.  ``requests``: each row's request as given (stored for
         browsing; default the prompt ids)."""
+        assert sampling is not None
         if not prompts:
             return []
         formats = list(formats) if formats is not None else [None] * len(prompts)
         if len(formats) != len(prompts):
             raise FormatError(f"formats has {len(formats)} entries for {len(prompts)} prompts; give one per prompt "
                               "(chat.prepare returns them)")
-        scalar, seeds = per_row_seeds(seed, len(prompts))
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=scalar, logprobs=logprobs, stop=stop)
+        params, seeds = sampling.split_seeds(len(prompts))
+        items = row_items(item, len(prompts), "batch_chat_rendered")
         check_progress(progress)
         ids, tiles = self._rendered(prompts)
         given = list(requests) if requests is not None else [{"prompt_ids": p} for p in ids]
-        stored = self._stored(run, refresh, ids, tiles, params, formats, seeds, given, kind="chat")
+        stored = self._stored(run, refresh, ids, tiles, params, formats, seeds, given, kind="chat", items=items)
         return self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles, seeds=seeds,
                                     stored=stored, finish=chat_finish(formats, self.formatter))
 
@@ -448,42 +432,34 @@ class Engine(IntrospectionMixin):
     @sampling_doc
     def stream_chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
                                tool_choice: str = "auto", tool_prompt_format: str | None = None,
-                               max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                               top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                               stop: str | Sequence[str] | None = None, response_format: Any = None,
+                               sampling: SamplingParams | None = None, response_format: Any = None,
                                constrain_tools: bool = False, system_message_behavior: str = "append",
-                               run: str | None = None, refresh: bool = False) -> Iterator[Any]:
+                               item: Any = None, run: str | None = None, refresh: bool = False) -> Iterator[Any]:
         """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
-        if isinstance(response_format, (list, tuple)):
-            raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
+        assert sampling is not None
         return self._chat_stream(messages, tools, tool_choice, tool_prompt_format, response_format, constrain_tools,
-                                 system_message_behavior, run, refresh, max_tokens=max_tokens,
-                                 temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
-                                 stop=stop)
+                                 system_message_behavior, run, refresh, sampling, item)
 
     def _chat_stream(self, messages: Sequence[Any], tools: Sequence[Any] | None, tool_choice: str,
                      tool_prompt_format: str | None, response_format: Any, constrain_tools: bool,
-                     system_message_behavior: str, run: str | None, refresh: bool,
-                     **sampling: Any) -> Iterator[chat.StreamItem]:
+                     system_message_behavior: str, run: str | None, refresh: bool, sampling: SamplingParams,
+                     item: Any) -> Iterator[chat.StreamItem]:
         prompts, formats = chat.prepare(self.formatter, [messages], tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
-        params = SamplingParams.create(**sampling)
         ids, tiles = self._rendered(prompts)
-        stored = self._stored(run, refresh, ids, tiles, params, formats, None,
-                              [chat_request(messages, tools, tool_choice, tool_prompt_format)], kind="chat")
-        stream = self._open_stream(ids, tiles, params, formats, what="stream_completion", stored=stored,
+        stored = self._stored(run, refresh, ids, tiles, sampling, formats, None,
+                              [chat_request(messages, tools, tool_choice, tool_prompt_format)], kind="chat",
+                              items=[item])
+        stream = self._open_stream(ids, tiles, sampling, formats, what="stream_completion", stored=stored,
                                    finish=chat_finish(formats, self.formatter))
         return chat.finish_stream(stream.chunks(), formats[0], self.formatter)
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
-    def stream_batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
-                                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                                seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
-                                stop: str | Sequence[str] | None = None, response_format: Any = None,
-                                preemptible: bool = True, run: str | None = None,
-                                refresh: bool = False) -> BatchStream:
+    def stream_batch_completion(self, contents: Sequence[Content], *, sampling: SamplingParams | None = None,
+                                response_format: Any = None, preemptible: bool = True, item: Any = None,
+                                run: str | None = None, refresh: bool = False) -> BatchStream:
         """Stream many prompts in one batch: ``(row, StreamChunk)`` pairs as tokens arrive (rows interleave).
 
         Each row's tokens equal ``batch_completion``'s; its last chunk carries ``final``.  ``stream.cancel(row)``
@@ -492,13 +468,14 @@ class Engine(IntrospectionMixin):
             (a server draining it from its own thread); True (default) lets them close an abandoned stream.
         With ``run=``, rows the run store holds are streamed first (from their stored tokens), then the others.
         """
-        scalar, seeds = per_row_seeds(seed, len(contents))
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=scalar, logprobs=logprobs, stop=stop)
+        assert sampling is not None
+        params, seeds = sampling.split_seeds(len(contents))
+        items = row_items(item, len(contents), "stream_batch_completion")
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
         prompts, tiles = [ids for ids, _ in rows], [t for _, t in rows]
         formats = per_row_formats(response_format, len(prompts))
-        stored = self._stored(run, refresh, prompts, tiles, params, formats, seeds, [{"prompt": c} for c in contents])
+        stored = self._stored(run, refresh, prompts, tiles, params, formats, seeds, [{"prompt": c} for c in contents],
+                              items=items)
         return self._open_stream(prompts, tiles, params, formats, what="stream_batch_completion",
                                  preemptible=preemptible, seeds=seeds, stored=stored)
 
@@ -506,24 +483,23 @@ class Engine(IntrospectionMixin):
     @sampling_doc
     def stream_batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
                                      tool_choice: str = "auto", tool_prompt_format: str | None = None,
-                                     max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                                     top_k: int = 0, seed: int | Sequence[int | None] | None = None,
-                                     logprobs: int = 0, stop: str | Sequence[str] | None = None,
-                                     response_format: Any = None, constrain_tools: bool = False,
-                                     preemptible: bool = True, system_message_behavior: str = "append",
+                                     sampling: SamplingParams | None = None, response_format: Any = None,
+                                     constrain_tools: bool = False, preemptible: bool = True,
+                                     system_message_behavior: str = "append", item: Any = None,
                                      run: str | None = None, refresh: bool = False) -> BatchStream:
         """``batch_chat_completion`` streamed: ``(row, StreamChunk)`` pairs of raw reply text; each row's last
         chunk's ``final`` is its ChatCompletion (equal to ``batch_chat_completion``'s).  See
         ``stream_batch_completion`` for ``cancel(row)``, ``preemptible`` and ``run=``."""
+        assert sampling is not None
         prompts, formats = chat.prepare(self.formatter, dialogs, tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
-        scalar, seeds = per_row_seeds(seed, len(prompts))
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=scalar, logprobs=logprobs, stop=stop)
+        params, seeds = sampling.split_seeds(len(prompts))
+        items = row_items(item, len(prompts), "stream_batch_chat_completion")
         ids, tiles = self._rendered(prompts)
         stored = self._stored(run, refresh, ids, tiles, params, formats, seeds,
-                              [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], kind="chat")
+                              [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], kind="chat",
+                              items=items)
         return self._open_stream(ids, tiles, params, formats, what="stream_batch_completion", preemptible=preemptible,
                                  seeds=seeds, stored=stored, finish=chat_finish(formats, self.formatter))
 

@@ -30,7 +30,7 @@ import torch
 
 from workbench.engine import chat
 from workbench.engine.interfaces import ChatFormatter, TextTokenizer
-from workbench.errors import SamplingError
+from workbench.errors import InputError
 from workbench.generation import SamplingParams
 from workbench.runs import (
     CheckpointIdentity,
@@ -52,11 +52,6 @@ GROUP_S = 0.2
 Finish = Callable[[int, Completion], Any]  # (row, Completion) -> what the call returns for the row
 
 
-# The sampling keywords of a completion or chat call that SamplingParams.create takes (``seed`` apart: it may be
-# one per row).
-SAMPLING_KEYWORDS = ("max_tokens", "temperature", "top_p", "top_k", "logprobs", "stop")
-
-
 def engine_provenance(settings: Settings, identity: CheckpointIdentity | str, *, model: str | None, family: str,
                       **extra: Any) -> Provenance:
     """What a run records about the engine that writes it: the checkpoint identity and path, the load settings
@@ -71,14 +66,13 @@ def engine_provenance(settings: Settings, identity: CheckpointIdentity | str, *,
 # ---------------------------------------------------------------------------------------------- keys
 def row_sampling(params: SamplingParams, fmt: OutputFormat | None, seed: int | None,
                  max_seq_len: int) -> dict[str, Any]:
-    """One row's sampling as its key sees it (see the module docstring)."""
-    sampling: dict[str, Any] = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-                                "max_tokens": params.max_tokens, "stop": list(params.stop),
-                                "logprobs": params.logprobs, "seed": seed}
+    """One row's sampling as its key sees it (see the module docstring): every field of SamplingParams as
+    :meth:`~workbench.generation.SamplingParams.key_fields` gives it (a field added later is in the key once
+    set, and absent at its default, so keys stored before it still answer), the row's own seed."""
+    sampling = params.key_fields()
+    sampling["seed"] = seed
     if params.max_tokens is None:
         sampling["max_seq_len"] = max_seq_len  # the row runs until the context is full
-    if params.ignore_stop_tokens:
-        sampling["ignore_stop_tokens"] = True
     if fmt is not None:  # the format by its grammar's hash: a tool-call grammar is kilobytes, every row would hold it
         grammar = hashlib.sha256(fmt.grammar.encode("utf-8", "surrogatepass")).hexdigest()
         sampling["response_format"] = {"kind": fmt.kind, "grammar_sha256": grammar}
@@ -130,12 +124,13 @@ def chat_finish(formats: Sequence[OutputFormat | None], formatter: ChatFormatter
 
 def generation_call(run: Run, requests: Sequence[RowRequest], given: Sequence[Any],
                     formats: Sequence[OutputFormat | None], params: SamplingParams, *, refresh: bool,
-                    finish: Finish | None = None) -> StoredCall:
+                    finish: Finish | None = None, items: Sequence[Any] | None = None) -> StoredCall:
     """A completion call's rows against ``run`` (stored ``parsed`` rebuilt with each row's format); with
-    ``finish`` (chat rows: :func:`chat_finish`) the stored and returned result is what it makes of a row."""
+    ``finish`` (chat rows: :func:`chat_finish`) the stored and returned result is what it makes of a row;
+    ``items``: each row's ``item=`` (stored with it)."""
     return StoredCall(run, requests, given, refresh=bool(refresh),
                       parsed_types=[f.model if f is not None else None for f in formats], finish=finish,
-                      stop=params.stop)
+                      stop=params.stop, items=items)
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -184,15 +179,17 @@ class StoredCall:
     given: each row's request as the caller gave it (stored for browsing); parsed_types: each row's pydantic
     ``response_format`` class (or None), to rebuild ``parsed``; finish: ``(row, Completion) -> result`` for
     chat rows (the stored and returned result is the parsed reply); stop: the call's stop strings (a stored
-    chat row's raw text, for streams, is its tokens' text cut at the first of them)."""
+    chat row's raw text, for streams, is its tokens' text cut at the first of them); items: each row's
+    ``item=`` (None: the store derives one)."""
 
     def __init__(self, run: Run, requests: Sequence[RowRequest], given: Sequence[Any], *, refresh: bool = False,
                  parsed_types: Sequence[Any] | None = None, finish: Finish | None = None,
-                 stop: Sequence[str] = ()) -> None:
+                 stop: Sequence[str] = (), items: Sequence[Any] | None = None) -> None:
         n = len(requests)
         self.run = run
         self.requests = list(requests)
         self.given = list(given)
+        self.items = list(items) if items is not None else [None] * n
         self.finish = finish
         self.stop = tuple(stop)
         self.keys: list[RowKey] = run.keys(self.requests)
@@ -234,7 +231,7 @@ class StoredCall:
         # a drawn seed is recorded with the row, so the row can be replayed
         self.writer.add({"key": self.keys[i], "request": self.given[i], "prompt_ids": self.requests[i].prompt_ids,
                          "output": result, "sampling": self.sampling[j], "seed_drawn": self.drawn[j],
-                         "timings": {"seconds": round(time.monotonic() - self.started, 4)}})
+                         "timings": {"seconds": round(time.monotonic() - self.started, 4)}, "item": self.items[i]})
 
     def output(self, row: int, completion: Completion) -> Any:
         """Computed row ``row``'s result as :meth:`finished` kept it (``completion``: the row, already taken)."""
@@ -295,17 +292,16 @@ def replay_chunks(tokenizer: TextTokenizer, result: Completion | ChatCompletion,
 
 
 # ---------------------------------------------------------------------------------------------- call values
-def per_row_seeds(seed: Any, n: int) -> tuple[int | None, list[int | None] | None]:
-    """A batch call's ``seed``: one for every row (``(seed, None)``) or a list with one per row
-    (``(None, seeds)``, each checked as ``seed=`` is)."""
-    if not isinstance(seed, (list, tuple)):
-        return seed, None
-    if len(seed) != n:
-        raise SamplingError(f"seed has {len(seed)} entries for {n} prompts; give one seed for all rows or one entry "
-                            "(None for none) per row")
-    for s in seed:
-        SamplingParams.create(seed=s)  # the same checks and message as one seed
-    return None, list(seed)
+def row_items(item: Any, rows: int, method: str) -> list[Any]:
+    """A call's ``item=`` as one value per row: a batch method's list (or tuple) has one entry per row, any other
+    value (opaque: a case id, whatever the tool loop passes) is every row's; a single-row method's value is its
+    row's."""
+    if "batch" not in method or not isinstance(item, (list, tuple)):
+        return [item] * rows
+    if len(item) != rows:
+        raise InputError(f"{method} got {len(item)} items for {rows} rows; give one item for every row or a list "
+                         "with one entry per row (None: derived)")
+    return list(item)
 
 
 def chat_request(messages: Any, tools: Any, tool_choice: Any, tool_prompt_format: Any) -> dict[str, Any]:

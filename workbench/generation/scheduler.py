@@ -29,7 +29,7 @@ from workbench.generation import batching, scoring
 from workbench.generation.constraints import MaskRow
 from workbench.generation.graphs import StaticDecode
 from workbench.generation.prefix_cache import PrefixCache
-from workbench.generation.sampling import SamplingParams, fast_argmax, sample_token
+from workbench.generation.sampling import SamplingParams, apply_repetition_penalty, fast_argmax, sample_token
 from workbench.models.transformer import Transformer
 from workbench.types import StopReason, TokenLogprob
 
@@ -118,6 +118,9 @@ class Scheduler:
         self.cache = model.new_cache(max_batch_size, max_seq_len)
         self.prefix_cache = PrefixCache(self.cache, enabled=share_prefixes)
         self.static: StaticDecode | None = None  # fixed-shape (CUDA-graphed) decode steps, see use_static_decode
+        # [max_batch_size, V] bool on the model's device: the tokens each slot's row has seen (prompt and reply),
+        # kept only for rows with a repetition penalty; made at the first such row
+        self.seen: torch.Tensor | None = None
 
     @property
     def stats(self) -> dict[str, int]:
@@ -261,6 +264,8 @@ class Scheduler:
         new_rows = []
         for (slot, request), cap in zip(admitted, caps):
             row = _Row(request, request.params.make_rng(), grammar=self._start_grammar(request))
+            if request.params.penalized:
+                self._see_prompt(slot, request.prompt)
             self.prefix_cache.hold(slot, row, cap=cap)
             slots[slot] = row
             new_rows.append((slot, row))
@@ -302,6 +307,10 @@ class Scheduler:
         """Pick every row's next token from ``logits`` [n, V] (one argmax for all greedy rows; ``argmax`` [n]
         when the step already took it on the device)."""
         chosen: dict[int, int] = {}  # rows whose grammar already decided their greedy token
+        penalized = [k for k, (_, row) in enumerate(rows) if row.request.params.penalized]
+        if penalized:  # before anything reads the logits; the device's argmax saw them unpenalized
+            self._penalize(logits, penalized, rows)
+            argmax = None
         # before any mask: constrained greedy rows keep their argmax when the grammar allows it
         greedy: list[int] = []
         if any(r.request.params.greedy for _, r in rows):
@@ -332,6 +341,8 @@ class Scheduler:
             yield Event(index, None, logprob, stop_reason=self.stop_tokens[token])
             return
         row.tokens.append(token)
+        if params.penalized:
+            self.seen[slot, token] = True  # type: ignore[index]
         if row.grammar is not None:
             row.grammar.consume(token)
             if row.grammar.complete:  # nothing but the end token could follow: end the row now
@@ -351,6 +362,24 @@ class Scheduler:
             yield Event(index, token, logprob, stop_reason=reason)
             return
         yield Event(index, token, logprob)
+
+    def _see_prompt(self, slot: int, prompt: list[int]) -> None:
+        """Start a penalized row's record of seen tokens: its prompt's ids."""
+        if self.seen is None:
+            self.seen = torch.zeros(self.max_batch_size, self.model.args.vocab_size, dtype=torch.bool,
+                                    device=self.model.device)
+        self.seen[slot].zero_()
+        self.seen[slot, torch.tensor(prompt, device=self.model.device)] = True
+
+    def _penalize(self, logits: torch.Tensor, ks: list[int], rows: list[tuple[int, _Row]]) -> None:
+        """Apply the repetition penalty of rows ``ks`` (places in ``rows``) to their logits [n, V], in place, on
+        the device (no value comes back to the host)."""
+        device = logits.device
+        at = torch.tensor(ks, device=device)  # [m]
+        slot_ids = torch.tensor([rows[k][0] for k in ks], device=self.seen.device)  # type: ignore[union-attr]
+        penalty = torch.tensor([[rows[k][1].request.params.repetition_penalty] for k in ks], device=device,
+                               dtype=logits.dtype)  # [m, 1]
+        logits[at] = apply_repetition_penalty(logits[at], self.seen[slot_ids].to(device), penalty)  # type: ignore[index]
 
     def _start_grammar(self, request: Request) -> Any:
         if request.constraint is None:

@@ -705,7 +705,7 @@ class Run:
 
     def put(self, key: RowKey, *, request: Any, prompt_ids: Sequence[int], output: Any,
             sampling: Mapping[str, Any] | None = None, seed_drawn: bool = False,
-            timings: Mapping[str, Any] | None = None) -> bool:
+            timings: Mapping[str, Any] | None = None, item: Any = None) -> bool:
         """Store one finished row now (one transaction), replacing this run's row of the same key (what
         ``refresh=True`` needs).  ``request``: the request as given (stored as browsable JSON, lossy for
         callables); ``output``: the result exactly as returned (a Completion, ChatCompletion, Transcript...);
@@ -717,7 +717,7 @@ class Run:
         cannot encode): it warns once per store and returns False, so the caller returns its result anyway.
         Returns True once the row is committed (it survives a kill of the process from then on)."""
         return self.put_many([{"key": key, "request": request, "prompt_ids": prompt_ids, "output": output,
-                               "sampling": sampling, "seed_drawn": seed_drawn, "timings": timings}])
+                               "sampling": sampling, "seed_drawn": seed_drawn, "timings": timings, "item": item}])
 
     def put_many(self, rows: Iterable[Mapping[str, Any]]) -> bool:
         """:meth:`put` of several finished rows in one transaction (each a dict of put's keywords)."""
@@ -758,7 +758,7 @@ class Run:
 
     def _values(self, *, key: RowKey, request: Any, prompt_ids: Sequence[int], output: Any,
                 sampling: Mapping[str, Any] | None = None, seed_drawn: bool = False,
-                timings: Mapping[str, Any] | None = None) -> tuple:
+                timings: Mapping[str, Any] | None = None, item: Any = None) -> tuple:  # item: stored by i41
         if not isinstance(key, RowKey):
             raise InputError(f"put needs the RowKey from Run.keys(), got {type(key).__name__}")
         return (key.key, key.match, key.kind, _json(codec.plain(request)), pack_ids(prompt_ids),
