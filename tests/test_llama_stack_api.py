@@ -205,9 +205,9 @@ def _prompt_through_chat(engine, dialog, tools, **kwargs) -> list[int]:
     captured = []
     original = engine.generate_tokens
 
-    def spy(prompts, params, **options):
-        captured.extend(prompts)
-        return original(prompts, params, **options)
+    def spy(requests, *args, **options):
+        captured.extend(r.prompt for r in requests)
+        return original(requests, *args, **options)
 
     engine.generate_tokens = spy
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,10 @@ from ..engine.remember import (
     engine_provenance,
     generation_call,
     row_items,
-    row_requests,
 )
 from ..errors import ConfigError, FormatError, InputError
 from ..formats import Prompt
-from ..generation import SamplingParams
+from ..generation import Request, SamplingParams
 from ..runtime.settings import Settings
 from ..structured import per_row_formats
 from ..vision.images import is_image_item
@@ -257,10 +257,10 @@ class ReplicaPool:
         self._check_open()
         progress = kwargs.pop("progress", None)
         if stored is not None:
-            rows = [rows[i] for i in stored.todo]
+            rows = [rows[r.row] for r in stored.todo]
             kwargs["seed"] = list(stored.seeds)
             if isinstance(kwargs.get("response_format"), (list, tuple)):
-                kwargs["response_format"] = [kwargs["response_format"][i] for i in stored.todo]
+                kwargs["response_format"] = [kwargs["response_format"][r.row] for r in stored.todo]
         job = Job(self.fleet, method, "batch_completion", rows, kwargs, progress, chunk_rows=self._chunk_size,
                   to_results=to_results, stored=stored)
         with self._lock:
@@ -283,10 +283,11 @@ class ReplicaPool:
         if formats is None:
             formats = per_row_formats(kwargs.get("response_format"), len(rows))
         prompts = [self._key_prompt(row, i) for i, row in enumerate(rows)]
-        requests = row_requests([ids for ids, _ in prompts], [images for _, images in prompts], params, formats,
-                                seeds, kind=kind, max_seq_len=self.max_seq_len)
-        return generation_call(self.open_run(run), requests, given, formats, params, refresh=refresh,
-                               finish=chat_finish(formats, self.formatter) if kind == "chat" else None, items=items)
+        requests = [Request(i, ids, params if seeds is None else replace(params, seed=seeds[i]), row=i,
+                            format=formats[i], given=given[i], item=items[i]) for i, (ids, _) in enumerate(prompts)]
+        return generation_call(self.open_run(run), requests, kind=kind, max_seq_len=self.max_seq_len, refresh=refresh,
+                               finish=chat_finish(self.formatter) if kind == "chat" else None,
+                               images=[images for _, images in prompts])
 
     def open_run(self, name: str) -> runs.Run:
         """The run ``name`` in the run store as this pool writes it (``Engine.open_run``'s provenance, with the

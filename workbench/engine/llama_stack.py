@@ -71,7 +71,8 @@ def llama_stack_spellings(*, batch: tuple[str, str] | None = None, chat: bool = 
 
     def decorate(method: F) -> F:
         signature = inspect.signature(method)
-        takes_sampling = "sampling" in signature.parameters  # its sampling keywords come from SamplingParams
+        # a `sampling=` parameter (not a **sampling catch-all): its keywords come from SamplingParams
+        takes_sampling = getattr(signature.parameters.get("sampling"), "kind", None) is inspect.Parameter.KEYWORD_ONLY
         if takes_sampling:
             signature = public_signature(signature, method.__name__)
         var_keyword = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)

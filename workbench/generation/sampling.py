@@ -237,13 +237,13 @@ class SamplingParams:
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
-    """transformers' repetition penalty, in place on the device, for several rows at once.
+    """transformers' repetition penalty on the device, for several rows at once: the rows' new logits [n, V].
 
     logits: [n, V] float; seen: [n, V] bool, the tokens already in each row's prompt or reply; penalty: [n, 1]
     float.  A seen token's logit is divided by the penalty when positive and multiplied by it otherwise (so a
     penalty > 1 always makes it less likely).  No value is read back to the host."""
     penalized = torch.where(logits > 0, logits / penalty, logits * penalty)  # [n, V]
-    return logits.copy_(torch.where(seen, penalized, logits))
+    return torch.where(seen, penalized, logits)
 
 
 def tempered_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
