@@ -97,6 +97,7 @@ class Scheduler:
             self.cache.values.clear()
         self.prefix_cache.forget()
         self.static = None
+        self.seen = None
         self.model = None  # type: ignore[assignment]
         self.cache = None  # type: ignore[assignment]
 
