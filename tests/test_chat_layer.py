@@ -67,12 +67,6 @@ def _requests(prompts: list[list[int]], params: SamplingParams | None = None) ->
     return [Request(i, p, params or SamplingParams()) for i, p in enumerate(prompts)]
 
 
-def _feed(rows: RowAccumulator, event: Event):
-    """An event as a runner delivers it: recorded on its request (token, log-probability), then handed on."""
-    rows.requests[event.index].record(event)
-    return rows.add(event)
-
-
 def _events(tokenizer, rows: list[str]) -> list[Event]:
     """Each row's text as one event per token, rows interleaved; the last event of a row carries its stop."""
     ids = [tokenizer.encode(t) for t in rows]
@@ -91,7 +85,7 @@ def test_rows_finish_once_each_with_their_completion_the_moment_they_end(engine)
     rows = RowAccumulator(tokenizer, _requests([[1], [1, 2], [1, 2, 3]]),
                           on_finish=lambda r, c: finished.append((r.index, c)))
     for event in _events(tokenizer, texts):
-        assert _feed(rows, event) is None  # a batch sends nothing while it runs
+        assert rows.add(event) is None  # a batch sends nothing while it runs
         assert rows.done == (len(finished) == 3)
         if event.stop_reason is not None:  # the hook ran for this row as its last event arrived
             assert finished[-1][0] == event.index and finished[-1][1].text == texts[event.index]
@@ -106,7 +100,7 @@ def test_a_cut_call_keeps_finished_rows_and_cuts_the_others(engine) -> None:
     rows = RowAccumulator(tokenizer, _requests([[1], [1]]))
     events = _events(tokenizer, ["a", "b c d"])
     for event in events[:3]:  # row 0 ends, row 1 has two tokens
-        _feed(rows, event)
+        rows.add(event)
     with pytest.raises(GenerationCancelled) as cut:
         rows.completions()
     first, second = cut.value.partial
@@ -121,14 +115,14 @@ def test_a_stream_holds_back_stop_strings_and_a_row_cancel_ends_only_that_row(en
     sent: dict[int, str] = {0: "", 1: ""}
     ids = tokenizer.encode(" hello ST")
     for token in ids:
-        chunk = _feed(rows, Event(0, token))
+        chunk = rows.add(Event(0, token))
         sent[0] += chunk.text if chunk is not None else ""
     assert sent[0] == " hello "  # "ST" could still become "STOP"
     rows.cancel(1)
     final = rows.add(Event(1, 42))
     assert final.final.stop_reason == "cancelled" and final.final.tokens == [] and final.text == ""
     assert rows.add(Event(1, 43)) is None  # a cancelled row's late events are dropped
-    last = _feed(rows, Event(0, None, stop_reason="end_of_turn"))
+    last = rows.add(Event(0, None, stop_reason="end_of_turn"))
     assert last.final.text == " hello ST" and last.text == "ST" and rows.done
 
 

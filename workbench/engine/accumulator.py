@@ -4,8 +4,8 @@ Every way of generating — a batch (results at the end), a batched stream (``(r
 stream (a one-row batched stream) — feeds the runner's :class:`~workbench.generation.Event` s into one
 :class:`RowAccumulator`, so stop reasons, stop-string cuts, streamed text, a row's own cancel and the partial
 results of a cancelled call are handled in one place.  Each row is its :class:`~workbench.generation.Request`:
-the runner has put the row's tokens and log-probabilities on it by the time its event arrives, and the
-accumulator keeps the row's stream state and its Completion there too.
+each event is recorded on it (tokens and log-probabilities; the in-process scheduler has put them there
+already), and the accumulator keeps the row's stream state and its Completion there too.
 
 A row's :class:`~workbench.types.Completion` is built the moment its last event arrives, and ``on_finish(request,
 completion)`` is called then: the place to record rows as they finish (a progress bar, a store).
@@ -63,6 +63,7 @@ class RowAccumulator:
             return None
         if event.stop_reason == "cancelled" or request.cancel.flag:
             return self._end(request, "cancelled", None, None)
+        request.record(event)
         if event.token is not None:
             self.generated += 1
         if event.stop_reason is not None:

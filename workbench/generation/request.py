@@ -10,7 +10,8 @@ Nothing is kept in lists aligned by row index.
 The fields below the first group are plain values the generation layer never reads (the engine's output
 format, the request as the caller gave it, ``item=``, the run-store key and results): they ride along so a row
 is one object.  A model-parallel runner sends :meth:`Request.wire` (the generation fields only) to its worker
-processes and records their events back on the caller's object (:meth:`Request.record`)."""
+processes; the accumulator records every event on its request (:meth:`Request.record`), which appends what the
+request does not hold yet (a worker's tokens; the in-process scheduler's are there already)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ class Event:
     logprob: TokenLogprob | None = None
     stop_reason: StopReason | None = None
     truncate_text_at: int | None = None  # set when a stop string ended the row: cut text here
+    # tokens the request has generated once this event is taken (the scheduler sets it: an in-process request
+    # already holds the token, see Request.record); None: append the token
+    count: int | None = None
 
 
 @dataclass(eq=False)
@@ -115,8 +119,10 @@ class Request:
         return Request(self.index, self.prompt, self.params, self.constraint, image_tiles, self.cancel)
 
     def record(self, event: Event) -> None:
-        """Take one of this row's events produced elsewhere (a worker): its token and log-probability."""
-        if event.token is not None:
+        """Take one of this row's events: its token and log-probability, unless the request holds them already
+        (the in-process scheduler appended them to this very object; a worker's or a stand-in runner's events
+        are appended here)."""
+        if event.token is not None and (event.count is None or len(self.tokens) < event.count):
             self.tokens.append(event.token)
             if event.logprob is not None:
                 self.logprobs.append(event.logprob)

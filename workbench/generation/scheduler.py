@@ -286,21 +286,22 @@ class Scheduler:
             row.grammar.consume(token)
             if row.grammar.complete:  # nothing but the end token could follow: end the row now
                 slots[slot] = None
-                yield Event(index, token, logprob, stop_reason=row.grammar.constraint.end_reason)
+                yield Event(index, token, logprob, stop_reason=row.grammar.constraint.end_reason, count=len(row.tokens))
                 return
         stop_at = self._stop_string_hit(row) if params.stop else None
         if stop_at is not None:
             slots[slot] = None
-            yield Event(index, token, logprob, stop_reason="end_of_turn", truncate_text_at=stop_at)
+            yield Event(index, token, logprob, stop_reason="end_of_turn", truncate_text_at=stop_at,
+                        count=len(row.tokens))
             return
         limit = params.max_tokens if params.max_tokens is not None else self.max_seq_len
         if len(row.tokens) >= limit or row.position + 1 >= self.max_seq_len:
             slots[slot] = None
             done = row.grammar is not None and row.grammar.accepting  # a complete grammar ends the turn
             reason: StopReason = row.grammar.constraint.end_reason if done else "out_of_tokens"
-            yield Event(index, token, logprob, stop_reason=reason)
+            yield Event(index, token, logprob, stop_reason=reason, count=len(row.tokens))
             return
-        yield Event(index, token, logprob)
+        yield Event(index, token, logprob, count=len(row.tokens))
 
     def _see_prompt(self, slot: int, prompt: list[int]) -> None:
         """Start a penalized row's record of seen tokens: its prompt's ids."""

@@ -159,8 +159,8 @@ class ParallelRunner:
         return [p.pid for p in self._procs]
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
-        """Events of rank 0, streamed as they are produced and recorded on ``requests`` (the workers run their
-        wire copies); stopping early cancels on every rank."""
+        """Events of rank 0, streamed as they are produced (the workers run the requests' wire copies: the
+        consumer records the events on ``requests``); stopping early cancels on every rank."""
         if not requests:
             return
         if any(r.image_tiles is not None for r in requests):
@@ -168,10 +168,7 @@ class ParallelRunner:
         wire = [self._seeded(r.wire(None if r.image_tiles is None else images_to_wire(r.image_tiles)))
                 for r in requests]
         rid = self._send("generate", wire)
-        by_index = {r.index: r for r in requests}
-        for event in self._collect(rid, f"generating (request {rid})"):
-            by_index[event.index].record(event)
-            yield event
+        yield from self._collect(rid, f"generating (request {rid})")
 
     def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
                ) -> list[torch.Tensor]:
