@@ -101,8 +101,10 @@ def _top_level(index: Index, module: str, file: Path, node: ast.stmt, names: set
                 _top_level(index, module, file, child, names)
 
 
-# What the usual variable names of the docs stand for (``engine.cancel()`` is a method of an Engine).
-INSTANCES = {"engine": ("Engine",), "formatter": ("Formatter",), "tokenizer": ("Tokenizer",),
+# What the usual variable names of the docs stand for (``engine.cancel()`` is a method of an Engine, or of a part
+# it is built from).
+INSTANCES = {"engine": ("Engine", "ModelManagement", "IntrospectionMixin"), "formatter": ("Formatter",),
+             "tokenizer": ("Tokenizer",),
              "runner": ("LocalRunner", "ParallelRunner", "Runner"), "scheduler": ("Scheduler",), "store": ("Store",),
              "run": ("Run",), "pool": ("ReplicaPool",), "job": ("Job",)}
 # Spans that look dotted but name files or data: ``runs.sqlite``, ``requests.jsonl``.

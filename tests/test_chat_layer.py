@@ -9,7 +9,7 @@ from _chat_helpers import add, our_formatter
 from workbench.engine import chat
 from workbench.engine.accumulator import RowAccumulator
 from workbench.errors import GenerationCancelled, InputError
-from workbench.generation import Event, SamplingParams
+from workbench.generation import Event, Request, SamplingParams
 from workbench.session import build_engine, resolve_settings
 from workbench.types import Completion
 
@@ -63,6 +63,10 @@ def test_the_engine_is_prepare_then_its_batch_then_finish(engine) -> None:
 
 
 # --- the row accumulator -------------------------------------------------------------------------------------------
+def _requests(prompts: list[list[int]], params: SamplingParams | None = None) -> list[Request]:
+    return [Request(i, p, params or SamplingParams()) for i, p in enumerate(prompts)]
+
+
 def _events(tokenizer, rows: list[str]) -> list[Event]:
     """Each row's text as one event per token, rows interleaved; the last event of a row carries its stop."""
     ids = [tokenizer.encode(t) for t in rows]
@@ -78,8 +82,8 @@ def test_rows_finish_once_each_with_their_completion_the_moment_they_end(engine)
     tokenizer = engine.tokenizer
     texts = ["one two", "three four five six", "seven"]
     finished: list[tuple[int, Completion]] = []
-    rows = RowAccumulator(tokenizer, [[1], [1, 2], [1, 2, 3]], SamplingParams.create(),
-                          on_finish=lambda i, c: finished.append((i, c)))
+    rows = RowAccumulator(tokenizer, _requests([[1], [1, 2], [1, 2, 3]]),
+                          on_finish=lambda r, c: finished.append((r.index, c)))
     for event in _events(tokenizer, texts):
         assert rows.add(event) is None  # a batch sends nothing while it runs
         assert rows.done == (len(finished) == 3)
@@ -93,7 +97,7 @@ def test_rows_finish_once_each_with_their_completion_the_moment_they_end(engine)
 
 def test_a_cut_call_keeps_finished_rows_and_cuts_the_others(engine) -> None:
     tokenizer = engine.tokenizer
-    rows = RowAccumulator(tokenizer, [[1], [1]], SamplingParams.create())
+    rows = RowAccumulator(tokenizer, _requests([[1], [1]]))
     events = _events(tokenizer, ["a", "b c d"])
     for event in events[:3]:  # row 0 ends, row 1 has two tokens
         rows.add(event)
@@ -107,7 +111,7 @@ def test_a_cut_call_keeps_finished_rows_and_cuts_the_others(engine) -> None:
 def test_a_stream_holds_back_stop_strings_and_a_row_cancel_ends_only_that_row(engine) -> None:
     tokenizer = engine.tokenizer
     params = SamplingParams.create(stop=["STOP"])
-    rows = RowAccumulator(tokenizer, [[1], [1]], params, stream=True)
+    rows = RowAccumulator(tokenizer, _requests([[1], [1]], params), stream=True)
     sent: dict[int, str] = {0: "", 1: ""}
     ids = tokenizer.encode(" hello ST")
     for token in ids:

@@ -98,7 +98,8 @@ def test_the_pool_runs_on_its_own_loopback_ray(pool):
 def test_greedy_and_seeded_rows_equal_one_engines(pool, engine):
     fmt = [None, {"type": "regex", "regex": r"[a-z]{3} [0-9]{2}"}] + [None] * (len(PROMPTS) - 2)
     for kwargs in ({"max_tokens": 12, "logprobs": 2, "stop": ["."], "response_format": fmt},
-                   {"max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 7}):
+                   {"max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 7},
+                   {"sampling": wb.SamplingParams(max_tokens=12, repetition_penalty=0.3)}):  # a new field: no pool edit
         got = pool.batch_completion(PROMPTS, **kwargs)
         _same(got, engine.batch_completion(PROMPTS, **kwargs))
     assert re.fullmatch(r"[a-z]{3} [0-9]{2}", pool.completion(PROMPTS[1], max_tokens=12, response_format=fmt[1]).text)
@@ -118,7 +119,7 @@ def test_chat_and_the_tool_loop_on_a_pool_equal_the_engines(pool, engine):
 
 def test_a_pool_stores_rows_in_the_driver_and_answers_from_the_store(pool, engine, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
-    first = pool.batch_completion(PROMPTS[:3], max_tokens=12, run="pool")
+    first = pool.batch_completion(PROMPTS[:3], max_tokens=12, run="pool", item=["a", "b", "c"])
     assert not any(r.cached for r in first)
     both = pool.batch_completion(PROMPTS, max_tokens=12, run="pool")
     assert [r.cached for r in both] == [True] * 3 + [False] * (len(PROMPTS) - 3)

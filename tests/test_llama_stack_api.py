@@ -179,8 +179,10 @@ def test_disagreeing_spellings_and_bad_values_raise(engine):
         engine.batch_chat_completion([WEATHER], messages_batch=[JOKE])
     with pytest.raises(ModelMismatchError, match="is not the loaded model"):
         engine.chat_completion(WEATHER, model_id="meta-llama/Llama-3.2-3B-Instruct")
-    with pytest.raises(SamplingError, match="repetition_penalty=1.2 is not supported"):
-        engine.completion("x", sampling_params={"repetition_penalty": 1.2})
+    with pytest.raises(SamplingError, match="repetition_penalty must be a finite number > 0"):
+        engine.completion("x", sampling_params={"repetition_penalty": 0})
+    with pytest.raises(SpellingConflictError, match="repetition_penalty=1.1"):
+        engine.completion("x", repetition_penalty=1.1, sampling_params={"repetition_penalty": 1.2})
     with pytest.raises(SamplingError, match="strategy.type must be one of greedy, top_p, top_k"):
         engine.completion("x", sampling_params={"strategy": {"type": "beam"}})
     with pytest.raises(SamplingError, match="top_k must be an integer >= 1"):
@@ -193,6 +195,9 @@ def test_disagreeing_spellings_and_bad_values_raise(engine):
         engine.completion("x", temprature=0.5)
     # accepted: repetition_penalty 1.0, the served id (org/name), an explicitly equal native value
     engine.completion("x", max_tokens=1, sampling_params={"repetition_penalty": 1.0, "max_tokens": 1})
+    # repetition_penalty is the native keyword: Llama Stack's spelling gives the same tokens
+    assert engine.completion("x", max_tokens=6, sampling_params={"repetition_penalty": 1.5}).tokens == \
+        engine.completion("x", max_tokens=6, repetition_penalty=1.5).tokens
     engine.completion("x", model_id=f"workbench/{loaded_model_ids(engine)[0]}", max_tokens=1)
 
 
@@ -214,9 +219,9 @@ def _prompt_through_chat(engine, dialog, tools, **kwargs) -> list[int]:
     captured = []
     original = engine.generate_tokens
 
-    def spy(prompts, params, **options):
-        captured.extend(prompts)
-        return original(prompts, params, **options)
+    def spy(requests, *args, **options):
+        captured.extend(r.prompt for r in requests)
+        return original(requests, *args, **options)
 
     engine.generate_tokens = spy
     try:

@@ -12,7 +12,7 @@ import importlib
 from typing import Any
 
 from workbench import runs, tools
-from workbench.engine import Engine, chat
+from workbench.engine import Engine, SamplingParams, chat
 from workbench.errors import WorkbenchError
 from workbench.notebook import display
 from workbench.notebook.display import show_prompt, to_frame
@@ -32,7 +32,7 @@ def view_runs(*names: str, baseline: str | None = None, store: Any = None) -> An
 runs.view = view_runs
 
 __all__ = [
-    "ChatCompletion", "Completion", "Engine", "Message", "StreamChunk", "TokenLogprob", "ToolCall",
+    "ChatCompletion", "Completion", "Engine", "Message", "SamplingParams", "StreamChunk", "TokenLogprob", "ToolCall",
     "Transcript", "WorkbenchError", "chat", "current", "display", "load", "require",
     "runs", "show_prompt", "to_frame", "tools", "unload",
 ]

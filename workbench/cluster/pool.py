@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +31,17 @@ from ..engine.interfaces import ChatFormatter, TextTokenizer
 from ..engine.llama_stack import llama_stack_spellings
 from ..engine.prompts import check_lengths
 from ..engine.remember import (
-    SAMPLING_KEYWORDS,
     StoredCall,
     chat_finish,
     chat_request,
     check_run,
     engine_provenance,
     generation_call,
-    per_row_seeds,
-    row_requests,
+    row_items,
 )
 from ..errors import ConfigError, FormatError, InputError
 from ..formats import Prompt
-from ..generation import SamplingParams
+from ..generation import Request, SamplingParams
 from ..runtime.settings import Settings
 from ..structured import per_row_formats
 from ..vision.images import is_image_item
@@ -248,10 +247,10 @@ class ReplicaPool:
         self._check_open()
         progress = kwargs.pop("progress", None)
         if stored is not None:
-            rows = [rows[i] for i in stored.todo]
+            rows = [rows[r.row] for r in stored.todo]
             kwargs["seed"] = list(stored.seeds)
             if isinstance(kwargs.get("response_format"), (list, tuple)):
-                kwargs["response_format"] = [kwargs["response_format"][i] for i in stored.todo]
+                kwargs["response_format"] = [kwargs["response_format"][r.row] for r in stored.todo]
         job = Job(self.fleet, method, "batch_completion", rows, kwargs, progress, chunk_rows=self._chunk_size,
                   to_results=to_results, stored=stored)
         with self._lock:
@@ -264,18 +263,21 @@ class ReplicaPool:
         """``run=`` / ``refresh=`` taken out of ``kwargs``: the call's rows against the run store (looked up here,
         in the driver), keyed as an engine keys them; None without ``run``."""
         run, refresh = kwargs.pop("run", None), kwargs.pop("refresh", False)
+        items = row_items(kwargs.pop("item", None), len(rows), "batch_chat_completion" if kind == "chat"
+                          else "batch_completion")
         if not check_run(run, refresh):
             return None
         assert self.settings is not None and self.tokenizer is not None and self.formatter is not None
-        scalar, seeds = per_row_seeds(kwargs.get("seed"), len(rows))
-        params = SamplingParams.create(**{k: kwargs[k] for k in SAMPLING_KEYWORDS if k in kwargs}, seed=scalar)
+        params, seeds = SamplingParams.resolve(kwargs.get("sampling"), **{
+            f.name: kwargs[f.name] for f in SamplingParams.keywords() if f.name in kwargs}).split_seeds(len(rows))
         if formats is None:
             formats = per_row_formats(kwargs.get("response_format"), len(rows))
         prompts = [self._key_prompt(row, i) for i, row in enumerate(rows)]
-        requests = row_requests([ids for ids, _ in prompts], [images for _, images in prompts], params, formats,
-                                seeds, kind=kind, max_seq_len=self.max_seq_len)
-        return generation_call(self.open_run(run), requests, given, formats, params, refresh=refresh,
-                               finish=chat_finish(formats, self.formatter) if kind == "chat" else None)
+        requests = [Request(i, ids, params if seeds is None else replace(params, seed=seeds[i]), row=i,
+                            format=formats[i], given=given[i], item=items[i]) for i, (ids, _) in enumerate(prompts)]
+        return generation_call(self.open_run(run), requests, kind=kind, max_seq_len=self.max_seq_len, refresh=refresh,
+                               finish=chat_finish(self.formatter) if kind == "chat" else None,
+                               images=[images for _, images in prompts])
 
     def open_run(self, name: str) -> runs.Run:
         """The run ``name`` in the run store as this pool writes it (``Engine.open_run``'s provenance, with the

@@ -6,5 +6,6 @@ one-call-at-a-time and cancellation (:mod:`.calls`), decode compilation (:mod:`.
 
 from workbench.engine.engine import Engine
 from workbench.engine.introspection import model_label
+from workbench.generation import SamplingParams
 
-__all__ = ["Engine", "model_label"]
+__all__ = ["Engine", "SamplingParams", "model_label"]

@@ -38,21 +38,19 @@ class BatchStream:
 
     def __init__(self, runner: Runner, gate: CallGate, calls: Calls, requests: Sequence[Request],
                  rows: RowAccumulator, *, what: str = "stream_batch_completion", preemptible: bool = True,
-                 total: int | None = None, index: Sequence[int] | None = None,
-                 replays: dict[int, list[StreamChunk]] | None = None, on_close: Callable[[], None] | None = None,
-                 partial: Callable[[list[Any]], list[Any]] | None = None,
-                 finish: Callable[[int, Any], Any] | None = None) -> None:
+                 total: int | None = None, replays: dict[int, list[StreamChunk]] | None = None,
+                 on_close: Callable[[], None] | None = None, partial: Callable[[list[Any]], list[Any]] | None = None,
+                 finish: Callable[[Request, Any], Any] | None = None) -> None:
         # ``requests``/``rows`` are the rows to generate; with a run store (``run=``) they are some of the call's
-        # ``total`` rows (``index[j]``: the call's row of generated row j), and ``replays`` holds the chunks of
-        # each stored row, sent first.  ``on_close`` runs when the stream ends (the store's last write);
-        # ``partial`` turns the generated rows' partial results into the call's (a cancel); ``finish``: (row,
-        # Completion) -> the final object a row's last chunk carries.
+        # ``total`` rows (``request.row``: its place in the call), and ``replays`` holds the chunks of each stored
+        # row, sent first.  ``on_close`` runs when the stream ends (the store's last write); ``partial`` turns the
+        # generated rows' partial results into the call's (a cancel); ``finish``: (request, Completion) -> the
+        # final object a row's last chunk carries.
         self.rows = len(requests) if total is None else total
         self.finish = finish
         self._accumulator = rows
         self._gate = gate
-        self._index = list(index) if index is not None else list(range(len(requests)))
-        self._slot = {row: j for j, row in enumerate(self._index)}
+        self._slot = {request.row: j for j, request in enumerate(requests)}
         self._replays = dict(replays or {})
         self._on_close = on_close
         self._partial = partial
@@ -106,10 +104,10 @@ class BatchStream:
                 while not calls.cancelled(call) and (event := next(events, None)) is not None:
                     chunk = rows.add(event)
                     if chunk is not None:
-                        row = self._index[event.index]
+                        request = requests[event.index]
                         if chunk.final is not None and self.finish is not None:
-                            chunk = replace(chunk, final=self.finish(row, chunk.final))
-                        yield row, chunk
+                            chunk = replace(chunk, final=self.finish(request, chunk.final))
+                        yield request.row, chunk
                     if rows.done:
                         return
             finally:

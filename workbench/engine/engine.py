@@ -6,14 +6,16 @@ runner's token events to a :class:`~.accumulator.RowAccumulator`, which builds t
 per-request state between calls, which is what makes it safe to interrupt.  The work is done beside it: prompt
 checks (:mod:`.prompts`), the chat layer's rendering and parsing (:mod:`.chat`: ``prepare`` before generation,
 ``finish`` after), batched streams (:mod:`.batch_stream`), one call at a time and cancellation (:mod:`.calls`),
-scoring's row checks (:mod:`.scoring`), introspection (:mod:`.introspection`), decode compilation
-(:mod:`.compile`), Llama Stack's keyword spellings (:mod:`.llama_stack`).  A chat call is one straight path:
-``prepare`` -> :meth:`Engine.generate_tokens` -> ``finish``.
+scoring's row checks (:mod:`.scoring`), introspection (:mod:`.introspection`), managing the loaded model
+(:mod:`.management`: quantization re-loads, vision, compiled decode, CUDA graphs, closing), Llama Stack's keyword
+spellings and the sampling keywords (:mod:`.llama_stack`, :mod:`.docs`).  Each row of a call is one
+:class:`~workbench.generation.Request` from here to its result.  A chat call is one straight path: ``prepare`` ->
+:meth:`Engine.generate_tokens` -> ``finish``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -21,15 +23,15 @@ import torch
 
 from workbench import runs
 from workbench.engine import chat
-from workbench.engine.accumulator import FinishHook, RowAccumulator
+from workbench.engine.accumulator import RowAccumulator
 from workbench.engine.batch_stream import BatchStream
 from workbench.engine.calls import CallGate, Calls
 from workbench.engine.chat import PromptRow
-from workbench.engine.compile import compile_and_warm_up, use_cuda_graphs
 from workbench.engine.docs import sampling_doc
 from workbench.engine.interfaces import ChatFormatter, Runner
 from workbench.engine.introspection import IntrospectionMixin, model_label
 from workbench.engine.llama_stack import llama_stack_spellings
+from workbench.engine.management import ModelManagement
 from workbench.engine.outputs import close_events
 from workbench.engine.prompts import Content, check_lengths, encode_row, prompt_row
 from workbench.engine.remember import (
@@ -40,12 +42,10 @@ from workbench.engine.remember import (
     check_run,
     engine_provenance,
     generation_call,
-    per_row_seeds,
-    row_requests,
-    tile_digests,
+    row_items,
 )
 from workbench.engine.scoring import logits_rows, score_rows, scored_rows
-from workbench.errors import FormatError, GenerationCancelled, ImageError, InputError, WorkbenchError
+from workbench.errors import GenerationCancelled, InputError
 from workbench.formats import make_formatter
 from workbench.formats.tokenizer import Tokenizer
 from workbench.generation import Request, SamplingParams
@@ -53,14 +53,13 @@ from workbench.generation.constraints import GrammarRuntime
 from workbench.models.args import ModelArgs
 from workbench.models.llama32_vision import LLAMA32_VISION_DEFAULT_NAME, is_cross_attention_vision
 from workbench.progress import TokenRate, check_progress, progress_bar
-from workbench.quantization import check_supported
 from workbench.runs import RowRequest, Run
 from workbench.runtime.settings import Settings
-from workbench.structured import Constraint, OutputFormat, per_row_formats
+from workbench.structured import OutputFormat, per_row_formats
 from workbench.types import ChatCompletion, Completion, ScoredRow, StreamChunk
 
 
-class Engine(IntrospectionMixin):
+class Engine(ModelManagement, IntrospectionMixin):
     """A loaded model with batch completion, chat and scoring APIs.  Build it with ``workbench.load``."""
 
     def __init__(self, *, runner: Runner, tokenizer: Tokenizer, args: ModelArgs, settings: Settings,
@@ -120,34 +119,25 @@ class Engine(IntrospectionMixin):
     # ----------------------------------------------------------------------------- completions
     @llama_stack_spellings(content="content")
     @sampling_doc
-    def completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
-                   top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                   stop: str | Sequence[str] | None = None, response_format: Any = None, run: str | None = None,
-                   refresh: bool = False) -> Completion:
+    def completion(self, content: Content, *, sampling: SamplingParams | None = None, response_format: Any = None,
+                   item: Any = None, run: str | None = None, refresh: bool = False) -> Completion:
         """Complete one prompt and return a :class:`~workbench.types.Completion` (text, tokens, stop reason).
 
         content: a string (encoded with a BOS token), a list of token ids used exactly as given, a list
             mixing text and images (Llama 4: BOS, then the items, no chat headers), or a ``Prompt`` from
             ``engine.formatter.encode_prompt``.
         """
-        if isinstance(response_format, (list, tuple)):
-            raise FormatError("completion takes one response_format (a list is for batch_completion)")
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)
+        assert sampling is not None  # resolved by the signature's wrapper (docs.take_sampling)
         prompt, tiles = encode_row(self, content, 0)
-        formats = per_row_formats(response_format, 1)
-        stored = self._stored(run, refresh, [prompt], [tiles], params, formats, None, [{"prompt": content}])
-        return self.generate_tokens([prompt], params, progress=False, formats=formats, image_tiles=[tiles],
-                                    stored=stored)[0]
+        requests = self._requests([prompt], [tiles], sampling, per_row_formats(response_format, 1),
+                                  [{"prompt": content}], item, "completion")
+        return self.generate_tokens(requests, progress=False, stored=self._stored(run, refresh, requests))[0]
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
-    def batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
-                         temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                         seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
-                         stop: str | Sequence[str] | None = None, progress: bool | None = None,
-                         response_format: Any = None, run: str | None = None,
-                         refresh: bool = False) -> list[Completion]:
+    def batch_completion(self, contents: Sequence[Content], *, sampling: SamplingParams | None = None,
+                         progress: bool | None = None, response_format: Any = None, item: Any = None,
+                         run: str | None = None, refresh: bool = False) -> list[Completion]:
         """Complete many prompts in one batch: one :class:`~workbench.types.Completion` per prompt, in order.
 
         Each row's result equals running that prompt alone (greedy, or sampled with a seed), so
@@ -158,69 +148,59 @@ class Engine(IntrospectionMixin):
         progress: a progress bar of rows done and tokens/s; None (default) shows it once the call has
             run for a couple of seconds, True at once, False never.
         """
+        assert sampling is not None
         if isinstance(contents, str):
             raise InputError("batch_completion takes a list of prompts; for one string use completion()")
-        scalar, seeds = per_row_seeds(seed, len(contents))
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=scalar, logprobs=logprobs, stop=stop)
         check_progress(progress)
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
-        prompts = [ids for ids, _ in rows]
-        tiles = [t for _, t in rows]
-        formats = per_row_formats(response_format, len(prompts))
-        stored = self._stored(run, refresh, prompts, tiles, params, formats, seeds, [{"prompt": c} for c in contents])
-        return self.generate_tokens(prompts, params, progress=progress, formats=formats, image_tiles=tiles,
-                                    seeds=seeds, stored=stored)
+        requests = self._requests([ids for ids, _ in rows], [t for _, t in rows], sampling,
+                                  per_row_formats(response_format, len(rows)), [{"prompt": c} for c in contents],
+                                  item, "batch_completion")
+        return self.generate_tokens(requests, progress=progress, stored=self._stored(run, refresh, requests))
 
-    def generate_tokens(self, prompts: list[list[int]], params: SamplingParams, *,
-                        progress: bool | None = False,
-                        formats: Sequence[OutputFormat | None] | None = None,
-                        image_tiles: Sequence[torch.Tensor | None] | None = None,
-                        on_finish: FinishHook | None = None,
-                        seeds: Sequence[int | None] | None = None,
+    def generate_tokens(self, requests: Sequence[Request] | Sequence[Sequence[int]],
+                        params: SamplingParams | None = None, *, progress: bool | None = False,
+                        on_finish: Callable[[int, Completion], None] | None = None,
                         stored: StoredCall | None = None, finish: Finish | None = None) -> list[Any]:
-        """Run already-encoded prompts and collect one Completion per prompt: the path every batch call takes.
+        """Run a call's requests and collect one result per request: the path every batch call takes.
 
-        Checks the lengths (the ids are taken as they are), compiles the rows' grammars, holds the engine for the
-        call and feeds the runner's events to a :class:`~.accumulator.RowAccumulator`.  ``image_tiles`` gives,
-        per prompt, its images' preprocessed tiles (or None); ``on_finish(row, completion)`` is called the moment
-        each row ends; ``seeds`` (one per prompt) replaces ``params.seed`` row by row.  ``stored`` (a call against
-        a run store, :mod:`.remember`): only its rows to compute run, each is stored as it ends, and the result is
-        every row in order, stored ones included.  ``finish``: ``(row, Completion) -> result`` (a chat reply
-        parsed, :func:`~.remember.chat_finish`); a stored call applies the same one as each row ends."""
-        if not prompts:
+        ``requests``: the call's :class:`~workbench.generation.Request` s (or plain token-id lists, each run with
+        ``params``).  Checks the lengths (the ids are taken as they are), compiles the rows' grammars, holds the
+        engine for the call and feeds the runner's events to a :class:`~.accumulator.RowAccumulator`.
+        ``on_finish(row, completion)`` is called the moment each row ends.  ``stored`` (a call against a run
+        store, :mod:`.remember`): only its rows to compute run, each is stored as it ends, and the result is every
+        row in order, stored ones included.  ``finish``: ``(request, Completion) -> result`` (a chat reply parsed,
+        :func:`~.remember.chat_finish`); a stored call applies the same one as each row ends."""
+        if not requests:
             return []
-        tiles = list(image_tiles) if image_tiles is not None else [None] * len(prompts)
-        check_lengths(self, prompts, tiles)
-        formats = list(formats) if formats is not None else [None] * len(prompts)
-        index = list(range(len(prompts)))
-        if stored is not None:
-            index, seeds = stored.todo, stored.seeds
-            if not index:
-                return stored.results()
-            prompts, formats, tiles = ([xs[i] for i in index] for xs in (prompts, formats, tiles))
-        constraints = self._constraints(formats)
-        requests = [Request(j, p, params if seeds is None else replace(params, seed=seeds[j]), c, image_tiles=t)
-                    for j, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
-        if progress is None and len(prompts) == 1:
+        if not isinstance(requests[0], Request):  # token-id lists
+            assert params is not None, "plain token-id rows need the SamplingParams they run with"
+            requests = [Request(i, list(p), params, row=i) for i, p in enumerate(requests)]
+        calls = list(requests)
+        check_lengths(self, [r.prompt for r in calls], [r.image_tiles for r in calls])
+        todo = stored.todo if stored is not None else calls
+        if not todo:
+            return stored.results()  # type: ignore[union-attr]
+        self._constrain(todo)
+        if progress is None and len(todo) == 1:
             progress = False  # automatic bars count rows: none for a single prompt
         rate = TokenRate()
 
-        def finished(row: int, completion: Completion) -> None:
+        def finished(request: Request, completion: Completion) -> None:
             rate.tokens = rows.generated
             bar.set_postfix_str(str(rate), refresh=False)
             bar.update(1)
             if stored is not None:
-                stored.finished(row, completion)
+                stored.finish_row(request, completion)
             if on_finish is not None:
-                on_finish(index[row], completion)
+                on_finish(request.row, completion)
 
-        rows = RowAccumulator(self.tokenizer, prompts, params, formats, on_finish=finished)
+        rows = RowAccumulator(self.tokenizer, todo, on_finish=finished)
         try:
             with self._gate.exclusive("batch_completion"):
-                bar = progress_bar(len(prompts), desc="generating", unit="row", progress=progress, rate=rate)
+                bar = progress_bar(len(todo), desc="generating", unit="row", progress=progress, rate=rate)
                 call = self._calls.begin()
-                events = self._runner.generate(requests)
+                events = self._runner.generate(todo)
                 try:
                     # the cancel flag is read before each event is pulled: no forward pass starts after a cancel
                     while not self._calls.cancelled(call) and (event := next(events, None)) is not None:
@@ -235,7 +215,7 @@ class Engine(IntrospectionMixin):
                 stored.close()  # rows still waiting for their group's write go to the store now
         if stored is None:
             completions = rows.completions()
-            return completions if finish is None else [finish(i, c) for i, c in enumerate(completions)]
+            return completions if finish is None else [finish(r, c) for r, c in zip(todo, completions)]
         if not rows.done:
             cut = rows.cancelled()
             raise GenerationCancelled(str(cut), partial=stored.partial(cut.partial))
@@ -243,74 +223,72 @@ class Engine(IntrospectionMixin):
 
     @llama_stack_spellings(content="content")
     @sampling_doc
-    def stream_completion(self, content: Content, *, max_tokens: int | None = None, temperature: float = 0.0,
-                          top_p: float = 1.0, top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                          stop: str | Sequence[str] | None = None, response_format: Any = None,
-                          run: str | None = None, refresh: bool = False) -> Iterator[StreamChunk]:
+    def stream_completion(self, content: Content, *, sampling: SamplingParams | None = None,
+                          response_format: Any = None, item: Any = None, run: str | None = None,
+                          refresh: bool = False) -> Iterator[StreamChunk]:
         """Yield :class:`~workbench.types.StreamChunk` text deltas of one completion as tokens arrive.
 
         The last chunk carries ``final``, the complete :class:`~workbench.types.Completion`.  Stop strings
         never leak: text that could be the start of a stop string is held back until it is decided.  A row
         answered from the run store (``run=``) streams its stored tokens the same way.
         """
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)
+        assert sampling is not None
         prompt, tiles = encode_row(self, content, 0)
-        if isinstance(response_format, (list, tuple)):
-            raise FormatError("stream_completion takes one response_format (a list is for batch_completion)")
-        formats = per_row_formats(response_format, 1)
-        stored = self._stored(run, refresh, [prompt], [tiles], params, formats, None, [{"prompt": content}])
-        return self._open_stream([prompt], [tiles], params, formats, what="stream_completion",
-                                 stored=stored).chunks()
+        requests = self._requests([prompt], [tiles], sampling, per_row_formats(response_format, 1),
+                                  [{"prompt": content}], item, "stream_completion")
+        return self._open_stream(requests, what="stream_completion",
+                                 stored=self._stored(run, refresh, requests)).chunks()
 
-    def _open_stream(self, prompts: list[list[int]], tiles: list[Any], params: SamplingParams,
-                     formats: list[OutputFormat | None], *, what: str, preemptible: bool = True,
-                     seeds: Sequence[int | None] | None = None, stored: StoredCall | None = None,
-                     finish: Finish | None = None) -> BatchStream:
-        """A stream over already-encoded prompts (lengths and grammars checked now, before the first ``next``).
-        With ``stored``, its stored rows are replayed first and only the others run.  ``finish``: ``(row,
+    def _open_stream(self, requests: list[Request], *, what: str, preemptible: bool = True,
+                     stored: StoredCall | None = None, finish: Finish | None = None) -> BatchStream:
+        """A stream over a call's requests (lengths and grammars checked now, before the first ``next``).  With
+        ``stored``, its stored rows are replayed first and only the others run.  ``finish``: ``(request,
         Completion) -> final`` (a chat reply parsed); a stored call made that final already when the row ended."""
-        check_lengths(self, prompts, tiles)
-        n, index, replays = len(prompts), list(range(len(prompts))), None
+        check_lengths(self, [r.prompt for r in requests], [r.image_tiles for r in requests])
+        todo, replays = requests, None
         if stored is not None:
-            index, seeds, replays = stored.todo, stored.seeds, stored.replays(self.tokenizer)
-            prompts, tiles, formats = ([xs[i] for i in index] for xs in (prompts, tiles, formats))
-        constraints = self._constraints(formats)
-        rows = RowAccumulator(self.tokenizer, prompts, params, formats, stream=True,
-                              on_finish=stored.finished if stored is not None else None)
-        requests = [Request(j, p, params if seeds is None else replace(params, seed=seeds[j]), c, image_tiles=t,
-                            cancel=rows.cancels[j])
-                    for j, (p, c, t) in enumerate(zip(prompts, constraints, tiles))]
+            todo, replays = stored.todo, stored.replays(self.tokenizer)
+        self._constrain(todo)
+        rows = RowAccumulator(self.tokenizer, todo, stream=True,
+                              on_finish=stored.finish_row if stored is not None else None)
         if stored is not None and finish is not None:
             finish = stored.output  # the row's result as stored: parsed once, when the row ended
-        return BatchStream(self._runner, self._gate, self._calls, requests, rows, what=what, preemptible=preemptible,
-                           total=n, index=index, replays=replays, on_close=stored.close if stored else None,
+        return BatchStream(self._runner, self._gate, self._calls, todo, rows, what=what, preemptible=preemptible,
+                           total=len(requests), replays=replays, on_close=stored.close if stored else None,
                            partial=stored.partial if stored else None, finish=finish)
+
+    def _requests(self, prompts: list[list[int]], tiles: list[Any], sampling: SamplingParams,
+                  formats: list[OutputFormat | None], given: Sequence[Any], item: Any, method: str) -> list[Request]:
+        """A call's rows as :class:`~workbench.generation.Request` s: each its place, prompt ids, images, sampling
+        (its own seed where the call gave one per row), output format, the request as given and its item."""
+        params, seeds = sampling.split_seeds(len(prompts))
+        items = row_items(item, len(prompts), method)
+        return [Request(i, prompt, params if seeds is None else replace(params, seed=seeds[i]), image_tiles=tiles[i],
+                        row=i, format=formats[i], given=given[i], item=items[i])
+                for i, prompt in enumerate(prompts)]
 
     def _rendered(self, prompts: Sequence[PromptRow]) -> tuple[list[list[int]], list[Any]]:
         """The chat layer's prompts as token ids and image tiles (ids as the formatter built them)."""
         rows = [prompt_row(self, p, i) for i, p in enumerate(prompts)]
         return [ids for ids, _ in rows], [tiles for _, tiles in rows]
 
-    def _constraints(self, formats: Sequence[OutputFormat | None]) -> list[Constraint | None]:
-        """Each row's grammar, compiled (and cached) now so a bad one fails before any generation."""
-        if all(f is None for f in formats):
-            return [None] * len(formats)
-        if self._grammars is None:
-            self._grammars = GrammarRuntime(self.tokenizer)
-        out: list[Constraint | None] = []
-        for fmt in formats:
+    def _constrain(self, requests: Sequence[Request]) -> None:
+        """Each request's grammar (from its format), compiled (and cached) now so a bad one fails before any
+        generation; the requests are numbered for the runner's events (``index``)."""
+        for j, request in enumerate(requests):
+            request.index = j
+            fmt = request.format
             if fmt is None:
-                out.append(None)
                 continue
+            if self._grammars is None:
+                self._grammars = GrammarRuntime(self.tokenizer)
             if fmt.kind == "tool_call":  # Llama 4 ends tool-call turns with <|eom|>
                 ends = (self.tokenizer.eot_id, self.tokenizer.eom_id)
                 constraint = fmt.constraint(ends, "end_of_message" if self.family == "llama4" else "end_of_turn")
             else:
                 constraint = fmt.constraint((self.tokenizer.eot_id,))
             self._grammars.check(constraint)
-            out.append(constraint)
-        return out
+            request.constraint = constraint
 
     # ----------------------------------------------------------------------------- the run store
     def open_run(self, name: str) -> Run:
@@ -325,27 +303,22 @@ class Engine(IntrospectionMixin):
         provenance = engine_provenance(self.settings, self._identity, model=model_label(self), family=self.family)
         return store.open_run(name, provenance)
 
-    def _stored(self, run: str | None, refresh: bool, prompts: list[list[int]], tiles: list[Any],
-                params: SamplingParams, formats: list[OutputFormat | None], seeds: Sequence[int | None] | None,
-                given: Sequence[Any], *, kind: str = "completion") -> StoredCall | None:
-        """The call's rows against run ``run`` (None: no run store), looked up now."""
+    def _stored(self, run: str | None, refresh: bool, requests: list[Request], *,
+                kind: str = "completion") -> StoredCall | None:
+        """The call's requests against run ``run`` (None: no run store), keyed and looked up now."""
         if not check_run(run, refresh):
             return None
-        requests = row_requests(prompts, [tile_digests(t) for t in tiles], params, formats, seeds, kind=kind,
-                                max_seq_len=self.max_seq_len)
-        return generation_call(self.open_run(run), requests, given, formats, params, refresh=refresh,
-                               finish=chat_finish(formats, self.formatter) if kind == "chat" else None)
+        return generation_call(self.open_run(run), requests, kind=kind, max_seq_len=self.max_seq_len,
+                               refresh=refresh, finish=chat_finish(self.formatter) if kind == "chat" else None)
 
     # ----------------------------------------------------------------------------- chat
     @llama_stack_spellings(chat=True)
     @sampling_doc
     def chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
                         tool_choice: str = "auto", tool_prompt_format: str | None = None, stream: bool = False,
-                        max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                        seed: int | None = None, logprobs: int = 0, stop: str | Sequence[str] | None = None,
-                        response_format: Any = None, constrain_tools: bool = False,
-                        system_message_behavior: str = "append", run: str | None = None,
-                        refresh: bool = False) -> Any:
+                        sampling: SamplingParams | None = None, response_format: Any = None,
+                        constrain_tools: bool = False, system_message_behavior: str = "append", item: Any = None,
+                        run: str | None = None, refresh: bool = False) -> Any:
         """One assistant reply in the model's official prompt format (a :class:`~workbench.types.ChatCompletion`).
 
         messages: the dialog, :class:`~workbench.types.Message` objects or dicts like
@@ -365,33 +338,26 @@ class Engine(IntrospectionMixin):
         A JSON-schema ``response_format`` also appends Llama Stack's "Please respond in JSON format with the
         schema: ..." user message, as the reference does.
         """
-        if isinstance(response_format, (list, tuple)):
-            raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
+        assert sampling is not None
         if stream:
             return self._chat_stream(messages, tools, tool_choice, tool_prompt_format, response_format, constrain_tools,
-                                     system_message_behavior, run, refresh, max_tokens=max_tokens,
-                                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
-                                     stop=stop)
+                                     system_message_behavior, run, refresh, sampling, item)
         prompts, formats = chat.prepare(self.formatter, [messages], tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=seed, logprobs=logprobs, stop=stop)
-        ids, tiles = self._rendered(prompts)
-        stored = self._stored(run, refresh, ids, tiles, params, formats, None,
-                              [chat_request(messages, tools, tool_choice, tool_prompt_format)], kind="chat")
-        return self.generate_tokens(ids, params, progress=False, formats=formats, image_tiles=tiles, stored=stored,
-                                    finish=chat_finish(formats, self.formatter))[0]
+        requests = self._requests(*self._rendered(prompts), sampling, formats,
+                                  [chat_request(messages, tools, tool_choice, tool_prompt_format)], item,
+                                  "chat_completion")
+        stored = self._stored(run, refresh, requests, kind="chat")
+        return self.generate_tokens(requests, progress=False, stored=stored, finish=chat_finish(self.formatter))[0]
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
     def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
                               tool_choice: str = "auto", tool_prompt_format: str | None = None,
-                              max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                              top_k: int = 0, seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
-                              stop: str | Sequence[str] | None = None, progress: bool | None = None,
+                              sampling: SamplingParams | None = None, progress: bool | None = None,
                               response_format: Any = None, constrain_tools: bool = False,
-                              system_message_behavior: str = "append", run: str | None = None,
+                              system_message_behavior: str = "append", item: Any = None, run: str | None = None,
                               refresh: bool = False) -> list[ChatCompletion]:
         """One reply per dialog, generated in one batch (per-row results equal single calls).
 
@@ -404,63 +370,52 @@ class Engine(IntrospectionMixin):
         progress: a progress bar of dialogs done and tokens/s; None (default) shows it once the call
             has run for a couple of seconds, True at once, False never.
         """
+        assert sampling is not None
         prompts, formats = chat.prepare(self.formatter, dialogs, tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
         if not prompts:
             return []
-        scalar, seeds = per_row_seeds(seed, len(prompts))
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=scalar, logprobs=logprobs, stop=stop)
         check_progress(progress)
-        ids, tiles = self._rendered(prompts)
-        stored = self._stored(run, refresh, ids, tiles, params, formats, seeds,
-                              [chat_request(d, t, c, tool_prompt_format)
-                               for d, (t, c) in zip(dialogs, chat.dialog_offers(len(dialogs), tools, tool_choice))],
-                              kind="chat")
-        return self.generate_tokens(ids, params, progress=progress, formats=formats, image_tiles=tiles, seeds=seeds,
-                                    stored=stored, finish=chat_finish(formats, self.formatter))
+        requests = self._requests(*self._rendered(prompts), sampling, formats,
+                                  [chat_request(d, t, c, tool_prompt_format)
+                                   for d, (t, c) in zip(dialogs, chat.dialog_offers(len(dialogs), tools, tool_choice))],
+                                  item, "batch_chat_completion")
+        stored = self._stored(run, refresh, requests, kind="chat")
+        return self.generate_tokens(requests, progress=progress, stored=stored, finish=chat_finish(self.formatter))
 
     @llama_stack_spellings(chat=True)
     @sampling_doc
     def stream_chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
                                tool_choice: str = "auto", tool_prompt_format: str | None = None,
-                               max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                               top_k: int = 0, seed: int | None = None, logprobs: int = 0,
-                               stop: str | Sequence[str] | None = None, response_format: Any = None,
+                               sampling: SamplingParams | None = None, response_format: Any = None,
                                constrain_tools: bool = False, system_message_behavior: str = "append",
-                               run: str | None = None, refresh: bool = False) -> Iterator[Any]:
+                               item: Any = None, run: str | None = None, refresh: bool = False) -> Iterator[Any]:
         """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
-        if isinstance(response_format, (list, tuple)):
-            raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
+        assert sampling is not None
         return self._chat_stream(messages, tools, tool_choice, tool_prompt_format, response_format, constrain_tools,
-                                 system_message_behavior, run, refresh, max_tokens=max_tokens,
-                                 temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs,
-                                 stop=stop)
+                                 system_message_behavior, run, refresh, sampling, item)
 
     def _chat_stream(self, messages: Sequence[Any], tools: Sequence[Any] | None, tool_choice: str,
                      tool_prompt_format: str | None, response_format: Any, constrain_tools: bool,
-                     system_message_behavior: str, run: str | None, refresh: bool,
-                     **sampling: Any) -> Iterator[chat.StreamItem]:
+                     system_message_behavior: str, run: str | None, refresh: bool, sampling: SamplingParams,
+                     item: Any) -> Iterator[chat.StreamItem]:
         prompts, formats = chat.prepare(self.formatter, [messages], tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
-        params = SamplingParams.create(**sampling)
-        ids, tiles = self._rendered(prompts)
-        stored = self._stored(run, refresh, ids, tiles, params, formats, None,
-                              [chat_request(messages, tools, tool_choice, tool_prompt_format)], kind="chat")
-        stream = self._open_stream(ids, tiles, params, formats, what="stream_completion", stored=stored,
-                                   finish=chat_finish(formats, self.formatter))
+        requests = self._requests(*self._rendered(prompts), sampling, formats,
+                                  [chat_request(messages, tools, tool_choice, tool_prompt_format)], item,
+                                  "stream_chat_completion")
+        stream = self._open_stream(requests, what="stream_completion",
+                                   stored=self._stored(run, refresh, requests, kind="chat"),
+                                   finish=chat_finish(self.formatter))
         return chat.finish_stream(stream.chunks(), formats[0], self.formatter)
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
-    def stream_batch_completion(self, contents: Sequence[Content], *, max_tokens: int | None = None,
-                                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                                seed: int | Sequence[int | None] | None = None, logprobs: int = 0,
-                                stop: str | Sequence[str] | None = None, response_format: Any = None,
-                                preemptible: bool = True, run: str | None = None,
-                                refresh: bool = False) -> BatchStream:
+    def stream_batch_completion(self, contents: Sequence[Content], *, sampling: SamplingParams | None = None,
+                                response_format: Any = None, preemptible: bool = True, item: Any = None,
+                                run: str | None = None, refresh: bool = False) -> BatchStream:
         """Stream many prompts in one batch: ``(row, StreamChunk)`` pairs as tokens arrive (rows interleave).
 
         Each row's tokens equal ``batch_completion``'s; its last chunk carries ``final``.  ``stream.cancel(row)``
@@ -469,40 +424,35 @@ class Engine(IntrospectionMixin):
             (a server draining it from its own thread); True (default) lets them close an abandoned stream.
         With ``run=``, rows the run store holds are streamed first (from their stored tokens), then the others.
         """
-        scalar, seeds = per_row_seeds(seed, len(contents))
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=scalar, logprobs=logprobs, stop=stop)
+        assert sampling is not None
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
-        prompts, tiles = [ids for ids, _ in rows], [t for _, t in rows]
-        formats = per_row_formats(response_format, len(prompts))
-        stored = self._stored(run, refresh, prompts, tiles, params, formats, seeds, [{"prompt": c} for c in contents])
-        return self._open_stream(prompts, tiles, params, formats, what="stream_batch_completion",
-                                 preemptible=preemptible, seeds=seeds, stored=stored)
+        requests = self._requests([ids for ids, _ in rows], [t for _, t in rows], sampling,
+                                  per_row_formats(response_format, len(rows)), [{"prompt": c} for c in contents],
+                                  item, "stream_batch_completion")
+        return self._open_stream(requests, what="stream_batch_completion", preemptible=preemptible,
+                                 stored=self._stored(run, refresh, requests))
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
     def stream_batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
                                      tool_choice: str = "auto", tool_prompt_format: str | None = None,
-                                     max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                                     top_k: int = 0, seed: int | Sequence[int | None] | None = None,
-                                     logprobs: int = 0, stop: str | Sequence[str] | None = None,
-                                     response_format: Any = None, constrain_tools: bool = False,
-                                     preemptible: bool = True, system_message_behavior: str = "append",
+                                     sampling: SamplingParams | None = None, response_format: Any = None,
+                                     constrain_tools: bool = False, preemptible: bool = True,
+                                     system_message_behavior: str = "append", item: Any = None,
                                      run: str | None = None, refresh: bool = False) -> BatchStream:
         """``batch_chat_completion`` streamed: ``(row, StreamChunk)`` pairs of raw reply text; each row's last
         chunk's ``final`` is its ChatCompletion (equal to ``batch_chat_completion``'s).  See
         ``stream_batch_completion`` for ``cancel(row)``, ``preemptible`` and ``run=``."""
+        assert sampling is not None
         prompts, formats = chat.prepare(self.formatter, dialogs, tools, tool_choice, tool_prompt_format,
                                         response_format=response_format, constrain_tools=constrain_tools,
                                         system_message_behavior=system_message_behavior)
-        scalar, seeds = per_row_seeds(seed, len(prompts))
-        params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       seed=scalar, logprobs=logprobs, stop=stop)
-        ids, tiles = self._rendered(prompts)
-        stored = self._stored(run, refresh, ids, tiles, params, formats, seeds,
-                              [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], kind="chat")
-        return self._open_stream(ids, tiles, params, formats, what="stream_batch_completion", preemptible=preemptible,
-                                 seeds=seeds, stored=stored, finish=chat_finish(formats, self.formatter))
+        requests = self._requests(*self._rendered(prompts), sampling, formats,
+                                  [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], item,
+                                  "stream_batch_chat_completion")
+        return self._open_stream(requests, what="stream_batch_completion", preemptible=preemptible,
+                                 stored=self._stored(run, refresh, requests, kind="chat"),
+                                 finish=chat_finish(self.formatter))
 
     # ----------------------------------------------------------------------------- scoring
     def logits(self, token_lists: Sequence[Sequence[int] | Any]) -> list[torch.Tensor]:
@@ -541,104 +491,17 @@ class Engine(IntrospectionMixin):
             with self._gate.exclusive("score"):
                 logprobs, greedy, counts = self._runner.score(rows, firsts)
             return scored_rows(logprobs, greedy, counts)
-        requests = [RowRequest(r, {"start": f}, "score") for r, f in zip(rows, firsts)]
-        stored = StoredCall(self.open_run(run), requests, [{"sequence": r, "start": f} for r, f in zip(rows, firsts)],
-                            refresh=bool(refresh))
+        requests = [Request(i, r, SamplingParams(), row=i, given={"sequence": r, "start": f})
+                    for i, (r, f) in enumerate(zip(rows, firsts))]
+        stored = StoredCall(self.open_run(run), requests, [RowRequest(r, {"start": f}, "score")
+                                                           for r, f in zip(rows, firsts)], refresh=bool(refresh))
         try:
             if stored.todo:
                 with self._gate.exclusive("score"):
-                    logprobs, greedy, counts = self._runner.score([rows[i] for i in stored.todo],
-                                                                  [firsts[i] for i in stored.todo])
-                for j, row in enumerate(scored_rows(logprobs, greedy, counts)):
-                    stored.finished(j, row)
+                    logprobs, greedy, counts = self._runner.score([r.prompt for r in stored.todo],
+                                                                  [firsts[r.row] for r in stored.todo])
+                for request, row in zip(stored.todo, scored_rows(logprobs, greedy, counts)):
+                    stored.finish_row(request, row)
         finally:
             stored.close()
         return stored.results()
-
-    # ----------------------------------------------------------------------------- images
-    def load_vision(self) -> None:
-        """Load the vision encoder now (it is otherwise loaded at the first image) and keep it loaded across
-        ``set_quantization``.  Raises ImageError for models without one."""
-        if self.args.vision_args is None and not is_cross_attention_vision(self.args):
-            raise ImageError(self.formatter.chat.no_images_reason or "this model has no vision encoder")
-        self._runner.load_vision()
-        self._vision_eager = True
-
-    def compile_decode(self) -> float:
-        """Run every decode step through ``torch.compile`` from now on, and compile it now.
-
-        Why: eager decode pays Python and one kernel launch per small op for every token; the compiled
-        step fuses the elementwise work around the matmuls.  Tokens are the eager path's (tests hold
-        it to that).  Compiles on a short warm-up (three rows: with and without a position mask) and
-        returns the seconds it took, also in ``info()["compile_seconds"]``; the batch width and the
-        attended span vary without recompiling.  Kept across ``set_quantization``.
-        """
-        with self._gate.exclusive("compile_decode"):
-            self.compile_seconds = compile_and_warm_up(self._runner, self.tokenizer.bos_id)
-        return self.compile_seconds
-
-    def use_cuda_graphs(self) -> dict[str, Any]:
-        """Decode through CUDA graphs from now on: one per (batch, span) bucket, captured now.
-
-        Why: an eager GPU decode step is bound by launching small kernels from Python, not by reading the
-        weights; a graph replays the whole step as one launch.  A graph needs fixed shapes, so each step is
-        padded to its bucket and keys past each row's position are masked (the same tokens as eager).  On a
-        CPU the fixed-shape steps run uncaptured.  Returns ``info()["cuda_graphs"]`` (graph count, capture
-        seconds, buckets).  Kept across ``set_quantization`` (captured again).
-        """
-        with self._gate.exclusive("use_cuda_graphs"):
-            self.cuda_graphs = use_cuda_graphs(self._runner)
-        return self.cuda_graphs
-
-    # ----------------------------------------------------------------------------- quantization
-    def set_quantization(self, mode: str | None, *, progress: bool | None = None) -> None:
-        """Re-load the weights from the checkpoint under another quantization mode (None | "bf16" |
-        "fp8_mixed" | "int4_mixed").  The old model is freed first, so only one copy is resident.
-
-        The mode is checked against the device *before* anything is freed: a bad mode raises
-        QuantizationError and leaves the current model loaded.  ``progress``: a bar for the re-load
-        (None: shown once it takes a couple of seconds; True/False: always/never).
-        """
-        mode = check_supported(mode, self.settings.device)
-        settings = self.settings.with_quantization(mode)
-        if settings == self.settings:
-            return
-        with self._gate.exclusive("set_quantization"):
-            with progress_bar(1, desc=f"quantization -> {mode or 'none'}", unit="reload", progress=progress) as bar:
-                self._runner.reload(settings)
-                bar.update(1)
-            self.settings = settings
-            if self._vision_eager:
-                self._runner.load_vision()
-            if self.compile_seconds is not None:
-                self.compile_seconds = compile_and_warm_up(self._runner, self.tokenizer.bos_id)
-            if self.cuda_graphs is not None:
-                self.cuda_graphs = use_cuda_graphs(self._runner)
-
-    @property
-    def closed(self) -> bool:
-        """True after :meth:`close` (or ``workbench.unload()``)."""
-        return isinstance(self._runner, _ClosedRunner)
-
-    def close(self) -> None:
-        """Free the model, cache and any worker processes (the engine is unusable afterwards).
-
-        Closing twice is harmless.  A call running in another thread is waited for; an unfinished stream of
-        this thread is abandoned (its next step raises).
-        """
-        if self.closed:
-            return
-        mine = self._gate.held_by_this_thread()
-        if not mine:
-            self._gate.lock.acquire()
-        try:
-            runner, self._runner = self._runner, _ClosedRunner()
-            if hasattr(runner, "close"):
-                runner.close()
-        finally:
-            if not mine:
-                self._gate.lock.release()
-
-class _ClosedRunner:
-    def __getattr__(self, name: str) -> Any:
-        raise WorkbenchError("this engine was unloaded; call workbench.load(...) again")

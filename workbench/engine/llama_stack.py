@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from workbench.engine.docs import public_signature, take_sampling
 from workbench.engine.interfaces import ModelIdentity
 from workbench.errors import InputError, SamplingError
 from workbench.runtime.settings import default_model_name
@@ -37,7 +38,8 @@ STRATEGIES = ("greedy", "top_p", "top_k")
 
 LLAMA_STACK_DOC = """
         Llama Stack's spellings are accepted too (code written for its inference API runs unchanged):
-            ``sampling_params`` (dict or ``SamplingParams``: strategy greedy / top_p / top_k, max_tokens, stop),
+            ``sampling_params`` (dict or ``SamplingParams``: strategy greedy / top_p / top_k, max_tokens, stop,
+            repetition_penalty),
             ``logprobs={"top_k": k}``, ``model_id`` (must name the loaded model){extra}.
             A native keyword given beside its Llama Stack spelling must agree with it (else SpellingConflictError).
 """
@@ -56,7 +58,9 @@ class ModelMismatchError(InputError):
 def llama_stack_spellings(*, batch: tuple[str, str] | None = None, chat: bool = False,
                           content: str | None = None) -> Callable[[F], F]:
     """Wrap an engine method (or a tool-loop function whose first argument is the engine) so that it also
-    accepts Llama Stack's keywords; the method itself only ever sees native keywords.
+    accepts Llama Stack's keywords; the method itself only ever sees native keywords.  A method with a
+    ``sampling`` parameter shows every sampling keyword in its signature and gets them resolved into one
+    SamplingParams (:func:`~.docs.take_sampling`) in this same frame.
 
     batch: ``(native_name, llama_stack_name)`` of the list argument (``("contents", "content_batch")``).
     chat: the method takes ``tool_config`` (tool choice, call syntax, system-message behaviour).
@@ -67,6 +71,10 @@ def llama_stack_spellings(*, batch: tuple[str, str] | None = None, chat: bool = 
 
     def decorate(method: F) -> F:
         signature = inspect.signature(method)
+        # a `sampling=` parameter (not a **sampling catch-all): its keywords come from SamplingParams
+        takes_sampling = getattr(signature.parameters.get("sampling"), "kind", None) is inspect.Parameter.KEYWORD_ONLY
+        if takes_sampling:
+            signature = public_signature(signature, method.__name__)
         var_keyword = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
 
         @functools.wraps(method)
@@ -80,9 +88,12 @@ def llama_stack_spellings(*, batch: tuple[str, str] | None = None, chat: bool = 
             if batch is not None and batch[1] in extra:
                 _merge(given, batch[0], extra.pop(batch[1]), batch[1])
             given = to_native(engine, given, extra, content=content)
+            if takes_sampling:
+                take_sampling(given, method.__name__)
             return method(**given)
 
         wrapper.__doc__ = (method.__doc__ or "").rstrip() + "\n" + _doc(batch, chat)
+        wrapper.__signature__ = signature  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate
@@ -186,10 +197,8 @@ def sampling_to_native(params: Any, given: dict[str, Any] | None = None) -> dict
     """Native sampling keywords of a Llama Stack ``SamplingParams`` (dict or pydantic), as the meta-reference
     provider reads them: greedy is temperature 0; top_p takes ``temperature or 1.0`` and ``top_p or 1.0``;
     top_k samples among the k most likely tokens at temperature 1 (or the native ``temperature`` given
-    beside it); ``max_tokens`` 0 or None means no limit.
-
-    ``repetition_penalty`` other than 1.0 is refused: llama-models' reference generator and llama-stack's
-    meta-reference provider never apply it (they drop it silently), so there is no reference to match."""
+    beside it); ``max_tokens`` 0 or None means no limit; ``repetition_penalty`` is the native keyword of the
+    same name (transformers' definition: llama-models' reference generator has none to match)."""
     given = given or {}
     fields = _fields(params, "sampling_params")
     unknown = sorted(set(fields) - set(SAMPLING_FIELDS))
@@ -204,13 +213,8 @@ def sampling_to_native(params: Any, given: dict[str, Any] | None = None) -> dict
         if n is not None and (not _is_int(n) or n < 0):
             raise SamplingError(f"sampling_params.max_tokens must be an integer >= 0 (0 = no limit), got {n!r}")
         out["max_tokens"] = n or None
-    penalty = fields.get("repetition_penalty")
-    if penalty is not None and penalty != 1.0:
-        raise SamplingError(
-            f"sampling_params.repetition_penalty={penalty!r} is not supported: Llama Stack's meta-reference "
-            "generator (and llama-models' reference generation) ignore it, so no reference defines what it does; "
-            "leave it out or pass 1.0"
-        )
+    if fields.get("repetition_penalty") is not None:
+        out["repetition_penalty"] = fields["repetition_penalty"]
     if fields.get("stop") is not None:
         stop = fields["stop"]
         if isinstance(stop, str) or not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):

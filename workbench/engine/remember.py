@@ -20,23 +20,23 @@ killed process loses only the rows still running (and at most that fraction of a
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from workbench.engine import chat
 from workbench.engine.interfaces import ChatFormatter, TextTokenizer
-from workbench.errors import SamplingError
+from workbench.errors import InputError
 from workbench.formats import ToolDefinition
-from workbench.generation import SamplingParams
+from workbench.generation import Request, SamplingParams
 from workbench.runs import (
     CheckpointIdentity,
     Provenance,
-    RowKey,
     RowRequest,
     Run,
     call_keywords,
@@ -50,12 +50,7 @@ from workbench.types import ChatCompletion, Completion, StreamChunk
 # Rows ending within this many seconds of the last write share one transaction (a timer writes them).
 GROUP_S = 0.2
 
-Finish = Callable[[int, Completion], Any]  # (row, Completion) -> what the call returns for the row
-
-
-# The sampling keywords of a completion or chat call that SamplingParams.create takes (``seed`` apart: it may be
-# one per row).
-SAMPLING_KEYWORDS = ("max_tokens", "temperature", "top_p", "top_k", "logprobs", "stop")
+Finish = Callable[[Request, Completion], Any]  # (request, Completion) -> what the call returns for the row
 
 
 def engine_provenance(settings: Settings, identity: CheckpointIdentity | str, *, model: str | None, family: str,
@@ -72,14 +67,13 @@ def engine_provenance(settings: Settings, identity: CheckpointIdentity | str, *,
 # ---------------------------------------------------------------------------------------------- keys
 def row_sampling(params: SamplingParams, fmt: OutputFormat | None, seed: int | None,
                  max_seq_len: int) -> dict[str, Any]:
-    """One row's sampling as its key sees it (see the module docstring)."""
-    sampling: dict[str, Any] = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-                                "max_tokens": params.max_tokens, "stop": list(params.stop),
-                                "logprobs": params.logprobs, "seed": seed}
+    """One row's sampling as its key sees it (see the module docstring): every field of SamplingParams as
+    :meth:`~workbench.generation.SamplingParams.key_fields` gives it (a field added later is in the key once
+    set, and absent at its default, so keys stored before it still answer), the row's own seed."""
+    sampling = params.key_fields()
+    sampling["seed"] = seed
     if params.max_tokens is None:
         sampling["max_seq_len"] = max_seq_len  # the row runs until the context is full
-    if params.ignore_stop_tokens:
-        sampling["ignore_stop_tokens"] = True
     if fmt is not None:  # the format by its grammar's hash: a tool-call grammar is kilobytes, every row would hold it
         grammar = hashlib.sha256(fmt.grammar.encode("utf-8", "surrogatepass")).hexdigest()
         sampling["response_format"] = {"kind": fmt.kind, "grammar_sha256": grammar}
@@ -101,20 +95,19 @@ def tile_digests(tiles: Any) -> list[str]:
         [f"aspects:{list(tiles.aspects)}", f"spans:{list(tiles.spans)}"]
 
 
-def row_requests(prompts: Sequence[Sequence[int]], images: Sequence[list[str]], params: SamplingParams,
-                 formats: Sequence[OutputFormat | None], seeds: Sequence[int | None] | None, *, kind: str,
-                 max_seq_len: int, extra: Mapping[str, Any] | None = None) -> list[RowRequest]:
-    """The :class:`~workbench.runs.RowRequest` of every row of a call (``images``: each row's images by content,
-    see :func:`tile_digests`; rows of one format and seed share their sampling dict: a 10,000-row call holds a
-    few, not 10,000)."""
+def row_requests(requests: Sequence[Request], *, kind: str, max_seq_len: int,
+                 images: Sequence[list[str]] | None = None) -> list[RowRequest]:
+    """The :class:`~workbench.runs.RowRequest` (what the key is made of) of every request of a call (``images``:
+    each row's images by content, default :func:`tile_digests` of its tiles; rows of one format and sampling
+    share their sampling dict: a 10,000-row call holds a few, not 10,000)."""
     out = []
-    shared: dict[tuple[int, int | None], dict[str, Any]] = {}
-    for i, prompt in enumerate(prompts):
-        seed = seeds[i] if seeds is not None else params.seed
-        slot = (id(formats[i]), seed)
+    shared: dict[tuple[int, int, Any], dict[str, Any]] = {}
+    for r in requests:
+        slot = (id(r.format), id(r.params), r.params.seed)
         if slot not in shared:
-            shared[slot] = row_sampling(params, formats[i], seed, max_seq_len)
-        out.append(RowRequest(prompt, shared[slot], kind, images[i], extra))
+            shared[slot] = row_sampling(r.params, r.format, r.params.seed, max_seq_len)
+        out.append(RowRequest(r.prompt, shared[slot], kind, tile_digests(r.image_tiles) if images is None
+                              else images[r.row]))
     return out
 
 
@@ -124,19 +117,18 @@ def check_run(run: str | None, refresh: bool) -> bool:
     return bool(call_keywords(run, refresh))
 
 
-def chat_finish(formats: Sequence[OutputFormat | None], formatter: ChatFormatter) -> Finish:
-    """``(row, Completion) -> ChatCompletion``: a row's reply parsed as ``chat.finish`` parses it."""
-    return lambda row, completion: chat.finish_row(completion, formats[row], formatter)
+def chat_finish(formatter: ChatFormatter) -> Finish:
+    """``(request, Completion) -> ChatCompletion``: a row's reply parsed (with its format) as ``chat.finish`` does."""
+    return lambda request, completion: chat.finish_row(completion, request.format, formatter)
 
 
-def generation_call(run: Run, requests: Sequence[RowRequest], given: Sequence[Any],
-                    formats: Sequence[OutputFormat | None], params: SamplingParams, *, refresh: bool,
-                    finish: Finish | None = None) -> StoredCall:
-    """A completion call's rows against ``run`` (stored ``parsed`` rebuilt with each row's format); with
-    ``finish`` (chat rows: :func:`chat_finish`) the stored and returned result is what it makes of a row."""
-    return StoredCall(run, requests, given, refresh=bool(refresh),
-                      parsed_types=[f.model if f is not None else None for f in formats], finish=finish,
-                      stop=params.stop)
+def generation_call(run: Run, requests: Sequence[Request], *, kind: str, max_seq_len: int, refresh: bool,
+                    finish: Finish | None = None, images: Sequence[list[str]] | None = None) -> StoredCall:
+    """A completion or chat call's requests against ``run``, keyed (:func:`row_requests`) and looked up now
+    (stored ``parsed`` rebuilt with each row's format); with ``finish`` (chat rows: :func:`chat_finish`) the
+    stored and returned result is what it makes of a row."""
+    return StoredCall(run, requests, row_requests(requests, kind=kind, max_seq_len=max_seq_len, images=images),
+                      refresh=bool(refresh), finish=finish, stop=requests[0].params.stop if requests else ())
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -178,84 +170,89 @@ class RowWriter:
 
 # ---------------------------------------------------------------------------------------------- one call
 class StoredCall:
-    """One call's rows against a run: ``found`` (row -> stored result), ``todo`` (rows to compute, in order) and
-    ``seeds`` (the seed each of them runs with, drawn where needed).  Feed each computed row to
-    :meth:`finished`; :meth:`results` gives every row in order; :meth:`close` writes what is still buffered.
+    """One call's requests against a run.  Made, it has keyed and looked up every request: one the store holds
+    has ``stored`` (its result, ``cached``); the others are :attr:`todo`, each with the sampling it runs and is
+    stored with (a sampled row without a seed gets a drawn one, put into its ``params``).  Feed each computed
+    row to :meth:`finish_row`; :meth:`results` gives every row in order; :meth:`close` writes what is still
+    buffered.
 
-    given: each row's request as the caller gave it (stored for browsing); parsed_types: each row's pydantic
-    ``response_format`` class (or None), to rebuild ``parsed``; finish: ``(row, Completion) -> result`` for
-    chat rows (the stored and returned result is the parsed reply); stop: the call's stop strings (a stored
-    chat row's raw text, for streams, is its tokens' text cut at the first of them)."""
+    rows: each request's :class:`~workbench.runs.RowRequest` (what its key is made of); finish: ``(request,
+    Completion) -> result`` for chat rows (the stored and returned result is the parsed reply); stop: the call's
+    stop strings (a stored chat row's raw text, for streams, is its tokens' text cut at the first of them).  A
+    request's ``given`` (the request as given) and ``item`` are stored with it."""
 
-    def __init__(self, run: Run, requests: Sequence[RowRequest], given: Sequence[Any], *, refresh: bool = False,
-                 parsed_types: Sequence[Any] | None = None, finish: Finish | None = None,
-                 stop: Sequence[str] = ()) -> None:
-        n = len(requests)
+    def __init__(self, run: Run, requests: Sequence[Request], rows: Sequence[RowRequest], *, refresh: bool = False,
+                 finish: Finish | None = None, stop: Sequence[str] = ()) -> None:
         self.run = run
         self.requests = list(requests)
-        self.given = list(given)
         self.finish = finish
         self.stop = tuple(stop)
-        self.keys: list[RowKey] = run.keys(self.requests)
-        self.found: dict[int, Any] = {} if refresh else self._lookup(parsed_types or [None] * n)
-        self.todo = [i for i in range(n) if i not in self.found]
-        # each computed row's sampling as it runs and is stored: a sampled row without a seed gets a drawn one
-        settled = [settle_seed(self.requests[i].sampling) for i in self.todo]
-        self.sampling: list[dict[str, Any]] = [s for s, _ in settled]
-        self.drawn: list[bool] = [d for _, d in settled]
-        self.outputs: dict[int, Any] = {}
+        for request, key in zip(self.requests, run.keys(rows)):
+            request.key = key
+        if not refresh:
+            self._lookup()
+        self.todo = [r for r in self.requests if r.stored is None]
+        for request in self.todo:
+            settled, drawn = settle_seed(rows[request.row].sampling)
+            request.sampling_record, request.seed_drawn = settled, drawn
+            if drawn:  # the row runs with the seed it is stored with
+                request.params = dataclasses.replace(request.params, seed=settled["seed"])
         self.started = time.monotonic()
         self.writer = RowWriter(run)
 
-    def _lookup(self, parsed_types: Sequence[Any]) -> dict[int, Any]:
-        by_type: dict[int, tuple[Any, list[int]]] = {}
-        for i, kind in enumerate(parsed_types):
-            by_type.setdefault(id(kind), (kind, []))[1].append(i)
-        found: dict[int, Any] = {}
-        for kind, rows in by_type.values():
-            answers = self.run.lookup([self.keys[i] for i in rows], parsed_type=kind,
-                                      requests=[self.given[i] for i in rows])  # a copied row answers this call's item
+    def _lookup(self) -> None:
+        by_type: dict[int, tuple[Any, list[Request]]] = {}
+        for r in self.requests:
+            kind = r.format.model if r.format is not None else None  # a pydantic response_format rebuilds parsed
+            by_type.setdefault(id(kind), (kind, []))[1].append(r)
+        for kind, requests in by_type.values():
+            # a row copied from another run's identical key answers this call's item
+            answers = self.run.lookup([r.key for r in requests], parsed_type=kind,
+                                      requests=[r.given for r in requests], items=[r.item for r in requests])
             used: set[str] = set()
-            for i in rows:
-                stored = answers.get(self.keys[i].key)
+            for r in requests:
+                stored = answers.get(r.key.key)
                 if stored is not None:  # a key repeated in one call (a greedy prompt twice): each row its own copy
-                    found[i] = copy.deepcopy(stored.output) if self.keys[i].key in used else stored.output
-                    used.add(self.keys[i].key)
-        return found
+                    r.stored = copy.deepcopy(stored.output) if r.key.key in used else stored.output
+                    used.add(r.key.key)
 
     @property
     def seeds(self) -> list[int | None]:
-        """The seed each row of ``todo`` runs with (drawn where the request had none and samples)."""
-        return [s.get("seed") for s in self.sampling]
+        """The seed each request of ``todo`` runs with (drawn where the request had none and samples)."""
+        return [r.params.seed for r in self.todo]  # type: ignore[misc]
 
-    def finished(self, j: int, completion: Completion) -> None:
-        """Computed row ``j`` (its place in ``todo``) ended: keep its result and write it."""
-        i = self.todo[j]
-        result = self.finish(i, completion) if self.finish is not None else completion
-        self.outputs[i] = result
+    def finish_row(self, request: Request, completion: Any) -> None:
+        """A computed request ended: keep its result (``request.result``) and write it."""
+        request.result = self.finish(request, completion) if self.finish is not None else completion
         # a drawn seed is recorded with the row, so the row can be replayed
-        self.writer.add({"key": self.keys[i], "request": self.given[i], "prompt_ids": self.requests[i].prompt_ids,
-                         "output": result, "sampling": self.sampling[j], "seed_drawn": self.drawn[j],
-                         "timings": {"seconds": round(time.monotonic() - self.started, 4)}})
+        self.writer.add({"key": request.key, "request": request.given, "prompt_ids": request.prompt,
+                         "output": request.result, "sampling": request.sampling_record,
+                         "seed_drawn": request.seed_drawn,
+                         "timings": {"seconds": round(time.monotonic() - self.started, 4)}, "item": request.item})
 
-    def output(self, row: int, completion: Completion) -> Any:
-        """Computed row ``row``'s result as :meth:`finished` kept it (``completion``: the row, already taken)."""
-        return self.outputs[row]
+    def finished(self, j: int, completion: Any) -> None:
+        """Computed row ``j`` (its place in ``todo``) ended: :meth:`finish_row` (a replica pool's chunks count
+        rows by place)."""
+        self.finish_row(self.todo[j], completion)
+
+    def output(self, request: Request, completion: Completion) -> Any:
+        """A computed request's result as :meth:`finish_row` kept it (``completion``: the row, already taken)."""
+        return request.result
 
     def results(self) -> list[Any]:
         """Every row's result in call order (stored ones ``cached``)."""
-        return [self.found[i] if i in self.found else self.outputs[i] for i in range(len(self.requests))]
+        return [r.stored if r.stored is not None else r.result for r in self.requests]
 
     def so_far(self) -> list[Any]:
         """Every row's result in call order once it is known (stored, or computed and ended), else None."""
-        return [self.found.get(i, self.outputs.get(i)) for i in range(len(self.requests))]
+        return self.results()
 
     def partial(self, cut: Sequence[Completion]) -> list[Any]:
         """A cancelled call's rows in call order: stored and finished rows whole, ``cut[j]`` for the others."""
         out = self.so_far()
-        for j, i in enumerate(self.todo):
-            if out[i] is None:
-                out[i] = cut[j]
+        for request, partial in zip(self.todo, cut):
+            if out[request.row] is None:
+                out[request.row] = partial
         return out
 
     def close(self) -> None:
@@ -263,7 +260,7 @@ class StoredCall:
 
     def replays(self, tokenizer: TextTokenizer) -> dict[int, list[StreamChunk]]:
         """Each stored row as the chunks a stream of it sends (:func:`replay_chunks`)."""
-        return {i: replay_chunks(tokenizer, out, self.stop) for i, out in self.found.items()}
+        return {r.row: replay_chunks(tokenizer, r.stored, self.stop) for r in self.requests if r.stored is not None}
 
 
 def raw_text(tokenizer: TextTokenizer, result: Any, stop: Sequence[str]) -> str:
@@ -297,17 +294,16 @@ def replay_chunks(tokenizer: TextTokenizer, result: Completion | ChatCompletion,
 
 
 # ---------------------------------------------------------------------------------------------- call values
-def per_row_seeds(seed: Any, n: int) -> tuple[int | None, list[int | None] | None]:
-    """A batch call's ``seed``: one for every row (``(seed, None)``) or a list with one per row
-    (``(None, seeds)``, each checked as ``seed=`` is)."""
-    if not isinstance(seed, (list, tuple)):
-        return seed, None
-    if len(seed) != n:
-        raise SamplingError(f"seed has {len(seed)} entries for {n} prompts; give one seed for all rows or one entry "
-                            "(None for none) per row")
-    for s in seed:
-        SamplingParams.create(seed=s)  # the same checks and message as one seed
-    return None, list(seed)
+def row_items(item: Any, rows: int, method: str) -> list[Any]:
+    """A call's ``item=`` as one value per row: a batch method's list (or tuple) has one entry per row, any other
+    value (opaque: a case id, whatever the tool loop passes) is every row's; a single-row method's value is its
+    row's."""
+    if "batch" not in method or not isinstance(item, (list, tuple)):
+        return [item] * rows
+    if len(item) != rows:
+        raise InputError(f"{method} got {len(item)} items for {rows} rows; give one item for every row or a list "
+                         "with one entry per row (None: derived)")
+    return list(item)
 
 
 def chat_request(messages: Any, tools: Any, tool_choice: Any, tool_prompt_format: Any) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,71 +28,10 @@ from workbench.generation import batching, scoring
 from workbench.generation.constraints import MaskRow
 from workbench.generation.graphs import StaticDecode
 from workbench.generation.prefix_cache import PrefixCache
-from workbench.generation.sampling import SamplingParams, fast_argmax, sample_token
+from workbench.generation.request import Event, Request
+from workbench.generation.sampling import apply_repetition_penalty, fast_argmax, sample_token
 from workbench.models.transformer import Transformer
 from workbench.types import StopReason, TokenLogprob
-
-
-@dataclass
-class Request:
-    index: int
-    prompt: list[int]
-    params: SamplingParams
-    constraint: Any = None  # a structured.Constraint: the row's output must follow its grammar
-    # Llama 4: [n, 3, T, T], the prompt's images' tiles in <|patch|> order; Llama 3.2 Vision: an ImageSet
-    image_tiles: Any = None
-    # a RowCancel: once set, the row ends at the next step with stop_reason "cancelled" and frees its slot
-    cancel: Any = None
-
-
-class RowCancel:
-    """Cancels one row of a running call (a disconnected client's stream) without stopping the others.
-
-    A plain object, so a Request holding it still pickles; model-parallel workers get a copy (the engine
-    then just drops the row's events until the call ends)."""
-
-    __slots__ = ("flag",)
-
-    def __init__(self) -> None:
-        self.flag = False
-
-    def set(self) -> None:
-        self.flag = True
-
-    def is_set(self) -> bool:
-        return self.flag
-
-
-@dataclass
-class Event:
-    """One generated token of request ``index``; ``stop_reason`` is set on the request's last event.
-
-    A final event may carry ``token=None`` (stopped on a stop token or a stop string, nothing to add).
-    """
-
-    index: int
-    token: int | None
-    logprob: TokenLogprob | None = None
-    stop_reason: StopReason | None = None
-    truncate_text_at: int | None = None  # set when a stop string ended the row: cut text here
-
-
-@dataclass
-class _Row:
-    request: Request
-    sampling_rng: torch.Generator | None  # the row's own random stream (None for greedy rows)
-    tokens: list[int] = field(default_factory=list)
-    grammar: Any = None  # structured.RowConstraint of a constrained row
-    fed: int = 0  # generated tokens whose keys/values are in the cache
-
-    def held_tokens(self) -> list[int]:
-        """Tokens whose keys/values this row's slot holds at positions 0..n-1 (its prefix-cache record)."""
-        return self.request.prompt + self.tokens[: self.fed] if self.fed else self.request.prompt
-
-    @property
-    def position(self) -> int:
-        """Cache position of the last sampled token (the next one fed to the model)."""
-        return len(self.request.prompt) + len(self.tokens) - 1
 
 
 class Scheduler:
@@ -118,6 +56,9 @@ class Scheduler:
         self.cache = model.new_cache(max_batch_size, max_seq_len)
         self.prefix_cache = PrefixCache(self.cache, enabled=share_prefixes)
         self.static: StaticDecode | None = None  # fixed-shape (CUDA-graphed) decode steps, see use_static_decode
+        # [max_batch_size, V] bool on the model's device: the tokens each slot's row has seen (prompt and reply),
+        # kept only for rows with a repetition penalty; made at the first such row
+        self.seen: torch.Tensor | None = None
 
     @property
     def stats(self) -> dict[str, int]:
@@ -156,6 +97,7 @@ class Scheduler:
             self.cache.values.clear()
         self.prefix_cache.forget()
         self.static = None
+        self.seen = None
         self.model = None  # type: ignore[assignment]
         self.cache = None  # type: ignore[assignment]
 
@@ -163,7 +105,7 @@ class Scheduler:
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
         """Yield events in generation order (rows interleave); each request ends with one stop event."""
         pending = deque(requests)
-        slots: list[_Row | None] = [None] * min(self.max_batch_size, len(requests))
+        slots: list[Request | None] = [None] * min(self.max_batch_size, len(requests))
         refill_at = max(1, len(slots) // 4)  # wait for this many free slots before a new prefill wave
         while pending or any(slots):
             yield from self._drop_cancelled(pending, slots)
@@ -198,15 +140,15 @@ class Scheduler:
         on this scheduler's model and cache slots."""
         return scoring.score(self.model, self.prefix_cache, sequences, starts)
 
-    def _drop_cancelled(self, pending: deque[Request], slots: list[_Row | None]) -> Iterator[Event]:
+    def _drop_cancelled(self, pending: deque[Request], slots: list[Request | None]) -> Iterator[Event]:
         """End the rows whose ``cancel`` is set (waiting or running): a "cancelled" event each, slot freed."""
-        for request in [r for r in pending if r.cancel is not None and r.cancel.is_set()]:
+        for request in [r for r in pending if r.cancelled]:
             pending.remove(request)
             yield Event(request.index, None, stop_reason="cancelled")
         for i, row in enumerate(slots):
-            if row is not None and row.request.cancel is not None and row.request.cancel.is_set():
+            if row is not None and row.cancelled:
                 slots[i] = None  # its slot record stays valid: the cache holds what it fed
-                yield Event(row.request.index, None, stop_reason="cancelled")
+                yield Event(row.index, None, stop_reason="cancelled")
 
     # ----------------------------------------------------------------------------- steps
     def _first_image_position(self, tokens: list[int]) -> int:
@@ -248,7 +190,7 @@ class Scheduler:
         return out
 
     @torch.inference_mode()
-    def _prefill(self, admitted: list[tuple[int, Request]], slots: list[_Row | None]) -> Iterator[Event]:
+    def _prefill(self, admitted: list[tuple[int, Request]], slots: list[Request | None]) -> Iterator[Event]:
         shared = self.prefix_cache.shared_prefixes([(slot, r.prompt) for slot, r in admitted if r.image_tiles is None])
         if shared:
             self._fill(shared)
@@ -258,16 +200,16 @@ class Scheduler:
         caps = [self._first_image_position(r.prompt) if r.image_tiles is not None else None for _, r in admitted]
         logits = self._fill([(slot, request.prompt) for slot, request in admitted],
                             [request.image_tiles for _, request in admitted], caps)  # [n, V]
-        new_rows = []
         for (slot, request), cap in zip(admitted, caps):
-            row = _Row(request, request.params.make_rng(), grammar=self._start_grammar(request))
-            self.prefix_cache.hold(slot, row, cap=cap)
-            slots[slot] = row
-            new_rows.append((slot, row))
-        yield from self._advance_all(new_rows, logits, slots)
+            request.rng, request.grammar = request.params.make_rng(), self._start_grammar(request)
+            if request.params.penalized:
+                self._see_prompt(slot, request.prompt)
+            self.prefix_cache.hold(slot, request, cap=cap)  # a running row is its slot's record
+            slots[slot] = request
+        yield from self._advance_all(admitted, logits, slots)
 
     @torch.inference_mode()
-    def _decode(self, slots: list[_Row | None], width: int) -> Iterator[Event]:
+    def _decode(self, slots: list[Request | None], width: int) -> Iterator[Event]:
         live = [i for i in range(width) if slots[i] is not None]
         live_positions = [slots[i].position for i in live]  # type: ignore[union-attr]
         low, high = min(live_positions), max(live_positions)
@@ -297,60 +239,87 @@ class Scheduler:
             logits, greedy = logits[live], None if greedy is None else greedy[live]
         yield from self._advance_all([(i, slots[i]) for i in live], logits, slots, greedy)
 
-    def _advance_all(self, rows: list[tuple[int, _Row]], logits: torch.Tensor, slots: list[_Row | None],
+    def _advance_all(self, rows: list[tuple[int, Request]], logits: torch.Tensor, slots: list[Request | None],
                      argmax: torch.Tensor | None = None) -> Iterator[Event]:
         """Pick every row's next token from ``logits`` [n, V] (one argmax for all greedy rows; ``argmax`` [n]
         when the step already took it on the device)."""
         chosen: dict[int, int] = {}  # rows whose grammar already decided their greedy token
+        penalized = [k for k, (_, row) in enumerate(rows) if row.params.penalized]
+        if penalized:  # before anything reads the logits; the device's argmax saw them unpenalized
+            self._penalize(logits, penalized, rows)
+            argmax = None
         # before any mask: constrained greedy rows keep their argmax when the grammar allows it
         greedy: list[int] = []
-        if any(r.request.params.greedy for _, r in rows):
+        if any(r.params.greedy for _, r in rows):
             greedy = (argmax if argmax is not None else fast_argmax(logits)).tolist()
         if any(row.grammar is not None for _, row in rows):
             chosen = yield from self._mask_grammars(rows, logits, slots, greedy)
             for k, (_, row) in enumerate(rows):  # greedy rows whose logits the mask rewrote (logprobs asked)
-                if row.grammar is not None and row.request.params.greedy and k not in chosen:
+                if row.grammar is not None and row.params.greedy and k not in chosen:
                     greedy[k] = int(fast_argmax(logits[k : k + 1])[0])
         for k, (slot, row) in enumerate(rows):
             if slots[slot] is not row:  # ended by its grammar
                 continue
-            params = row.request.params
+            params = row.params
             if k in chosen:
                 token = chosen[k]
             else:
-                token = greedy[k] if params.greedy else sample_token(logits[k], params, row.sampling_rng)
+                token = greedy[k] if params.greedy else sample_token(logits[k], params, row.rng)
             yield from self._advance(row, token, logits[k], slots, slot)
 
-    def _advance(self, row: _Row, token: int, logits: torch.Tensor, slots: list[_Row | None],
+    def _advance(self, row: Request, token: int, logits: torch.Tensor, slots: list[Request | None],
                  slot: int) -> Iterator[Event]:
         """Emit the row's new ``token`` and free the slot if the row is done."""
-        params = row.request.params
+        params = row.params
         logprob = self._logprob(logits, token, params.logprobs) if params.logprobs else None
-        index = row.request.index
+        index = row.index
         if token in self.stop_tokens and not params.ignore_stop_tokens:
             slots[slot] = None
             yield Event(index, None, logprob, stop_reason=self.stop_tokens[token])
             return
         row.tokens.append(token)
+        if logprob is not None:
+            row.logprobs.append(logprob)
+        if params.penalized:
+            self.seen[slot, token] = True  # type: ignore[index]
         if row.grammar is not None:
             row.grammar.consume(token)
             if row.grammar.complete:  # nothing but the end token could follow: end the row now
                 slots[slot] = None
-                yield Event(index, token, logprob, stop_reason=row.grammar.constraint.end_reason)
+                yield Event(index, token, logprob, stop_reason=row.grammar.constraint.end_reason, count=len(row.tokens))
                 return
         stop_at = self._stop_string_hit(row) if params.stop else None
         if stop_at is not None:
             slots[slot] = None
-            yield Event(index, token, logprob, stop_reason="end_of_turn", truncate_text_at=stop_at)
+            yield Event(index, token, logprob, stop_reason="end_of_turn", truncate_text_at=stop_at,
+                        count=len(row.tokens))
             return
         limit = params.max_tokens if params.max_tokens is not None else self.max_seq_len
         if len(row.tokens) >= limit or row.position + 1 >= self.max_seq_len:
             slots[slot] = None
             done = row.grammar is not None and row.grammar.accepting  # a complete grammar ends the turn
             reason: StopReason = row.grammar.constraint.end_reason if done else "out_of_tokens"
-            yield Event(index, token, logprob, stop_reason=reason)
+            yield Event(index, token, logprob, stop_reason=reason, count=len(row.tokens))
             return
-        yield Event(index, token, logprob)
+        yield Event(index, token, logprob, count=len(row.tokens))
+
+    def _see_prompt(self, slot: int, prompt: list[int]) -> None:
+        """Start a penalized row's record of seen tokens: its prompt's ids."""
+        if self.seen is None:
+            self.seen = torch.zeros(self.max_batch_size, self.model.args.vocab_size, dtype=torch.bool,
+                                    device=self.model.device)
+        self.seen[slot].zero_()
+        self.seen[slot, torch.tensor(prompt, device=self.model.device)] = True
+
+    def _penalize(self, logits: torch.Tensor, ks: list[int], rows: list[tuple[int, Request]]) -> None:
+        """Apply the repetition penalty of rows ``ks`` (places in ``rows``) to their logits [n, V], in place, on
+        the device (no value comes back to the host)."""
+        device = logits.device
+        at = torch.tensor(ks, device=device)  # [m]
+        slot_ids = torch.tensor([rows[k][0] for k in ks], device=self.seen.device)  # type: ignore[union-attr]
+        penalty = torch.tensor([[rows[k][1].params.repetition_penalty] for k in ks], device=device,
+                               dtype=logits.dtype)  # [m, 1]
+        logits[at] = apply_repetition_penalty(logits[at], self.seen[slot_ids].to(device), penalty)  # type: ignore[index]
 
     def _start_grammar(self, request: Request) -> Any:
         if request.constraint is None:
@@ -359,7 +328,7 @@ class Scheduler:
             raise RuntimeError("a constrained request reached a scheduler built without a grammar runtime")
         return self.grammars.start(request.constraint)
 
-    def _mask_grammars(self, rows: list[tuple[int, _Row]], logits: torch.Tensor, slots: list[_Row | None],
+    def _mask_grammars(self, rows: list[tuple[int, Request]], logits: torch.Tensor, slots: list[Request | None],
                        argmax: list[int]) -> Generator[Event, None, dict[int, int]]:
         """Apply every constrained row's token mask to its logits (one batched mask computation per step);
         returns the tokens it chose for greedy rows (see ``GrammarRuntime.mask_logits``).
@@ -367,23 +336,23 @@ class Scheduler:
         A row whose grammar allows no token at all (an unsatisfiable schema) ends as ``out_of_tokens``.
         """
 
-        constrained = [MaskRow(k, row.grammar, row.request.params.greedy and not row.request.params.logprobs)
+        constrained = [MaskRow(k, row.grammar, row.params.greedy and not row.params.logprobs)
                        for k, (_, row) in enumerate(rows) if row.grammar is not None]
         chosen = self.grammars.mask_logits(logits, constrained, argmax)
         for item in constrained:
             if item.state.dead:
                 slot, row = rows[item.index]
                 slots[slot] = None
-                yield Event(row.request.index, None, stop_reason="out_of_tokens")
+                yield Event(row.index, None, stop_reason="out_of_tokens")
         return chosen
 
-    def _stop_string_hit(self, row: _Row) -> int | None:
+    def _stop_string_hit(self, row: Request) -> int | None:
         """Character offset where the first stop string starts in the text so far, if any.
 
         Checked after every token, so a new hit can only involve the last few tokens: only that tail is
         decoded on the hot path (a character spans at most 4 tokens), the whole text only on a hit.
         """
-        stops = row.request.params.stop
+        stops = row.params.stop
         tail = self.decode_text(row.tokens[-(4 * max(map(len, stops)) + 4) :])
         if not any(s in tail for s in stops):
             return None

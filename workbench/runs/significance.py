@@ -6,8 +6,9 @@ both answered, its 95 % interval and a two-sided p-value, and how many items imp
 Pass/fail scores: Wilson interval for a rate; McNemar's exact test and Newcombe's paired interval for the
 difference.  Numeric scores: Student's t interval for a mean and for the mean paired difference; a paired
 sign-flip permutation test (seeded: the same data give the same p-value).  ``shown`` is False when the
-difference's interval covers 0: the runs are *not shown to differ* on that score (which is not the same as
-shown to be equal).
+difference's interval covers 0 — or when the test's p-value is not below 0.05, since Newcombe's interval and
+McNemar's exact test can disagree near the edge and a verdict must not rest on the kinder of the two: the runs
+are then *not shown to differ* on that score (which is not the same as shown to be equal).
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def summary(names: str | Sequence[str], baseline: str | None = None, scores: Seq
             else:
                 record.update(_against(kind, by_run[base].get(score, {}), values))
                 low_d, high_d = record["diff_low"], record["diff_high"]
-                record["shown"] = bool(not (math.isnan(low_d) or math.isnan(high_d)) and (low_d > 0 or high_d < 0))
+                excludes_zero = not (math.isnan(low_d) or math.isnan(high_d)) and (low_d > 0 or high_d < 0)
+                p_value = record["p_value"]
+                record["shown"] = bool(excludes_zero and p_value is not None and p_value < 1 - stats.LEVEL)
             records.append(record)
     frame = pd.DataFrame.from_records(records, columns=COLUMNS)
     frame.attrs.update({"baseline": base, "runs": runs, "scores": wanted, "level": stats.LEVEL})

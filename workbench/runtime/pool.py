@@ -159,15 +159,15 @@ class ParallelRunner:
         return [p.pid for p in self._procs]
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
-        """Events of rank 0, streamed as they are produced; stopping early cancels on every rank."""
-        requests = [self._seeded(r) for r in requests]
+        """Events of rank 0, streamed as they are produced (the workers run the requests' wire copies: the
+        consumer records the events on ``requests``); stopping early cancels on every rank."""
         if not requests:
             return
         if any(r.image_tiles is not None for r in requests):
             self._vision_loaded = True  # the ranks load it at this request's first prefill
-            requests = [r if r.image_tiles is None else replace(r, image_tiles=images_to_wire(r.image_tiles))
-                        for r in requests]
-        rid = self._send("generate", requests)
+        wire = [self._seeded(r.wire(None if r.image_tiles is None else images_to_wire(r.image_tiles)))
+                for r in requests]
+        rid = self._send("generate", wire)
         yield from self._collect(rid, f"generating (request {rid})")
 
     def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None

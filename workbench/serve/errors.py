@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from workbench.engine import SamplingParams
 from workbench.errors import (
     EngineBusyError,
     FormatError,
@@ -23,7 +24,7 @@ from workbench.errors import (
     WorkbenchError,
 )
 
-_SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "logprobs", "stop")
+_SAMPLING_FIELDS = tuple(f.name for f in SamplingParams.keywords())  # a SamplingError names one of them
 
 
 class APIError(InputError):

@@ -127,6 +127,8 @@ def _batch(engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any,
     sets = [d.toolbox.definitions for d in dialogs]
     choices = [d.tool_choice for d in dialogs]
     shared = all(t is sets[0] for t in sets) and all(c == choices[0] for c in choices)
+    if options.get("run") is not None:  # a run store names each row by its dialog: every turn one item
+        options = {**options, "item": [d.item for d in dialogs]}
     try:
         return engine.batch_chat_completion([list(d.transcript) for d in dialogs], tools=sets[0] if shared else sets,
                                             tool_choice=choices[0] if shared else choices,
