@@ -22,7 +22,7 @@ except Exception:  # noqa: BLE001 - transformers is in the dev extra; without it
 
 GENERATION_METHODS = ["completion", "batch_completion", "stream_completion", "stream_batch_completion",
                       "chat_completion", "batch_chat_completion", "stream_chat_completion",
-                      "stream_batch_chat_completion", "batch_chat_rendered"]
+                      "stream_batch_chat_completion"]
 PROMPTS = ["Hi", "The capital of France is", "1, 2, 3, 1, 2, 3, 1, 2, 3", "a b a b a b a b"]
 
 
