@@ -92,14 +92,15 @@ print(f"re-run: {sum(r.cached for r in resumed)} rows from the store, "
 
 The key of a stored row holds the load settings that change numbers (dtype, quantization, model-parallel size,
 device type) and the checkpoint's content, so the same requests under `int4_mixed` are computed, not taken
-from the unquantized run. `wb.runs.compare` pairs the two runs' rows by request and shows where the outputs
-differ (here, on calls this short, the demo model's int4 experts write the same calls as the unquantized
+from the unquantized run. `wb.runs.compare(..., by="request")` pairs the two runs' rows by identical request
+and shows where the outputs differ (`by="item"`, the default, pairs items across changed settings: notebook 08) (here, on calls this short, the demo model's int4 experts write the same calls as the unquantized
 model; `first_differing_token` says where a reply parts when one does):"""),
     ("code", '''engine.set_quantization("int4_mixed")
 int4 = engine.batch_chat_completion(dialogs, tools=TOOLS, max_tokens=48, run="nb07-sweep-int4")
 engine.set_quantization(None)
 print("computed under int4_mixed:", sum(not r.cached for r in int4), "of", len(int4))
-pairs = wb.runs.compare("nb07-sweep", "nb07-sweep-int4", differing_only=False)  # the default shows only rows that differ
+# by request: the same prompt ids and sampling; differing_only=False keeps the rows whose outputs agree too
+pairs = wb.runs.compare("nb07-sweep", "nb07-sweep-int4", by="request", differing_only=False)
 print(f"{pairs.attrs['both']} requests in both runs, {pairs.attrs['differ']} with different outputs")
 pairs[["prompt", "same", "a_tool_calls", "b_tool_calls", "first_differing_token"]].head(8)''', IGNORE),
     ("md", """## Browsing what was stored
