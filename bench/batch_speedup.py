@@ -61,8 +61,13 @@ def main() -> None:
     wb.unload()
     ratios = {name: round(s["batched"][max(batch_sizes)]["speedup"], 2) for name, s in summary.items()}
     print(f"\nspeed-up of batch {max(batch_sizes)} over sequential: {ratios}")
-    print(json.dumps(rounded({"bench": "batch_speedup", "max_tokens": args.max_tokens, "prompts": args.prompts,
-                              "results": summary})))
+    print(
+        json.dumps(
+            rounded(
+                {"bench": "batch_speedup", "max_tokens": args.max_tokens, "prompts": args.prompts, "results": summary}
+            )
+        )
+    )
 
 
 def rounded(value: object) -> object:

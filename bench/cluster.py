@@ -68,12 +68,15 @@ def main() -> None:
     torch.set_num_threads(1)
 
     wbc.connect(num_cpus=max(2, args.replicas), include_dashboard=False)
-    results: dict[str, dict] = {"engine": {"seconds": eng_s, "tok_s": tokens / eng_s},
-                                f"engine_{cores}_threads": {"seconds": eng_all_s, "tok_s": tokens / eng_all_s}}
+    results: dict[str, dict] = {
+        "engine": {"seconds": eng_s, "tok_s": tokens / eng_s},
+        f"engine_{cores}_threads": {"seconds": eng_all_s, "tok_s": tokens / eng_all_s},
+    }
     try:
         for n in sorted({1, args.replicas}):
-            pool = wbc.load(args.checkpoint, replicas=n, device=args.device, max_batch_size=16, threads=1,
-                            cpus_per_replica=1)
+            pool = wbc.load(
+                args.checkpoint, replicas=n, device=args.device, max_batch_size=16, threads=1, cpus_per_replica=1
+            )
             try:
                 pool.batch_completion(prompts[:4], max_tokens=2, progress=False)  # warm-up every replica's call path
                 pool_s, rows = timed(lambda p=pool: p.batch_completion(prompts, **kw), args.repeats)
@@ -81,7 +84,9 @@ def main() -> None:
             finally:
                 pool.shutdown()
             results[f"pool_{n}"] = {
-                "seconds": pool_s, "tok_s": tokens / pool_s, "vs_engine": eng_s / pool_s,
+                "seconds": pool_s,
+                "tok_s": tokens / pool_s,
+                "vs_engine": eng_s / pool_s,
                 "rows_identical": [r.tokens for r in rows] == [r.tokens for r in ref],
                 "dispatch_ms_per_row": 1000 * (tiny_s - eng_tiny_s) / len(tiny),
             }
@@ -89,21 +94,39 @@ def main() -> None:
         wbc.disconnect()
     one, many = results["pool_1"], results.get(f"pool_{args.replicas}", results["pool_1"])
     load = os.getloadavg()[0]
-    print(f"{args.prompts} prompts x {args.max_tokens} tokens ({tokens} generated), {os.cpu_count()} cores, "
-          f"1 torch thread per engine, load average {load:.1f}")
+    print(
+        f"{args.prompts} prompts x {args.max_tokens} tokens ({tokens} generated), {os.cpu_count()} cores, "
+        f"1 torch thread per engine, load average {load:.1f}"
+    )
     for name, r in results.items():
-        extra = f"  x{r['vs_engine']:.2f} of the engine, {r['dispatch_ms_per_row']:.2f} ms/row dispatch" \
-            if "vs_engine" in r else ""
+        extra = (
+            f"  x{r['vs_engine']:.2f} of the engine, {r['dispatch_ms_per_row']:.2f} ms/row dispatch"
+            if "vs_engine" in r
+            else ""
+        )
         print(f"  {name:>8}: {r['tok_s']:8.1f} tok/s ({r['seconds']:.2f} s){extra}")
     rival = results[f"engine_{cores}_threads"]["tok_s"]
-    print(f"pool of 1: x{one['vs_engine']:.2f} of the in-process engine (its overhead); {args.replicas} replicas: "
-          f"x{many['tok_s'] / one['tok_s']:.2f} of one replica, x{many['tok_s'] / rival:.2f} of one engine on all "
-          f"{cores} cores" + (" (on 2 cores the replicas only trade intra-op threads for processes: no real gain)"
-                               if cores <= 2 else ""))
-    print(json.dumps({"bench": "cluster", "prompts": args.prompts, "max_tokens": args.max_tokens,
-                      "cores": os.cpu_count(), "threads_per_engine": 1, "load_average": round(load, 1),
-                      "results": {k: {m: round(v, 3) if isinstance(v, float) else v for m, v in r.items()}
-                                  for k, r in results.items()}}))
+    print(
+        f"pool of 1: x{one['vs_engine']:.2f} of the in-process engine (its overhead); {args.replicas} replicas: "
+        f"x{many['tok_s'] / one['tok_s']:.2f} of one replica, x{many['tok_s'] / rival:.2f} of one engine on all "
+        f"{cores} cores"
+        + (" (on 2 cores the replicas only trade intra-op threads for processes: no real gain)" if cores <= 2 else "")
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "cluster",
+                "prompts": args.prompts,
+                "max_tokens": args.max_tokens,
+                "cores": os.cpu_count(),
+                "threads_per_engine": 1,
+                "load_average": round(load, 1),
+                "results": {
+                    k: {m: round(v, 3) if isinstance(v, float) else v for m, v in r.items()} for k, r in results.items()
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -8,8 +8,16 @@ from pathlib import Path
 
 from workbench.checkpoints.factory import SMALL_LLAMA3, TINY_LLAMA3, TINY_LLAMA4, cache_root, write_checkpoint
 
-TOPICS = ["llamas", "the French revolution", "prime numbers", "photosynthesis", "jazz", "the moon landing",
-          "neural networks", "volcanoes"]
+TOPICS = [
+    "llamas",
+    "the French revolution",
+    "prime numbers",
+    "photosynthesis",
+    "jazz",
+    "the moon landing",
+    "neural networks",
+    "volcanoes",
+]
 
 
 def make_prompts(n: int, max_repeats: int = 12) -> list[str]:
@@ -32,8 +40,13 @@ PEER_MODELS: dict[str, dict] = {
     # wider layers, where the transformer (not the output matrix) dominates: ~370M parameters
     "llama3-d1024": {**TINY_LLAMA3, "dim": 1024, "n_layers": 8, "n_heads": 8, "n_kv_heads": 2, "multiple_of": 256},
     # Llama 4 with MoE (16 experts, top-1, every other layer), NoPE, chunked attention
-    "llama4-moe16": {**TINY_LLAMA4, "dim": 256, "n_heads": 4, "head_dim": 64,
-                     "moe_args": {**TINY_LLAMA4["moe_args"], "num_experts": 16}},
+    "llama4-moe16": {
+        **TINY_LLAMA4,
+        "dim": 256,
+        "n_heads": 4,
+        "head_dim": 64,
+        "moe_args": {**TINY_LLAMA4["moe_args"], "num_experts": 16},
+    },
 }
 
 

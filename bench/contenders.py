@@ -143,12 +143,27 @@ def hf_llama(ckpt: Path, max_seq_len: int) -> torch.nn.Module:
     params = _params(ckpt)
     args = ModelArgs.from_dict(dict(params), source=str(ckpt))
     config = LlamaConfig(
-        vocab_size=args.vocab_size, hidden_size=args.dim, intermediate_size=args.dense_hidden_dim(),
-        num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.kv_heads,
-        head_dim=args.rope_head_dim, rms_norm_eps=args.norm_eps, max_position_embeddings=max(max_seq_len, 16384),
-        tie_word_embeddings=False, bos_token_id=128000, eos_token_id=None, pad_token_id=0,
-        rope_parameters={"rope_type": "llama3", "rope_theta": args.rope_theta, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        vocab_size=args.vocab_size,
+        hidden_size=args.dim,
+        intermediate_size=args.dense_hidden_dim(),
+        num_hidden_layers=args.n_layers,
+        num_attention_heads=args.n_heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.rope_head_dim,
+        rms_norm_eps=args.norm_eps,
+        max_position_embeddings=max(max_seq_len, 16384),
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_id=None,
+        pad_token_id=0,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": args.rope_theta,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
     )
     state = _state(ckpt)
     hf: dict[str, torch.Tensor] = {
@@ -183,6 +198,13 @@ def hf_generate(model: torch.nn.Module, prompts: list[list[int]], max_tokens: in
         ids[k, width - len(p) :] = torch.tensor(p)
         mask[k, width - len(p) :] = 1
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                             do_sample=False, pad_token_id=0, eos_token_id=None)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
     return out[:, width:].tolist()

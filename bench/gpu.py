@@ -39,16 +39,47 @@ from workbench.quantization import quantize_model
 from workbench.runtime.memory import model_memory
 
 SHAPES = {
-    "llama3.1-8b": {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "vocab_size": 128256,
-                    "multiple_of": 1024, "ffn_dim_multiplier": 1.3, "norm_eps": 1e-5, "rope_theta": 500000.0,
-                    "use_scaled_rope": True},
-    "tiny": {"dim": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128256, "multiple_of": 256,
-             "ffn_dim_multiplier": 1.3, "norm_eps": 1e-5, "rope_theta": 500000.0, "use_scaled_rope": True},
+    "llama3.1-8b": {
+        "dim": 4096,
+        "n_layers": 32,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "vocab_size": 128256,
+        "multiple_of": 1024,
+        "ffn_dim_multiplier": 1.3,
+        "norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "use_scaled_rope": True,
+    },
+    "tiny": {
+        "dim": 256,
+        "n_layers": 2,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "vocab_size": 128256,
+        "multiple_of": 256,
+        "ffn_dim_multiplier": 1.3,
+        "norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "use_scaled_rope": True,
+    },
 }
 
 # Peak HBM bandwidth (GB/s) by device-name fragment, from the vendors' data sheets.
-PEAK_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 NVL": 3900, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
-             "A100 80GB PCIe": 1935, "A100": 1555, "L40S": 864, "L4": 300, "A10G": 600, "RTX 4090": 1008}
+PEAK_GBPS = {
+    "H200": 4800,
+    "H100 SXM": 3350,
+    "H100 NVL": 3900,
+    "H100 PCIe": 2000,
+    "H100": 3350,
+    "A100-SXM4-80GB": 2039,
+    "A100 80GB PCIe": 1935,
+    "A100": 1555,
+    "L40S": 864,
+    "L4": 300,
+    "A10G": 600,
+    "RTX 4090": 1008,
+}
 
 PROMPT_LEN = 128
 
@@ -121,8 +152,7 @@ def enable_path(model: Transformer, scheduler: Scheduler, path: str, device: tor
     return None
 
 
-def measure(model: Transformer, scheduler: Scheduler, device: torch.device, batch: int, steps: int,
-            path: str) -> dict:
+def measure(model: Transformer, scheduler: Scheduler, device: torch.device, batch: int, steps: int, path: str) -> dict:
     prompts = [[128000] + [(7919 * (r + 1) * (i + 1)) % 120000 for i in range(PROMPT_LEN - 1)] for r in range(batch)]
 
     def go(n: int) -> float:
@@ -147,9 +177,15 @@ def measure(model: Transformer, scheduler: Scheduler, device: torch.device, batc
     static = scheduler.static
     kv = static.bucket(batch, position)[1] if static is not None else position
     need = step_bytes(model, scheduler, kv, batch)
-    return {"batch": batch, "tok_s": batch / step_s, "step_ms": step_s * 1e3,
-            "prefill_tok_s": batch * PROMPT_LEN / prefill, "bytes_per_step": need,
-            "achieved_GBps": need / step_s / 1e9, "warmup_s": warm_s}
+    return {
+        "batch": batch,
+        "tok_s": batch / step_s,
+        "step_ms": step_s * 1e3,
+        "prefill_tok_s": batch * PROMPT_LEN / prefill,
+        "bytes_per_step": need,
+        "achieved_GBps": need / step_s / 1e9,
+        "warmup_s": warm_s,
+    }
 
 
 def ratios(results: list[dict]) -> list[dict]:
@@ -159,9 +195,15 @@ def ratios(results: list[dict]) -> list[dict]:
     for (mode, path, batch), tok_s in key.items():
         eager = key.get((mode, "eager", batch))
         bf16 = key.get(("bf16", path, batch))
-        out.append({"mode": mode, "path": path, "batch": batch,
-                    "vs_eager": tok_s / eager if eager and path != "eager" else None,
-                    "vs_bf16": tok_s / bf16 if bf16 and mode != "bf16" else None})
+        out.append(
+            {
+                "mode": mode,
+                "path": path,
+                "batch": batch,
+                "vs_eager": tok_s / eager if eager and path != "eager" else None,
+                "vs_bf16": tok_s / bf16 if bf16 and mode != "bf16" else None,
+            }
+        )
     return out
 
 
@@ -195,13 +237,28 @@ def main(argv: list[str] | None = None) -> dict:
     peak = peak_gbps(device, args.peak_gbps)
     copy = copy_gbps(device, 2048 if device.type == "cuda" else 256)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{name}: peak {peak} GB/s (data sheet), copy {copy:.0f} GB/s (measured), torch {torch.__version__}, "
-          f"{torch.get_num_threads()} CPU threads", flush=True)
+    print(
+        f"{name}: peak {peak} GB/s (data sheet), copy {copy:.0f} GB/s (measured), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} CPU threads",
+        flush=True,
+    )
     results: list[dict] = []
-    doc = {"bench": "gpu", "device": name, "shape": args.shape, "peak_GBps": peak, "copy_GBps": round(copy, 1),
-           "torch": torch.__version__, "threads": torch.get_num_threads(), "prompt_len": PROMPT_LEN,
-           "steps": args.steps, "batches": batches, "paths": paths, "results": results, "ratios": [],
-           "stopped": None}
+    doc = {
+        "bench": "gpu",
+        "device": name,
+        "shape": args.shape,
+        "peak_GBps": peak,
+        "copy_GBps": round(copy, 1),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "prompt_len": PROMPT_LEN,
+        "steps": args.steps,
+        "batches": batches,
+        "paths": paths,
+        "results": results,
+        "ratios": [],
+        "stopped": None,
+    }
 
     def save() -> None:
         doc["ratios"] = ratios(results)
@@ -225,8 +282,14 @@ def main(argv: list[str] | None = None) -> dict:
             model = build(args.shape, mode, device, max_seq_len)
             sync(device)
             build_s = time.perf_counter() - t0
-            scheduler = Scheduler(model, stop_tokens={}, decode_text=lambda ids: "", max_batch_size=max(batches),
-                                  max_seq_len=max_seq_len, share_prefixes=False)
+            scheduler = Scheduler(
+                model,
+                stop_tokens={},
+                decode_text=lambda ids: "",
+                max_batch_size=max(batches),
+                max_seq_len=max_seq_len,
+                share_prefixes=False,
+            )
         except Exception as exc:  # one mode failing (e.g. no fp8 on this GPU) must not lose the others
             print(f"  {mode}: failed to build: {type(exc).__name__}: {exc}", flush=True)
             results.append({"mode": mode, "error": f"{type(exc).__name__}: {exc}"})
@@ -254,15 +317,25 @@ def main(argv: list[str] | None = None) -> dict:
                     results.append({"mode": mode, "path": path, "batch": batch, "error": error})
                     save()
                     continue
-                row = {"mode": mode, "path": path, **row, "capture_s": setup_s, "build_s": build_s, "kernels": kernels,
-                       "of_peak": row["achieved_GBps"] / peak if peak else None,
-                       "of_copy": row["achieved_GBps"] / copy}
+                row = {
+                    "mode": mode,
+                    "path": path,
+                    **row,
+                    "capture_s": setup_s,
+                    "build_s": build_s,
+                    "kernels": kernels,
+                    "of_peak": row["achieved_GBps"] / peak if peak else None,
+                    "of_copy": row["achieved_GBps"] / copy,
+                }
                 if path == "graphed" and scheduler.static is not None:
                     row["graphs"] = scheduler.static.captured
                 results.append(row)
-                print(f"  {mode:>10} {path:>8} batch {batch:>3}: {row['tok_s']:9.1f} tok/s, {row['step_ms']:7.2f} "
-                      f"ms/step, {row['achieved_GBps']:7.1f} GB/s ({row['of_copy']:.0%} of copy), prefill "
-                      f"{row['prefill_tok_s']:.0f} tok/s", flush=True)
+                print(
+                    f"  {mode:>10} {path:>8} batch {batch:>3}: {row['tok_s']:9.1f} tok/s, {row['step_ms']:7.2f} "
+                    f"ms/step, {row['achieved_GBps']:7.1f} GB/s ({row['of_copy']:.0%} of copy), prefill "
+                    f"{row['prefill_tok_s']:.0f} tok/s",
+                    flush=True,
+                )
                 save()
         scheduler.use_static_decode(False)
         del model, scheduler

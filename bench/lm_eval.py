@@ -61,31 +61,57 @@ SUBJECTS = ["llamas", "volcanoes", "prime numbers", "jazz", "the moon", "photosy
 
 # --------------------------------------------------------------------------------------------- tasks
 def write_tasks(folder: Path, docs: int, gen_docs: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    preamble = ("The following are questions about general knowledge, each with four answers. Pick the best "
-                "answer.\n\n")
-    mc = [{"q": f"{preamble}Question {i}: which statement about {SUBJECTS[i % 8]} is true"
-                f"{' in the long run' * (i % 5)}?\nAnswer:",
-           "choices": [f"{SUBJECTS[(i + k) % 8]} are {'very ' * k}common" for k in range(4)], "label": i % 4}
-          for i in range(docs)]
-    gen = [{"prompt": f"Write one sentence about {SUBJECTS[i % 8]}{', please' * (i % 7)}.", "answer": "-"}
-           for i in range(gen_docs)]
-    shots = "".join(f"Question: Write one sentence about {s}.\nAnswer: {s.capitalize()} are a topic people often "
-                    f"write about, and this sentence is about {s}, as asked.\n\n" for s in SUBJECTS[:3])
+    preamble = "The following are questions about general knowledge, each with four answers. Pick the best answer.\n\n"
+    mc = [
+        {
+            "q": f"{preamble}Question {i}: which statement about {SUBJECTS[i % 8]} is true"
+            f"{' in the long run' * (i % 5)}?\nAnswer:",
+            "choices": [f"{SUBJECTS[(i + k) % 8]} are {'very ' * k}common" for k in range(4)],
+            "label": i % 4,
+        }
+        for i in range(docs)
+    ]
+    gen = [
+        {"prompt": f"Write one sentence about {SUBJECTS[i % 8]}{', please' * (i % 7)}.", "answer": "-"}
+        for i in range(gen_docs)
+    ]
+    shots = "".join(
+        f"Question: Write one sentence about {s}.\nAnswer: {s.capitalize()} are a topic people often "
+        f"write about, and this sentence is about {s}, as asked.\n\n"
+        for s in SUBJECTS[:3]
+    )
     gen3 = [{"prompt": f"{shots}Question: {row['prompt']}\nAnswer:", "answer": "-"} for row in gen]
     for name, rows in (("mc", mc), ("gen", gen), ("gen3shot", gen3)):
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def task(name: str, **config: Any) -> dict[str, Any]:
-        return {"task": f"bench_{name}", "dataset_path": "json", "test_split": "test",
-                "dataset_kwargs": {"data_files": {"test": str(folder / f"{name}.jsonl")},
-                                   "cache_dir": str(folder / "hf_cache")}, **config}
+        return {
+            "task": f"bench_{name}",
+            "dataset_path": "json",
+            "test_split": "test",
+            "dataset_kwargs": {
+                "data_files": {"test": str(folder / f"{name}.jsonl")},
+                "cache_dir": str(folder / "hf_cache"),
+            },
+            **config,
+        }
 
-    generation = dict(output_type="generate_until", doc_to_text="{{prompt}}", doc_to_target="{{answer}}",
-                      generation_kwargs={"until": ["\n\n"], "max_gen_toks": 32, "do_sample": False},
-                      metric_list=[{"metric": "exact_match"}])
+    generation = dict(
+        output_type="generate_until",
+        doc_to_text="{{prompt}}",
+        doc_to_target="{{answer}}",
+        generation_kwargs={"until": ["\n\n"], "max_gen_toks": 32, "do_sample": False},
+        metric_list=[{"metric": "exact_match"}],
+    )
     return (
-        task("mc", output_type="multiple_choice", doc_to_text="{{q}}", doc_to_choice="{{choices}}",
-             doc_to_target="{{label}}", metric_list=[{"metric": "acc"}]),
+        task(
+            "mc",
+            output_type="multiple_choice",
+            doc_to_text="{{q}}",
+            doc_to_choice="{{choices}}",
+            doc_to_target="{{label}}",
+            metric_list=[{"metric": "acc"}],
+        ),
         task("gen", **generation),
         task("gen3shot", **generation),
     )
@@ -101,16 +127,26 @@ def hf_tokenizer(ckpt: Path, engine: wb.Engine) -> Any:
     from workbench.formats.tokenizer import LLAMA3_PATTERN
 
     specials = sorted(engine.tokenizer.special_tokens, key=engine.tokenizer.special_tokens.get)
-    backend = TikTokenConverter(vocab_file=str(ckpt / "tokenizer.model"), pattern=LLAMA3_PATTERN,
-                                extra_special_tokens=specials).converted()
+    backend = TikTokenConverter(
+        vocab_file=str(ckpt / "tokenizer.model"), pattern=LLAMA3_PATTERN, extra_special_tokens=specials
+    ).converted()
     bos = engine.tokenizer.bos_id
-    backend.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
-                                      special_tokens=[("<|begin_of_text|>", bos)]),
-    ])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
-                                   pad_token="<|finetune_right_pad_id|>")
+    backend.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single="<|begin_of_text|> $A",
+                pair="<|begin_of_text|> $A $B",
+                special_tokens=[("<|begin_of_text|>", bos)],
+            ),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+        pad_token="<|finetune_right_pad_id|>",
+    )
 
 
 def check_tokenizers(hf_tok: Any, engine: wb.Engine, texts: list[str]) -> None:
@@ -123,8 +159,9 @@ def check_tokenizers(hf_tok: Any, engine: wb.Engine, texts: list[str]) -> None:
 
 def evaluate(lm: Any, task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
     start = {"cpu": clock(), "process": time.process_time(), "wall": time.perf_counter()}
-    out = lm_eval.simple_evaluate(model=lm, tasks=[task], log_samples=True, bootstrap_iters=0,
-                                  task_manager=TaskManager(include_defaults=False))
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=[task], log_samples=True, bootstrap_iters=0, task_manager=TaskManager(include_defaults=False)
+    )
     end = {"cpu": clock(), "process": time.process_time(), "wall": time.perf_counter()}
     return out, {k: end[k] - start[k] for k in start}
 
@@ -154,10 +191,20 @@ def main() -> None:
     hf_model.generation_config.eos_token_id = list(engine.tokenizer.stop_tokens)
     hf_model.generation_config.pad_token_id = engine.tokenizer.pad_id
     hf_tok = hf_tokenizer(ckpt, engine)
-    check_tokenizers(hf_tok, engine, [json.loads(line)["q"] for line in (folder / "mc.jsonl").open()][:8]
-                     + [json.loads(line)["prompt"] for line in (folder / "gen.jsonl").open()][:8])
-    theirs = HFLM(pretrained=hf_model, tokenizer=hf_tok, batch_size=args.batch, max_length=MAX_SEQ_LEN,
-                  add_bos_token=True, device="cpu")
+    check_tokenizers(
+        hf_tok,
+        engine,
+        [json.loads(line)["q"] for line in (folder / "mc.jsonl").open()][:8]
+        + [json.loads(line)["prompt"] for line in (folder / "gen.jsonl").open()][:8],
+    )
+    theirs = HFLM(
+        pretrained=hf_model,
+        tokenizer=hf_tok,
+        batch_size=args.batch,
+        max_length=MAX_SEQ_LEN,
+        add_bos_token=True,
+        device="cpu",
+    )
 
     times: dict[str, dict[str, list[float]]] = {}
     results: dict[str, dict[str, Any]] = {}
@@ -180,8 +227,10 @@ def main() -> None:
         same_gen += sum(a == b for a, b in zip(gen_ours, gen_hf))
         total_gen += len(gen_ours)
 
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, float32, CPU; model {MODEL} "
-          f"(dim 256, 4 layers, 128k vocab), batch {args.batch}, repeats {args.repeats} (medians)")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, float32, CPU; model {MODEL} "
+        f"(dim 256, 4 layers, 128k vocab), batch {args.batch}, repeats {args.repeats} (medians)"
+    )
     print(f"  {'task':>16} {'contender':>11} {'requests':>8} {'cpu s':>7} {'proc s':>7} {'wall s':>7}")
     ratios: dict[str, dict[str, float]] = {}
     for task, requests in ((mc_task, 4 * args.docs), (gen_task, args.gen_docs), (gen3_task, args.gen_docs)):
@@ -191,18 +240,33 @@ def main() -> None:
         ours_t, hf_t = times[f"{task['task']}/workbench"], times[f"{task['task']}/lm-eval-hf"]
         ratios[task["task"]] = {k: median(hf_t[k]) / median(ours_t[k]) for k in ours_t}
         r = ratios[task["task"]]
-        print(f"  {'':>16} workbench is {r['cpu']:.2f}x (cpu) / {r['process']:.2f}x (process) / {r['wall']:.2f}x "
-              "(wall) faster")
-    print(f"  equal numbers: max |loglikelihood difference| {ll_diff:.2e}, acc {acc['workbench']:.4f} vs "
-          f"{acc['lm-eval-hf']:.4f}, identical generations {same_gen}/{total_gen}")
-    print(json.dumps({
-        "bench": "lm_eval", "model": MODEL, "threads": torch.get_num_threads(), "batch": args.batch,
-        "repeats": args.repeats, "clock": os.environ.get("BENCH_CLOCK", "cpu"),
-        "loglikelihood_requests": 4 * args.docs, "generate_until_requests": args.gen_docs,
-        "seconds": {k: {c: median(s) for c, s in v.items()} for k, v in times.items()},
-        "speedup": ratios, "max_loglikelihood_diff": ll_diff, "acc": acc,
-        "identical_generations": same_gen,
-    }))
+        print(
+            f"  {'':>16} workbench is {r['cpu']:.2f}x (cpu) / {r['process']:.2f}x (process) / {r['wall']:.2f}x "
+            "(wall) faster"
+        )
+    print(
+        f"  equal numbers: max |loglikelihood difference| {ll_diff:.2e}, acc {acc['workbench']:.4f} vs "
+        f"{acc['lm-eval-hf']:.4f}, identical generations {same_gen}/{total_gen}"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "lm_eval",
+                "model": MODEL,
+                "threads": torch.get_num_threads(),
+                "batch": args.batch,
+                "repeats": args.repeats,
+                "clock": os.environ.get("BENCH_CLOCK", "cpu"),
+                "loglikelihood_requests": 4 * args.docs,
+                "generate_until_requests": args.gen_docs,
+                "seconds": {k: {c: median(s) for c, s in v.items()} for k, v in times.items()},
+                "speedup": ratios,
+                "max_loglikelihood_diff": ll_diff,
+                "acc": acc,
+                "identical_generations": same_gen,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

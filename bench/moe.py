@@ -34,9 +34,13 @@ PATHS = ("workbench", "grouped", "loop")
 
 
 def build(num_experts: int, dim: int, hidden: int) -> MoE:
-    params = {**TINY_LLAMA4, "dim": dim, "n_heads": 4, "head_dim": dim // 4,
-              "moe_args": {**TINY_LLAMA4["moe_args"], "num_experts": num_experts, "top_k": 1,
-                           "auto_scale_F": False}}
+    params = {
+        **TINY_LLAMA4,
+        "dim": dim,
+        "n_heads": 4,
+        "head_dim": dim // 4,
+        "moe_args": {**TINY_LLAMA4["moe_args"], "num_experts": num_experts, "top_k": 1, "auto_scale_F": False},
+    }
     params.update(ffn_exp=1.5 * hidden / dim, ffn_dim_multiplier=1.0)  # expert width = 2/3 * ffn_exp * dim = hidden
     args = ModelArgs.from_dict(params, source="bench")
     moe = MoE(args, device="cpu", dtype=torch.float32)
@@ -83,9 +87,18 @@ def main() -> None:
             row = [ms[(path, e, n)] for e in experts]
             ratios[f"{path}_{n}"] = row[-1] / row[0]
             print(f"{n:>7} {path:>8} " + " ".join(f"{v:11.3f}" for v in row) + f" {row[-1] / row[0]:6.2f}")
-    print(json.dumps({"bench": "moe", "dim": args.dim, "hidden": args.hidden, "top_k": 1,
-                      "ms": {f"{p}/{e}/{n}": round(v, 4) for (p, e, n), v in ms.items()},
-                      "ratio_64_vs_4": {k: round(v, 3) for k, v in ratios.items()}}))
+    print(
+        json.dumps(
+            {
+                "bench": "moe",
+                "dim": args.dim,
+                "hidden": args.hidden,
+                "top_k": 1,
+                "ms": {f"{p}/{e}/{n}": round(v, 4) for (p, e, n), v in ms.items()},
+                "ratio_64_vs_4": {k: round(v, 3) for k, v in ratios.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -69,21 +69,31 @@ def six_tools() -> list[dict]:
         properties = {"query": {"type": "string", "description": f"What {words} to look up"}}
         if len(tools) % 2:
             properties["city"] = {"type": "string", "description": "City name"}
-        tools.append({"type": "function", "function": {
-            "name": f"get_{topic}", "description": f"Current {words} for a query.",
-            "parameters": {"type": "object", "properties": properties, "required": ["query"]},
-        }})
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": f"get_{topic}",
+                    "description": f"Current {words} for a query.",
+                    "parameters": {"type": "object", "properties": properties, "required": ["query"]},
+                },
+            }
+        )
     return tools
 
 
 def workload_c(engine: wb.Engine, n: int = 64) -> list[list[int]]:
-    system = {"role": "system", "content": "You are a helpful travel and finance assistant. Use the tools when "
-                                          "they help; answer briefly."}
+    system = {
+        "role": "system",
+        "content": "You are a helpful travel and finance assistant. Use the tools when they help; answer briefly.",
+    }
     cities = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Hanoi", "Perth"]
-    questions = [f"What is the {TOOL_TOPICS[i % 6].replace('_', ' ')} in {cities[i % 8]} for request {i}?"
-                 for i in range(n)]
-    return [engine.formatter.encode_dialog([system, {"role": "user", "content": q}], tools=six_tools())
-            for q in questions]
+    questions = [
+        f"What is the {TOOL_TOPICS[i % 6].replace('_', ' ')} in {cities[i % 8]} for request {i}?" for i in range(n)
+    ]
+    return [
+        engine.formatter.encode_dialog([system, {"role": "user", "content": q}], tools=six_tools()) for q in questions
+    ]
 
 
 # --------------------------------------------------------------------------------------------- measuring
@@ -140,9 +150,13 @@ def workbench_runner(engine: wb.Engine, share: bool = True) -> Callable:
     return go
 
 
-def measure(runs: dict[str, tuple[Callable, list[list[int]]]], max_tokens: int, repeats: int,
-            outputs: dict[str, list[list[int]]] | None = None,
-            against: tuple[str, list[list[int]]] | None = None) -> dict:
+def measure(
+    runs: dict[str, tuple[Callable, list[list[int]]]],
+    max_tokens: int,
+    repeats: int,
+    outputs: dict[str, list[list[int]]] | None = None,
+    against: tuple[str, list[list[int]]] | None = None,
+) -> dict:
     """Interleaved repeats of every contender; median seconds, tokens/s, peak extra memory, agreement with
     the first contender (or with ``against``: a name and its rows).  ``outputs`` receives every run's rows."""
     seconds: dict[str, list[float]] = {name: [] for name in runs}
@@ -163,15 +177,27 @@ def measure(runs: dict[str, tuple[Callable, list[list[int]]]], max_tokens: int, 
         n_new = sum(len(t) for t in outputs[name])
         assert n_new == len(prompts) * max_tokens, f"{name} generated {n_new} tokens, not {len(prompts) * max_tokens}"
         same = sum(a == b for a, b in zip(outputs[name], first_rows))
-        out[name] = {"seconds": secs, "tok_s": n_new / secs, "prompts": len(prompts),
-                     "prompt_tokens": sum(len(p) for p in prompts), "peak_extra_MB": memory[name] / 2**20,
-                     f"rows_equal_{first}": f"{same}/{min(len(prompts), len(first_rows))}"}
+        out[name] = {
+            "seconds": secs,
+            "tok_s": n_new / secs,
+            "prompts": len(prompts),
+            "prompt_tokens": sum(len(p) for p in prompts),
+            "peak_extra_MB": memory[name] / 2**20,
+            f"rows_equal_{first}": f"{same}/{min(len(prompts), len(first_rows))}",
+        }
     return out
 
 
 # --------------------------------------------------------------------------------------------- main
-def bench_model(name: str, workloads: list[str], repeats: int, ref_prompts: int, n_prompts: int = 64,
-                peers: tuple[str, ...] = ("transformers", "reference"), compiled: bool = False) -> dict:
+def bench_model(
+    name: str,
+    workloads: list[str],
+    repeats: int,
+    ref_prompts: int,
+    n_prompts: int = 64,
+    peers: tuple[str, ...] = ("transformers", "reference"),
+    compiled: bool = False,
+) -> dict:
     ckpt = peer_model_dir(name)
     llama4 = PEER_MODELS[name].get("moe_args") is not None
     results: dict[str, dict] = {}
@@ -197,18 +223,33 @@ def bench_model(name: str, workloads: list[str], repeats: int, ref_prompts: int,
         rows: dict[str, list[list[int]]] = {}
         res = measure(runs, max_tokens, repeats, outputs=rows)
         if work == "c":  # prefill alone (one new token), shared-prefix reuse on vs off
-            pre = measure({"reuse": (workbench_runner(engine), prompts),
-                           "no_reuse": (workbench_runner(engine, share=False), prompts)}, 1, repeats)
-            res["prefill"] = {"reuse_s": pre["reuse"]["seconds"], "no_reuse_s": pre["no_reuse"]["seconds"],
-                              "speedup": pre["no_reuse"]["seconds"] / pre["reuse"]["seconds"],
-                              "shared_prefix_tokens": _common_len(prompts)}
+            pre = measure(
+                {
+                    "reuse": (workbench_runner(engine), prompts),
+                    "no_reuse": (workbench_runner(engine, share=False), prompts),
+                },
+                1,
+                repeats,
+            )
+            res["prefill"] = {
+                "reuse_s": pre["reuse"]["seconds"],
+                "no_reuse_s": pre["no_reuse"]["seconds"],
+                "speedup": pre["no_reuse"]["seconds"] / pre["reuse"]["seconds"],
+                "shared_prefix_tokens": _common_len(prompts),
+            }
         if compiled and work != "c":  # the same engine after compile_decode(), measured alone
             _print(name, work, batch, max_tokens, res)  # the eager results first, whatever compiling does
             compile_s = engine.compile_decode()
             run = workbench_runner(engine)
             run(prompts[:2] if batch > 1 else prompts, 2)
-            res.update(measure({"workbench_compiled": (run, prompts)}, max_tokens, repeats,
-                               against=("workbench", rows["workbench"])))
+            res.update(
+                measure(
+                    {"workbench_compiled": (run, prompts)},
+                    max_tokens,
+                    repeats,
+                    against=("workbench", rows["workbench"]),
+                )
+            )
             res["workbench_compiled"]["compile_s"] = compile_s
         for peer in ("transformers", "reference"):
             if peer in res:
@@ -233,8 +274,10 @@ def _print(model: str, work: str, batch: int, max_tokens: int, res: dict) -> Non
     for name, r in res.items():
         if isinstance(r, dict) and "tok_s" in r:
             eq = next(v for k, v in r.items() if k.startswith("rows_equal"))
-            print(f"  {name:>20} {r['prompts']:7d} {r['seconds']:8.2f} {r['tok_s']:8.1f} {r['peak_extra_MB']:9.0f} "
-                  f"{eq:>10}")
+            print(
+                f"  {name:>20} {r['prompts']:7d} {r['seconds']:8.2f} {r['tok_s']:8.1f} {r['peak_extra_MB']:9.0f} "
+                f"{eq:>10}"
+            )
     ratios = {k: round(v, 2) for k, v in res.items() if k.startswith("x_")}
     if ratios:
         print(f"  workbench speed ratios: {ratios}")
@@ -242,8 +285,10 @@ def _print(model: str, work: str, batch: int, max_tokens: int, res: dict) -> Non
         print(f"  compile_decode() took {res['workbench_compiled']['compile_s']:.1f}s")
     if "prefill" in res:
         p = res["prefill"]
-        print(f"  prefill: {p['no_reuse_s']:.2f}s without reuse, {p['reuse_s']:.2f}s with "
-              f"({p['speedup']:.2f}x; {p['shared_prefix_tokens']} shared tokens per prompt)")
+        print(
+            f"  prefill: {p['no_reuse_s']:.2f}s without reuse, {p['reuse_s']:.2f}s with "
+            f"({p['speedup']:.2f}x; {p['shared_prefix_tokens']} shared tokens per prompt)"
+        )
 
 
 def main() -> None:
@@ -254,17 +299,35 @@ def main() -> None:
     parser.add_argument("--ref-prompts", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=64, help="prompts of workloads a and c (64 in the issue)")
     parser.add_argument("--peers", default="transformers,reference", help="peers to run beside workbench ('' = none)")
-    parser.add_argument("--compiled", action="store_true",
-                        help="also run workbench after compile_decode() (workloads a and b; compile time reported)")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also run workbench after compile_decode() (workloads a and b; compile time reported)",
+    )
     args = parser.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, float32, CPU")
     summary = {}
     for name in args.models.split(","):
-        summary[name] = bench_model(name, args.workloads.split(","), args.repeats, args.ref_prompts, args.prompts,
-                                    tuple(p for p in args.peers.split(",") if p), args.compiled)
-    print(json.dumps({"bench": "peers", "threads": torch.get_num_threads(), "repeats": args.repeats,
-                      "prompts": args.prompts,
-                      "results": _rounded(summary)}))
+        summary[name] = bench_model(
+            name,
+            args.workloads.split(","),
+            args.repeats,
+            args.ref_prompts,
+            args.prompts,
+            tuple(p for p in args.peers.split(",") if p),
+            args.compiled,
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "peers",
+                "threads": torch.get_num_threads(),
+                "repeats": args.repeats,
+                "prompts": args.prompts,
+                "results": _rounded(summary),
+            }
+        )
+    )
 
 
 def _rounded(value: object) -> object:

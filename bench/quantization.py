@@ -39,14 +39,18 @@ def main() -> None:
             engine = wb.load(ckpt, device=args.device, max_batch_size=args.prompts, max_seq_len=256)
             table = bench.quantization(engine, prompts, max_tokens=args.max_tokens, repeats=args.repeats)
             info = engine.info()
-            print(f"\n{name}: {info['parameters'] / 1e6:.1f}M params, device={info['device']}, dtype={info['dtype']}, "
-                  f"{args.prompts} prompts x {args.max_tokens} tokens")
+            print(
+                f"\n{name}: {info['parameters'] / 1e6:.1f}M params, device={info['device']}, dtype={info['dtype']}, "
+                f"{args.prompts} prompts x {args.max_tokens} tokens"
+            )
             print(table.to_string())
-            ratios = pd.DataFrame({
-                "memory_x": table.weights_bytes / table.weights_bytes["none"],
-                "decode_speed_x": table.decode_tok_s / table.decode_tok_s["none"],
-                "prefill_speed_x": table.prefill_tok_s / table.prefill_tok_s["none"],
-            })
+            ratios = pd.DataFrame(
+                {
+                    "memory_x": table.weights_bytes / table.weights_bytes["none"],
+                    "decode_speed_x": table.decode_tok_s / table.decode_tok_s["none"],
+                    "prefill_speed_x": table.prefill_tok_s / table.prefill_tok_s["none"],
+                }
+            )
             print("ratios to mode none:")
             print(ratios.to_string())
             results[name] = {
@@ -54,8 +58,11 @@ def main() -> None:
                 for mode, row in table.iterrows()
             }
     wb.unload()
-    print(json.dumps({"bench": "quantization", "prompts": args.prompts, "max_tokens": args.max_tokens,
-                      "results": results}))
+    print(
+        json.dumps(
+            {"bench": "quantization", "prompts": args.prompts, "max_tokens": args.max_tokens, "results": results}
+        )
+    )
 
 
 def _plain(value: object) -> object:

@@ -90,9 +90,18 @@ def main() -> None:
             step_s = decode_seconds(engine, prompt)
             bandwidths.append(copy_bandwidth())  # re-measured between contenders: noise hits both alike
             need = bytes_per_step(engine, PROMPT_LEN + NEW_TOKENS // 2)
-            results.append({"model": name, "mode": mode or "none", "tok_s": 1 / step_s, "step_ms": step_s * 1e3,
-                            "bytes_per_step": need["total"], "weights_bytes": need["weights"],
-                            "kv_bytes": need["kv_cache"], "achieved_GBps": need["total"] / step_s / 1e9})
+            results.append(
+                {
+                    "model": name,
+                    "mode": mode or "none",
+                    "tok_s": 1 / step_s,
+                    "step_ms": step_s * 1e3,
+                    "bytes_per_step": need["total"],
+                    "weights_bytes": need["weights"],
+                    "kv_bytes": need["kv_cache"],
+                    "achieved_GBps": need["total"] / step_s / 1e9,
+                }
+            )
     wb.unload()
     bandwidth = median(bandwidths)
     print(f"copy bandwidth (read + write): {bandwidth / 1e9:.1f} GB/s (median of {len(bandwidths)} measurements)")
@@ -100,11 +109,20 @@ def main() -> None:
     for r in results:
         r["limit_tok_s"] = bandwidth / r["bytes_per_step"]
         r["of_limit"] = r["tok_s"] / r["limit_tok_s"]
-        print(f"{r['model']:>14} {r['mode']:>11} {r['tok_s']:8.1f} {r['bytes_per_step'] / 1e6:9.1f} "
-              f"{r['limit_tok_s']:11.1f} {r['achieved_GBps']:6.1f} {r['of_limit']:8.0%}")
-    print(json.dumps({"bench": "roofline", "copy_GBps": round(bandwidth / 1e9, 2), "threads": torch.get_num_threads(),
-                      "results": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
-                                  for r in results]}))
+        print(
+            f"{r['model']:>14} {r['mode']:>11} {r['tok_s']:8.1f} {r['bytes_per_step'] / 1e6:9.1f} "
+            f"{r['limit_tok_s']:11.1f} {r['achieved_GBps']:6.1f} {r['of_limit']:8.0%}"
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "roofline",
+                "copy_GBps": round(bandwidth / 1e9, 2),
+                "threads": torch.get_num_threads(),
+                "results": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in results],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -59,10 +59,19 @@ def output(i: int, logprobs: int) -> Completion:
     tokens = [(i * 31 + j) % 128000 for j in range(GENERATED)]
     lps = None
     if logprobs:
-        lps = [TokenLogprob(t, f"tok{t}", -0.1 * (j % 7), {f"alt{k}": -1.0 - k for k in range(logprobs)},
-                            list(range(logprobs))) for j, t in enumerate(tokens)]
-    return Completion(text=" ".join(f"tok{t}" for t in tokens), tokens=tokens, stop_reason="out_of_tokens",
-                      logprobs=lps, prompt_tokens=PROMPT_TOKENS)
+        lps = [
+            TokenLogprob(
+                t, f"tok{t}", -0.1 * (j % 7), {f"alt{k}": -1.0 - k for k in range(logprobs)}, list(range(logprobs))
+            )
+            for j, t in enumerate(tokens)
+        ]
+    return Completion(
+        text=" ".join(f"tok{t}" for t in tokens),
+        tokens=tokens,
+        stop_reason="out_of_tokens",
+        logprobs=lps,
+        prompt_tokens=PROMPT_TOKENS,
+    )
 
 
 def requests(n: int, offset: int = 0) -> list[runs.RowRequest]:
@@ -76,8 +85,12 @@ def per_row_us(seconds: float, rows: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--part", choices=("micro", "engine", "memory"), default="micro",
-                        help="micro: the store alone; engine: run= on the demo model; memory: a 10,000-row call")
+    parser.add_argument(
+        "--part",
+        choices=("micro", "engine", "memory"),
+        default="micro",
+        help="micro: the store alone; engine: run= on the demo model; memory: a 10,000-row call",
+    )
     parser.add_argument("--rows", type=int, default=960, help="rows stored per put contender")
     parser.add_argument("--logprobs", type=int, default=0, help="top-k logprobs stored per token")
     parser.add_argument("--repeats", type=int, default=3, help="engine part: runs of each contender")
@@ -90,14 +103,17 @@ def main() -> None:
         return engine_part(args)
     if args.part == "memory":
         return memory_part(args)
-    prov = runs.Provenance(identity="sha256:bench", load=runs.load_fields(
-        {"dtype": "bfloat16", "quantization": None, "model_parallel_size": 1, "device": "cpu"}), model="bench")
+    prov = runs.Provenance(
+        identity="sha256:bench",
+        load=runs.load_fields({"dtype": "bfloat16", "quantization": None, "model_parallel_size": 1, "device": "cpu"}),
+        model="bench",
+    )
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
         folder = Path(tmp)
         outputs = [output(i, args.logprobs) for i in range(args.rows)]
         rows = requests(args.rows)  # built before any clock starts: the contenders time the store, not the data
-        batches = [rows[b:b + BATCH] for b in range(0, args.rows, BATCH)]
+        batches = [rows[b : b + BATCH] for b in range(0, args.rows, BATCH)]
 
         start = time.perf_counter()
         for batch in batches:
@@ -111,22 +127,31 @@ def main() -> None:
             keys = run.keys(rows)
             start = time.perf_counter()
             for g in range(0, args.rows, group):
-                run.put_many([{"key": keys[i], "request": {"prompt": f"prompt {i}"},
-                               "prompt_ids": rows[i].prompt_ids, "output": outputs[i],
-                               "timings": {"seconds": 0.1}} for i in range(g, min(g + group, args.rows))])
+                run.put_many(
+                    [
+                        {
+                            "key": keys[i],
+                            "request": {"prompt": f"prompt {i}"},
+                            "prompt_ids": rows[i].prompt_ids,
+                            "output": outputs[i],
+                            "timings": {"seconds": 0.1},
+                        }
+                        for i in range(g, min(g + group, args.rows))
+                    ]
+                )
             results[f"{name}_us_per_row"] = per_row_us(time.perf_counter() - start, args.rows)
             stores[name] = (store, run, keys)
 
         store, run, keys = stores["put"]
         start = time.perf_counter()
         for b in range(0, args.rows, BATCH):
-            found = run.lookup(keys[b:b + BATCH])
-            assert len(found) == len(keys[b:b + BATCH])
+            found = run.lookup(keys[b : b + BATCH])
+            assert len(found) == len(keys[b : b + BATCH])
         results["lookup_hit_us_per_row"] = per_row_us(time.perf_counter() - start, args.rows)
         misses = run.keys(requests(args.rows, offset=10**6))
         start = time.perf_counter()
         for b in range(0, args.rows, BATCH):
-            assert not run.lookup(misses[b:b + BATCH])
+            assert not run.lookup(misses[b : b + BATCH])
         results["lookup_miss_us_per_row"] = per_row_us(time.perf_counter() - start, args.rows)
         start = time.perf_counter()
         assert sum(1 for _ in store.rows("bench")) == args.rows
@@ -151,11 +176,24 @@ def main() -> None:
     width = max(len(k) for k in results)
     for name, value in results.items():
         print(f"{name:<{width}}  {value}")
-    print(f"put FULL / NORMAL: {results['put_full_sync_us_per_row'] / results['put_us_per_row']:.2f}x   "
-          f"put_many16 / put: {results['put_many16_us_per_row'] / results['put_us_per_row']:.2f}x   "
-          f"lookup_hit / put: {results['lookup_hit_us_per_row'] / results['put_us_per_row']:.2f}x")
-    print(json.dumps({"bench": "runs", "threads": 1, "rows": args.rows, "prompt_tokens": PROMPT_TOKENS,
-                      "generated_tokens": GENERATED, "logprobs": args.logprobs, "results": results}))
+    print(
+        f"put FULL / NORMAL: {results['put_full_sync_us_per_row'] / results['put_us_per_row']:.2f}x   "
+        f"put_many16 / put: {results['put_many16_us_per_row'] / results['put_us_per_row']:.2f}x   "
+        f"lookup_hit / put: {results['lookup_hit_us_per_row'] / results['put_us_per_row']:.2f}x"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "runs",
+                "threads": 1,
+                "rows": args.rows,
+                "prompt_tokens": PROMPT_TOKENS,
+                "generated_tokens": GENERATED,
+                "logprobs": args.logprobs,
+                "results": results,
+            }
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------------------ engine
@@ -183,14 +221,29 @@ def engine_part(args: argparse.Namespace) -> None:
     tokens = sum(len(r.tokens) for r in plain)
     med = {k: median(v) for k, v in times.items()}
     results = {f"{k}_s": round(v, 3) for k, v in med.items()}
-    results.update(store_overhead_pct=round(100 * (med["store"] - med["none"]) / med["none"], 2),
-                   rerun_pct_of_compute=round(100 * med["rerun"] / med["none"], 2),
-                   spread_none_pct=round(100 * (max(times["none"]) - min(times["none"])) / med["none"], 1))
+    results.update(
+        store_overhead_pct=round(100 * (med["store"] - med["none"]) / med["none"], 2),
+        rerun_pct_of_compute=round(100 * med["rerun"] / med["none"], 2),
+        spread_none_pct=round(100 * (max(times["none"]) - min(times["none"])) / med["none"], 1),
+    )
     for name, value in results.items():
         print(f"{name:<22}  {value}")
-    print(json.dumps({"bench": "runs-engine", "threads": torch.get_num_threads(), "model": "demo", "rows": args.batch,
-                      "max_tokens": args.max_tokens, "generated_tokens": tokens, "repeats": args.repeats,
-                      "clock": "process_time", "results": results, "samples": times}))
+    print(
+        json.dumps(
+            {
+                "bench": "runs-engine",
+                "threads": torch.get_num_threads(),
+                "model": "demo",
+                "rows": args.batch,
+                "max_tokens": args.max_tokens,
+                "generated_tokens": tokens,
+                "repeats": args.repeats,
+                "clock": "process_time",
+                "results": results,
+                "samples": times,
+            }
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------------------ memory
@@ -244,9 +297,12 @@ def memory_contender(args: argparse.Namespace) -> dict[str, object]:
             out = engine.batch_completion(prompts, max_tokens=2, progress=False, **extra)
         samples = sampler.samples
         result: dict[str, object] = {
-            "seconds": round(time.perf_counter() - began, 1), "rss_start_MB": round(start, 1),
+            "seconds": round(time.perf_counter() - began, 1),
+            "rss_start_MB": round(start, 1),
             "rss_quarters_MB": [round(samples[min(len(samples) - 1, k * len(samples) // 4)], 1) for k in range(1, 5)],
-            "rss_growth_MB": round(max(samples) - start, 1), "rows": len(out)}
+            "rss_growth_MB": round(max(samples) - start, 1),
+            "rows": len(out),
+        }
         if extra:
             result["rows_stored"] = sum(1 for _ in wb.runs.store().rows("memory"))
             result["store_file_MB"] = round(wb.runs.store().size_bytes() / 2**20, 1)
@@ -259,15 +315,38 @@ def memory_part(args: argparse.Namespace) -> None:
         return
     results: dict[str, object] = {}
     for contender in ("none", "store"):  # each in its own process: neither inherits the other's heap
-        done = subprocess.run([sys.executable, __file__, "--part", "memory", "--contender", contender,
-                               "--memory-rows", str(args.memory_rows)], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--part",
+                "memory",
+                "--contender",
+                contender,
+                "--memory-rows",
+                str(args.memory_rows),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         for name, value in json.loads(done.stdout.strip().splitlines()[-1]).items():
             results[f"{contender}_{name}"] = value
     results["store_minus_none_growth_MB"] = round(results["store_rss_growth_MB"] - results["none_rss_growth_MB"], 1)
     for name, value in results.items():
         print(f"{name:<28}  {value}")
-    print(json.dumps({"bench": "runs-memory", "threads": torch.get_num_threads(), "rows": args.memory_rows,
-                      "max_tokens": 2, "model": "tiny llama3 (dim 64)", "results": results}))
+    print(
+        json.dumps(
+            {
+                "bench": "runs-memory",
+                "threads": torch.get_num_threads(),
+                "rows": args.memory_rows,
+                "max_tokens": 2,
+                "model": "tiny llama3 (dim 64)",
+                "results": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

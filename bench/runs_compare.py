@@ -51,18 +51,34 @@ def build(store: runs.Store, name: str, system: str, rows: int, variant: int) ->
         changed = variant and i % 10 == 0
         text = f"the answer is {i % 17 + (1 if changed else 0)}"
         calls = [ToolCall(call_id=f"c{i}", tool_name="lookup", arguments={"q": i})] if i % 5 == 0 else []
-        reply = ChatCompletion(message=Message(role="assistant", content=text, tool_calls=calls),
-                               tokens=[400 + (i % 17), 500 + int(changed), 128009], stop_reason="end_of_turn")
-        records.append({"key": keys[i], "prompt_ids": requests[i].prompt_ids, "output": reply, "sampling": GREEDY,
-                        "request": {"messages": [{"role": "system", "content": system},
-                                                 {"role": "user", "content": f"question {i}: what is {i} mod 17?"}]}})
+        reply = ChatCompletion(
+            message=Message(role="assistant", content=text, tool_calls=calls),
+            tokens=[400 + (i % 17), 500 + int(changed), 128009],
+            stop_reason="end_of_turn",
+        )
+        records.append(
+            {
+                "key": keys[i],
+                "prompt_ids": requests[i].prompt_ids,
+                "output": reply,
+                "sampling": GREEDY,
+                "request": {
+                    "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": f"question {i}: what is {i} mod 17?"},
+                    ]
+                },
+            }
+        )
     for start in range(0, rows, 2000):
-        run.put_many(records[start:start + 2000])
+        run.put_many(records[start : start + 2000])
 
 
 def judge(row: dict) -> dict:
-    return {"correct": row["output"].endswith(str(int(row["item"].split()[1].rstrip(":")) % 17)),
-            "length": len(row["output"])}
+    return {
+        "correct": row["output"].endswith(str(int(row["item"].split()[1].rstrip(":")) % 17)),
+        "length": len(row["output"]),
+    }
 
 
 def main() -> None:
@@ -97,21 +113,40 @@ def main() -> None:
     counts = frame.attrs["counts"]
     print(f"{'step':<11} {'cold wall':>10} {'cold cpu':>9} {'warm wall':>10} {'warm cpu':>9}")
     for step in ("score", "compare", "summary", "total", "by_request"):
-        print(f"{step:<11} {cold[step + '_s']:10.3f} {cold[step + '_cpu_s']:9.3f} {warm[step + '_s']:10.3f} "
-              f"{warm[step + '_cpu_s']:9.3f}")
-    print(f"items in both {counts['both']}, differ {counts['differ']}, regressed {counts['regressed']}, improved "
-          f"{counts['improved']}; settings that differ: {sorted(frame.attrs['settings'])}")
-    print(table[["run", "score", "n", "mean", "low", "high", "diff", "diff_low", "diff_high", "p_value"]]
-          .to_string(index=False))
-    print(f"score+compare+summary (target < 2 s): cold {cold['total_s']:.3f} s wall / {cold['total_cpu_s']:.3f} s "
-          f"CPU, warm {warm['total_s']:.3f} s / {warm['total_cpu_s']:.3f} s; compare by='request' (decodes every row) "
-          f"/ by item, CPU: cold {cold['by_request_cpu_s'] / cold['compare_cpu_s']:.2f}x, warm "
-          f"{warm['by_request_cpu_s'] / warm['compare_cpu_s']:.2f}x")
-    print(json.dumps({"bench": "runs-compare", "threads": 1, "rows": args.rows, "repeats": args.repeats,
-                      "load_average_1m": round(os.getloadavg()[0], 2),
-                      **{f"cold_{k}": round(v, 4) for k, v in cold.items()},
-                      **{f"warm_{k}": round(v, 4) for k, v in warm.items()},
-                      "under_2s_cold_cpu": cold["total_cpu_s"] < 2.0, "store_bytes": store.size_bytes()}))
+        print(
+            f"{step:<11} {cold[step + '_s']:10.3f} {cold[step + '_cpu_s']:9.3f} {warm[step + '_s']:10.3f} "
+            f"{warm[step + '_cpu_s']:9.3f}"
+        )
+    print(
+        f"items in both {counts['both']}, differ {counts['differ']}, regressed {counts['regressed']}, improved "
+        f"{counts['improved']}; settings that differ: {sorted(frame.attrs['settings'])}"
+    )
+    print(
+        table[["run", "score", "n", "mean", "low", "high", "diff", "diff_low", "diff_high", "p_value"]].to_string(
+            index=False
+        )
+    )
+    print(
+        f"score+compare+summary (target < 2 s): cold {cold['total_s']:.3f} s wall / {cold['total_cpu_s']:.3f} s "
+        f"CPU, warm {warm['total_s']:.3f} s / {warm['total_cpu_s']:.3f} s; compare by='request' (decodes every row) "
+        f"/ by item, CPU: cold {cold['by_request_cpu_s'] / cold['compare_cpu_s']:.2f}x, warm "
+        f"{warm['by_request_cpu_s'] / warm['compare_cpu_s']:.2f}x"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "runs-compare",
+                "threads": 1,
+                "rows": args.rows,
+                "repeats": args.repeats,
+                "load_average_1m": round(os.getloadavg()[0], 2),
+                **{f"cold_{k}": round(v, 4) for k, v in cold.items()},
+                **{f"warm_{k}": round(v, 4) for k, v in warm.items()},
+                "under_2s_cold_cpu": cold["total_cpu_s"] < 2.0,
+                "store_bytes": store.size_bytes(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ SYSTEMS = {"prompt-a": "You call tools.", "prompt-b": "You are terse and call to
 def write_runs(path: Path, n: int) -> None:
     store = runs.store(path)
     for name in SYSTEMS:
-        run = store.open_run(name, runs.Provenance(identity="sha256:bench", load=LOAD, model="tiny",
-                                                   checkpoint="/ckpt/tiny", device="cpu"))
+        run = store.open_run(
+            name,
+            runs.Provenance(identity="sha256:bench", load=LOAD, model="tiny", checkpoint="/ckpt/tiny", device="cpu"),
+        )
         rows = []
         for i in range(n):
             regressed, improved = name == "prompt-b" and i % 7 == 3, name == "prompt-a" and i % 13 == 4
@@ -55,13 +57,26 @@ def write_runs(path: Path, n: int) -> None:
             text = f"Let me check the weather for city {i} for you; one moment while I call the tool."
             if name == "prompt-b" and i % 11 == 5:
                 text = f"Checking city {i} now."
-            out = ChatCompletion(Message("assistant", text, [ToolCall(tool, {"city": f"city {i}"}, f"c{i}")]),
-                                 list(range(i % 40, i % 40 + 20)), "end_of_message", prompt_tokens=30)
-            messages = [{"role": "system", "content": SYSTEMS[name]},
-                        {"role": "user", "content": f"What's the weather in city {i}?"}]
+            out = ChatCompletion(
+                Message("assistant", text, [ToolCall(tool, {"city": f"city {i}"}, f"c{i}")]),
+                list(range(i % 40, i % 40 + 20)),
+                "end_of_message",
+                prompt_tokens=30,
+            )
+            messages = [
+                {"role": "system", "content": SYSTEMS[name]},
+                {"role": "user", "content": f"What's the weather in city {i}?"},
+            ]
             ids = [1, 2 if name == "prompt-a" else 3, i]
-            rows.append({"key": run.key(ids, GREEDY, kind="chat"), "request": {"messages": messages},
-                         "prompt_ids": ids, "output": out, "sampling": GREEDY})
+            rows.append(
+                {
+                    "key": run.key(ids, GREEDY, kind="chat"),
+                    "request": {"messages": messages},
+                    "prompt_ids": ids,
+                    "output": out,
+                    "sampling": GREEDY,
+                }
+            )
         run.put_many(rows)
         runs.score(name, lambda row: {"right_tool": "get_weather" in str(row["tool_calls"])}, store=store)
 
@@ -72,14 +87,21 @@ def first_draw(grid_html: str, folder: Path) -> dict[str, Any]:
     from selenium.webdriver.chrome.service import Service
 
     page = folder / "grid.html"
-    probe = ("<script>(function(){const t0=performance.now();const tick=()=>{const r=document.querySelector("
-             "'table.dataTable tbody tr');if(r){window.__drawn=performance.now();}else{requestAnimationFrame(tick);}};"
-             "tick();})();</script>")
+    probe = (
+        "<script>(function(){const t0=performance.now();const tick=()=>{const r=document.querySelector("
+        "'table.dataTable tbody tr');if(r){window.__drawn=performance.now();}else{requestAnimationFrame(tick);}};"
+        "tick();})();</script>"
+    )
     page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{probe}{grid_html}</body></html>")
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 f"--user-data-dir={folder / 'profile'}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={folder / 'profile'}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
     try:
@@ -113,19 +135,34 @@ def main() -> None:
         view_s = time.perf_counter() - start
         grid = grid_frame(view.shown)
         payload = len(json.dumps(grid.values.tolist()).encode())
-        print(f"view_python: {view_s:.2f} s for {len(view.items)} items; grid payload {payload / 1e6:.2f} MB; "
-              f"first rows: {list(view.items['status'][:3])}")
+        print(
+            f"view_python: {view_s:.2f} s for {len(view.items)} items; grid payload {payload / 1e6:.2f} MB; "
+            f"first rows: {list(view.items['status'][:3])}"
+        )
         start = time.perf_counter()
         report = wb.runs.report(["prompt-a", "prompt-b"], folder / "report.html", store=store)
         report_s, report_mb = time.perf_counter() - start, report.stat().st_size / 1e6
         print(f"report: {report_s:.2f} s, {report_mb:.2f} MB")
-        result: dict[str, Any] = {"bench": "runs_view", "threads": 1, "items": args.items,
-                                  "view_python_s": round(view_s, 3), "grid_payload_mb": round(payload / 1e6, 2),
-                                  "report_s": round(report_s, 3), "report_mb": round(report_mb, 3)}
+        result: dict[str, Any] = {
+            "bench": "runs_view",
+            "threads": 1,
+            "items": args.items,
+            "view_python_s": round(view_s, 3),
+            "grid_payload_mb": round(payload / 1e6, 2),
+            "report_s": round(report_s, 3),
+            "report_mb": round(report_mb, 3),
+        }
         if args.browser:
             html = generate_init_offline_itables_html(itables.options.dt_bundle) + itables.to_html_datatable(
-                grid, connected=False, maxBytes=0, pageLength=view.page_rows, showIndex=False,
-                select={"style": "single"}, order=[], display_logo_when_loading=False)
+                grid,
+                connected=False,
+                maxBytes=0,
+                pageLength=view.page_rows,
+                showIndex=False,
+                select={"style": "single"},
+                order=[],
+                display_logo_when_loading=False,
+            )
             result.update(first_draw(html, folder))
             print(f"first_draw: {result['first_draw_s']:.3f} s, rows in the DOM: {result['rows_in_dom']}")
         print(json.dumps(result))

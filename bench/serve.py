@@ -49,8 +49,9 @@ PLACES = ["Paris", "Tokyo", "EUR", "Lima", "Oslo", "JPY", "Cairo", "Rome"]
 
 
 def dialogs(n: int) -> list[list[dict]]:
-    return [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)].format(PLACES[i % len(PLACES)])}]
-            for i in range(n)]
+    return [
+        [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)].format(PLACES[i % len(PLACES)])}] for i in range(n)
+    ]
 
 
 def main() -> None:
@@ -95,15 +96,22 @@ def main() -> None:
 
     def ask_stream(dialog: list[dict]) -> int:
         tokens = 0
-        for chunk in client.chat.completions.create(model=srv.model, messages=dialog, tools=tools, stream=True,
-                                                    max_tokens=args.max_tokens, stream_options={"include_usage": True}):
+        for chunk in client.chat.completions.create(
+            model=srv.model,
+            messages=dialog,
+            tools=tools,
+            stream=True,
+            max_tokens=args.max_tokens,
+            stream_options={"include_usage": True},
+        ):
             tokens = chunk.usage.completion_tokens if chunk.usage else tokens
         return tokens
 
     def concurrent_streams() -> tuple[float, int, list]:
         counts: dict[int, int] = {}
-        threads = [threading.Thread(target=lambda i=i: counts.__setitem__(i, ask_stream(rows[i])))
-                   for i in range(len(rows))]
+        threads = [
+            threading.Thread(target=lambda i=i: counts.__setitem__(i, ask_stream(rows[i]))) for i in range(len(rows))
+        ]
         start = time.perf_counter()
         for t in threads:
             t.start()
@@ -117,8 +125,12 @@ def main() -> None:
         return time.perf_counter() - start, sum(r.usage.completion_tokens for r in out), out
 
     ask(rows[0])  # warm-up: first-call costs (grammar-free path, HTTP connection pool)
-    contenders = {"in_process_batch": in_process, "served_concurrent": concurrent,
-                  "served_concurrent_streams": concurrent_streams, "served_sequential": sequential}
+    contenders = {
+        "in_process_batch": in_process,
+        "served_concurrent": concurrent,
+        "served_concurrent_streams": concurrent_streams,
+        "served_sequential": sequential,
+    }
     best: dict[str, float] = {}
     tokens: dict[str, int] = {}
     for _ in range(args.repeats):
@@ -131,24 +143,43 @@ def main() -> None:
     srv.stop()
     assert len(set(tokens.values())) == 1, f"contenders generated different token counts: {tokens}"
 
-    print(f"threads: torch {torch.get_num_threads()}, {args.clients} client threads; demo model, greedy, "
-          f"max_tokens={args.max_tokens}, best of {args.repeats}; largest gathered engine batch {largest}")
+    print(
+        f"threads: torch {torch.get_num_threads()}, {args.clients} client threads; demo model, greedy, "
+        f"max_tokens={args.max_tokens}, best of {args.repeats}; largest gathered engine batch {largest}"
+    )
     for name, rate in best.items():
         print(f"  {name:26s} {rate:8.1f} tokens/s")
     vs_batch = best["served_concurrent"] / best["in_process_batch"]
     vs_seq = best["served_concurrent"] / best["served_sequential"]
     print(f"  served concurrent / in-process batch: {vs_batch:.2f}x (target >= 0.8x)")
     print(f"  served concurrent / served sequential: {vs_seq:.2f}x (target >= 4x)")
-    print(json.dumps({"bench": "serve", "clients": args.clients, "max_tokens": args.max_tokens,
-                      "torch_threads": torch.get_num_threads(), "tokens": tokens["in_process_batch"],
-                      **{f"{k}_tokens_per_s": round(v, 1) for k, v in best.items()},
-                      "concurrent_vs_batch": round(vs_batch, 3), "concurrent_vs_sequential": round(vs_seq, 3),
-                      "largest_batch": largest}))
+    print(
+        json.dumps(
+            {
+                "bench": "serve",
+                "clients": args.clients,
+                "max_tokens": args.max_tokens,
+                "torch_threads": torch.get_num_threads(),
+                "tokens": tokens["in_process_batch"],
+                **{f"{k}_tokens_per_s": round(v, 1) for k, v in best.items()},
+                "concurrent_vs_batch": round(vs_batch, 3),
+                "concurrent_vs_sequential": round(vs_seq, 3),
+                "largest_batch": largest,
+            }
+        )
+    )
 
 
 def batch_file(rows: list[list[dict]], tools: list[dict], max_tokens: int) -> bytes:
-    lines = [{"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"messages": dialog, "tools": tools, "max_tokens": max_tokens}} for i, dialog in enumerate(rows)]
+    lines = [
+        {
+            "custom_id": f"q{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": dialog, "tools": tools, "max_tokens": max_tokens},
+        }
+        for i, dialog in enumerate(rows)
+    ]
     return "".join(json.dumps(line) + "\n" for line in lines).encode()
 
 
@@ -167,8 +198,22 @@ def run_batch(client: object, data: bytes, poll_s: float = 0.2) -> tuple[float, 
 
 def server_process(data_dir: str, batch_rows: int) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "workbench.serve", "--port", "0", "--data-dir", data_dir,
-                             "--batch-rows", str(batch_rows)], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workbench.serve",
+            "--port",
+            "0",
+            "--data-dir",
+            data_dir,
+            "--batch-rows",
+            str(batch_rows),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     return proc, re.search(r"(http://\S+/v1)", proc.stdout.readline()).group(1)
 
 
@@ -208,8 +253,11 @@ def batch_api(n: int, max_tokens: int, repeats: int) -> None:
             best[name] = min(best[name], seconds)
             tokens[name] = sum(line["response"]["body"]["usage"]["completion_tokens"] for line in lines)
 
-        contenders = [in_process, lambda: through("batch_api", client),
-                      lambda: through("batch_api_one_chunk", whole_client)]
+        contenders = [
+            in_process,
+            lambda: through("batch_api", client),
+            lambda: through("batch_api_one_chunk", whole_client),
+        ]
         for repeat in range(repeats):  # rotating which goes first: the machine's load drifts
             for k in range(len(contenders)):
                 contenders[(k + repeat) % len(contenders)]()
@@ -225,8 +273,7 @@ def batch_api(n: int, max_tokens: int, repeats: int) -> None:
         proc, url = server_process(folder, engine.max_batch_size)
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
         upload = client.files.create(file=("requests.jsonl", io.BytesIO(data)), purpose="batch")
-        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
-                                      completion_window="24h")
+        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
         while client.batches.retrieve(batch.id).request_counts.completed < n // 2:
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
@@ -238,25 +285,52 @@ def batch_api(n: int, max_tokens: int, repeats: int) -> None:
         state = batch.model_extra["workbench"]
         proc.terminate()
         proc.wait()
-    restart = {"lines": n, "recovered": state["recovered"], "computed_after_restart": n - state["recovered"],
-               "written_lines_computed_twice": state["computed"] - n, "restarts": state["restarts"]}
+    restart = {
+        "lines": n,
+        "recovered": state["recovered"],
+        "computed_after_restart": n - state["recovered"],
+        "written_lines_computed_twice": state["computed"] - n,
+        "restarts": state["restarts"],
+    }
 
-    print(f"threads: torch {torch.get_num_threads()}; demo model, {n} chat requests with tools, greedy, "
-          f"max_tokens={max_tokens}, best of {repeats}; largest engine batch {largest}")
-    print(f"  in-process batch_chat_completion  {best['in_process_batch']:7.2f} s "
-          f"({tokens['in_process_batch'] / best['in_process_batch']:.1f} tokens/s)")
-    print(f"  /v1/batches (upload..download)    {best['batch_api']:7.2f} s "
-          f"({tokens['batch_api'] / best['batch_api']:.1f} tokens/s): {ratio:.2f}x in-process (target >= 0.9x)")
-    print(f"  /v1/batches, --batch-rows {n:<6d}  {best['batch_api_one_chunk']:7.2f} s: {one_chunk:.2f}x in-process "
-          "(one engine call: what chunking for interactive requests costs)")
-    print(f"  restart: killed at {restart['recovered']} of {n} lines written; {restart['computed_after_restart']} "
-          f"computed after the restart; written lines computed twice: {restart['written_lines_computed_twice']}")
-    print(json.dumps({"bench": "serve_batch_api", "requests": n, "max_tokens": max_tokens,
-                      "torch_threads": torch.get_num_threads(), "tokens": tokens["batch_api"],
-                      "in_process_s": round(best["in_process_batch"], 3), "batch_api_s": round(best["batch_api"], 3),
-                      "batch_api_one_chunk_s": round(best["batch_api_one_chunk"], 3),
-                      "batch_api_vs_in_process": round(ratio, 3), "one_chunk_vs_in_process": round(one_chunk, 3),
-                      "largest_batch": largest, "restart": restart}))
+    print(
+        f"threads: torch {torch.get_num_threads()}; demo model, {n} chat requests with tools, greedy, "
+        f"max_tokens={max_tokens}, best of {repeats}; largest engine batch {largest}"
+    )
+    print(
+        f"  in-process batch_chat_completion  {best['in_process_batch']:7.2f} s "
+        f"({tokens['in_process_batch'] / best['in_process_batch']:.1f} tokens/s)"
+    )
+    print(
+        f"  /v1/batches (upload..download)    {best['batch_api']:7.2f} s "
+        f"({tokens['batch_api'] / best['batch_api']:.1f} tokens/s): {ratio:.2f}x in-process (target >= 0.9x)"
+    )
+    print(
+        f"  /v1/batches, --batch-rows {n:<6d}  {best['batch_api_one_chunk']:7.2f} s: {one_chunk:.2f}x in-process "
+        "(one engine call: what chunking for interactive requests costs)"
+    )
+    print(
+        f"  restart: killed at {restart['recovered']} of {n} lines written; {restart['computed_after_restart']} "
+        f"computed after the restart; written lines computed twice: {restart['written_lines_computed_twice']}"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "serve_batch_api",
+                "requests": n,
+                "max_tokens": max_tokens,
+                "torch_threads": torch.get_num_threads(),
+                "tokens": tokens["batch_api"],
+                "in_process_s": round(best["in_process_batch"], 3),
+                "batch_api_s": round(best["batch_api"], 3),
+                "batch_api_one_chunk_s": round(best["batch_api_one_chunk"], 3),
+                "batch_api_vs_in_process": round(ratio, 3),
+                "one_chunk_vs_in_process": round(one_chunk, 3),
+                "largest_batch": largest,
+                "restart": restart,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

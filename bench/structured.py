@@ -21,10 +21,19 @@ import workbench as wb
 from workbench.generation import constraints as rt
 from workbench.structured.spec import json_schema_format
 
-ITEM = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-        "qty": {"type": "integer", "minimum": 0, "maximum": 999}}, "required": ["name", "qty"]}
-SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": ITEM, "minItems": 40}},
-          "required": ["items"]}
+ITEM = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "qty": {"type": "integer", "minimum": 0, "maximum": 999},
+    },
+    "required": ["name", "qty"],
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": ITEM, "minItems": 40}},
+    "required": ["items"],
+}
 
 
 class Timers:
@@ -70,8 +79,9 @@ def timed(
         scheduler.stop_tokens = {}
     try:
         start = time.perf_counter()
-        rows = engine.batch_completion(prompts, max_tokens=max_tokens, response_format=fmt, temperature=temperature,
-                                       seed=0)
+        rows = engine.batch_completion(
+            prompts, max_tokens=max_tokens, response_format=fmt, temperature=temperature, seed=0
+        )
         return time.perf_counter() - start, rows
     finally:
         scheduler.stop_tokens = stop_tokens
@@ -83,9 +93,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default=None)
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="0: greedy rows (the mask only matters where it refuses the argmax); >0: sampled rows "
-                             "(every step rewrites the logits)")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: greedy rows (the mask only matters where it refuses the argmax); >0: sampled rows "
+        "(every step rewrites the logits)",
+    )
     args = parser.parse_args()
     engine = wb.load(device=args.device, max_batch_size=args.batch, max_seq_len=512)
     prompts = [p[:200] for p in make_prompts(args.batch)]
@@ -140,8 +154,10 @@ def main() -> None:
         "schema_compile_ms_cached": round(1e3 * cached_s, 3),
         "tokenizer_info_build_s": round(tokenizer_s, 2),
     }
-    print(f"model: {result['model']} ({result['params_M']}M params), batch {args.batch}, {args.max_tokens} steps, "
-          f"temperature {args.temperature}")
+    print(
+        f"model: {result['model']} ({result['params_M']}M params), batch {args.batch}, {args.max_tokens} steps, "
+        f"temperature {args.temperature}"
+    )
     print(f"  unconstrained decode step        {step_free_ms:8.2f} ms")
     print(f"  constrained decode step          {step_constrained_ms:8.2f} ms")
     print(f"  mask compute + apply per step    {mask_ms:8.3f} ms")

@@ -58,9 +58,16 @@ def main() -> None:
         ours_t = best_of(lambda image=image: prepare_image(image, 336, 16), opts.repeats)
         ref_t = best_of(lambda image=image: reference(image), opts.repeats)
         diff = (prepare_image(image, 336, 16).tiles - reference(image)).abs().max().item()
-        rows.append({"size": f"{size[0]}x{size[1]}", "tiles": prepare_image(image, 336, 16).tiles.shape[0],
-                     "ours_ms": ours_t * 1e3, "reference_ms": ref_t * 1e3, "speedup": ref_t / ours_t,
-                     "max_abs_diff": diff})
+        rows.append(
+            {
+                "size": f"{size[0]}x{size[1]}",
+                "tiles": prepare_image(image, 336, 16).tiles.shape[0],
+                "ours_ms": ours_t * 1e3,
+                "reference_ms": ref_t * 1e3,
+                "speedup": ref_t / ours_t,
+                "max_abs_diff": diff,
+            }
+        )
 
     from test_vision_model import ours as our_model
     from test_vision_model import reference as reference_model
@@ -75,8 +82,9 @@ def main() -> None:
 
         def ref_encode():
             with torch.inference_mode():
-                return ref.vision_projection(ref.vision_embeddings.vision_adapter(
-                    ref.vision_embeddings.vision_encoder(tiles[:, None])))
+                return ref.vision_projection(
+                    ref.vision_embeddings.vision_adapter(ref.vision_embeddings.vision_encoder(tiles[:, None]))
+                )
 
         enc_ours = best_of(lambda: model.encode_images(tiles), opts.repeats)
         enc_ref = best_of(ref_encode, opts.repeats)
@@ -84,12 +92,27 @@ def main() -> None:
 
     print(f"{'image':>10} {'tiles':>5} {'ours ms':>9} {'reference ms':>13} {'speed-up':>9} {'max |diff|':>11}")
     for r in rows:
-        print(f"{r['size']:>10} {r['tiles']:>5} {r['ours_ms']:9.1f} {r['reference_ms']:13.1f} {r['speedup']:8.2f}x "
-              f"{r['max_abs_diff']:11.1e}")
-    print(f"encode 32 tiny tiles: ours {enc_ours * 1e3:.1f} ms, reference {enc_ref * 1e3:.1f} ms "
-          f"({enc_ref / enc_ours:.2f}x), max |diff| {enc_diff:.1e}")
-    print(json.dumps({"bench": "vision", "preprocess": rows, "encode_tiny_32_tiles": {
-        "ours_ms": enc_ours * 1e3, "reference_ms": enc_ref * 1e3, "max_abs_diff": enc_diff}}))
+        print(
+            f"{r['size']:>10} {r['tiles']:>5} {r['ours_ms']:9.1f} {r['reference_ms']:13.1f} {r['speedup']:8.2f}x "
+            f"{r['max_abs_diff']:11.1e}"
+        )
+    print(
+        f"encode 32 tiny tiles: ours {enc_ours * 1e3:.1f} ms, reference {enc_ref * 1e3:.1f} ms "
+        f"({enc_ref / enc_ours:.2f}x), max |diff| {enc_diff:.1e}"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "vision",
+                "preprocess": rows,
+                "encode_tiny_32_tiles": {
+                    "ours_ms": enc_ours * 1e3,
+                    "reference_ms": enc_ref * 1e3,
+                    "max_abs_diff": enc_diff,
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

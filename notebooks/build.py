@@ -87,8 +87,14 @@ def build(key: str, execute: bool = True) -> Path:
     name, cells = NOTEBOOKS[key]
     nb = make(cells)
     if execute:
-        NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(HERE)}},
-                       store_widget_state=True, record_timing=False).execute()
+        NotebookClient(
+            nb,
+            timeout=1800,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(HERE)}},
+            store_widget_state=True,
+            record_timing=False,
+        ).execute()
     clean(nb)
     if execute:
         found = problems(nb)

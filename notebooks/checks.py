@@ -31,8 +31,12 @@ def coalesced(outputs: list) -> list:
     merged: list = []
     for output in outputs:
         last = merged[-1] if merged else None
-        if output.get("output_type") == "stream" and last is not None and last.get("output_type") == "stream" \
-                and last.get("name") == output.get("name"):
+        if (
+            output.get("output_type") == "stream"
+            and last is not None
+            and last.get("output_type") == "stream"
+            and last.get("name") == output.get("name")
+        ):
             merged[-1] = {**last, "text": last["text"] + output["text"]}
         else:
             merged.append(dict(output))
@@ -46,8 +50,12 @@ def shown_widget_models(nb: nbformat.NotebookNode) -> set[str]:
     """The widget models a stored output shows: those its views name, and every model their state refers to
     (a box's children, a widget's layout and style), transitively."""
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    todo = [o["data"][WIDGET_VIEW].get("model_id") for cell in nb.cells for o in cell.get("outputs", [])
-            if WIDGET_VIEW in o.get("data", {})]
+    todo = [
+        o["data"][WIDGET_VIEW].get("model_id")
+        for cell in nb.cells
+        for o in cell.get("outputs", [])
+        if WIDGET_VIEW in o.get("data", {})
+    ]
     shown: set[str] = set()
     while todo:
         model = todo.pop()
@@ -80,8 +88,10 @@ def stale_outputs(nb: nbformat.NotebookNode) -> list[str]:
 
 # Paths that name one machine (a user's home, a temp folder, a random temp name) have no place in a shared
 # notebook; workbench displays its own paths from ~ or $WORKBENCH_CACHE (workbench.reports.short_path).
-MACHINE_PATH = re.compile(r"/root/|/home/[^/\s\"']+/|/Users/[^/\s\"']+/|(?<![\w.~])/tmp/|/private/var/|/var/folders/"
-                          r"|[A-Za-z]:\\+Users|\btmp[a-z0-9_]{8}\b|pytest-of-")
+MACHINE_PATH = re.compile(
+    r"/root/|/home/[^/\s\"']+/|/Users/[^/\s\"']+/|(?<![\w.~])/tmp/|/private/var/|/var/folders/"
+    r"|[A-Za-z]:\\+Users|\btmp[a-z0-9_]{8}\b|pytest-of-"
+)
 UNNAMED_MODEL = re.compile(r"model_id\s+none|model=None\b")
 WARNING = re.compile(r"warn|deprecat|traceback|error:", re.IGNORECASE)
 # A tqdm bar, finished or not: "requests: 100%|██████████| 8/8 [00:00<00:00, ...]" or, without a total,
@@ -120,8 +130,12 @@ def output_problems(nb: nbformat.NotebookNode) -> list[str]:
             if WIDGET_VIEW in data and "text/html" not in data:
                 fallback = data.get("text/plain", "")
                 problems.append(f"cell {number}: a stray widget ({fallback.strip()[:60]!r})")
-            if kind in ("stream", "display_data", "execute_result") and not any(t.strip() for t in texts) \
-                    and not any(k.startswith("image/") for k in data) and WIDGET_VIEW not in data:
+            if (
+                kind in ("stream", "display_data", "execute_result")
+                and not any(t.strip() for t in texts)
+                and not any(k.startswith("image/") for k in data)
+                and WIDGET_VIEW not in data
+            ):
                 problems.append(f"cell {number}: an empty output")
             if "image/png" in data:
                 png = data["image/png"] if isinstance(data["image/png"], str) else "".join(data["image/png"])
@@ -138,10 +152,15 @@ def structure_problems(nb: nbformat.NotebookNode) -> list[str]:
     where to go next."""
     problems = []
     code = [c for c in nb.cells if c.cell_type == "code"]
-    if not nb.cells or nb.cells[0].cell_type != "code" or "pip install" not in nb.cells[0].source \
-            or "wb.require(" not in nb.cells[0].source:
-        problems.append("the first cell must be code that names its extra (a pip install line) and checks it "
-                        "(wb.require)")
+    if (
+        not nb.cells
+        or nb.cells[0].cell_type != "code"
+        or "pip install" not in nb.cells[0].source
+        or "wb.require(" not in nb.cells[0].source
+    ):
+        problems.append(
+            "the first cell must be code that names its extra (a pip install line) and checks it (wb.require)"
+        )
     if code and code[0] is not nb.cells[0]:
         problems.append("the extra check must come before any other code")
     last = nb.cells[-1] if nb.cells else None

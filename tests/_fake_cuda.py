@@ -56,8 +56,10 @@ def _guard_registry() -> Any:
     try:
         head = ctypes.c_void_p.in_dll(ctypes.CDLL(str(libc10)), _REGISTRY_SYMBOL)
     except (OSError, ValueError) as exc:
-        raise RuntimeError(f"torch {torch.__version__}: cannot find c10's device guard registry in {libc10} ({exc}); "
-                           "tests/_fake_cuda.py needs updating for this torch") from exc
+        raise RuntimeError(
+            f"torch {torch.__version__}: cannot find c10's device guard registry in {libc10} ({exc}); "
+            "tests/_fake_cuda.py needs updating for this torch"
+        ) from exc
     return (ctypes.c_void_p * (_CUDA + 1)).from_address(ctypes.addressof(head))
 
 
@@ -77,8 +79,10 @@ def install_cuda_device_guard() -> Iterator[None]:
     torch._C._ensureCUDADeviceGuardSet()
     if registry[_CUDA] == ctypes.addressof(stand_in):
         registry[_CUDA] = None
-        raise RuntimeError(f"torch {torch.__version__} did not install its CUDA FakeGuardImpl; "
-                           "tests/_fake_cuda.py needs updating for this torch")
+        raise RuntimeError(
+            f"torch {torch.__version__} did not install its CUDA FakeGuardImpl; "
+            "tests/_fake_cuda.py needs updating for this torch"
+        )
     try:
         yield
     finally:
@@ -173,4 +177,3 @@ def fake_cuda(capability: tuple[int, int] = (9, 0), memory_gib: int = 80) -> Ite
         _clear_kernel_choices()
         stack.callback(_clear_kernel_choices)
         yield mode
-

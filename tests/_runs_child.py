@@ -1,8 +1,8 @@
 """Child processes of tests/test_runs_store.py: writers that share one run store with the test process.
 
-    python tests/_runs_child.py writer STORE TAG N      # N rows of its own + the shared requests; prints its keys
-    python tests/_runs_child.py endless STORE GROUP     # groups of GROUP rows forever; prints each committed count
-    python tests/_runs_child.py full STORE              # rows until the file-size limit bites; prints a summary
+python tests/_runs_child.py writer STORE TAG N      # N rows of its own + the shared requests; prints its keys
+python tests/_runs_child.py endless STORE GROUP     # groups of GROUP rows forever; prints each committed count
+python tests/_runs_child.py full STORE              # rows until the file-size limit bites; prints a summary
 """
 
 from __future__ import annotations
@@ -32,13 +32,23 @@ def request(prompt_ids: list[int]) -> runs.RowRequest:
 
 def answer(prompt_ids: list[int], pad: int = 0) -> Completion:
     """The output a writer stores for ``prompt_ids`` (a function of the prompt: every process agrees)."""
-    return Completion(text=f"answer {prompt_ids}" + "." * pad, tokens=[sum(prompt_ids) % 1000, len(prompt_ids)],
-                      stop_reason="end_of_turn", prompt_tokens=len(prompt_ids))
+    return Completion(
+        text=f"answer {prompt_ids}" + "." * pad,
+        tokens=[sum(prompt_ids) % 1000, len(prompt_ids)],
+        stop_reason="end_of_turn",
+        prompt_tokens=len(prompt_ids),
+    )
 
 
 def put(run: runs.Run, key: runs.RowKey, ids: list[int], pad: int = 0) -> bool:
-    return run.put(key, request={"prompt": f"p{ids}"}, prompt_ids=ids, output=answer(ids, pad),
-                   sampling={"temperature": 0.0, "max_tokens": 8}, timings={"seconds": 0.001})
+    return run.put(
+        key,
+        request={"prompt": f"p{ids}"},
+        prompt_ids=ids,
+        output=answer(ids, pad),
+        sampling={"temperature": 0.0, "max_tokens": 8},
+        timings={"seconds": 0.001},
+    )
 
 
 def writer(path: str, tag: int, n: int) -> None:
@@ -48,8 +58,16 @@ def writer(path: str, tag: int, n: int) -> None:
     keys = run.keys([request(ids) for ids in shared + own])
     for ids, key in zip(shared + own, keys):
         assert put(run, key, ids), "a put failed"
-    print(json.dumps({"shared": [k.key for k in keys[:SHARED]], "own": [k.key for k in keys[SHARED:]],
-                      "pandas_imported": "pandas" in sys.modules}), flush=True)
+    print(
+        json.dumps(
+            {
+                "shared": [k.key for k in keys[:SHARED]],
+                "own": [k.key for k in keys[SHARED:]],
+                "pandas_imported": "pandas" in sys.modules,
+            }
+        ),
+        flush=True,
+    )
 
 
 def endless(path: str, group: int) -> None:
@@ -58,8 +76,10 @@ def endless(path: str, group: int) -> None:
     while True:
         batch = [[5, i + j] for j in range(group)]
         keys = run.keys([request(ids) for ids in batch])
-        rows = [{"key": k, "request": {"prompt": str(ids)}, "prompt_ids": ids, "output": answer(ids, pad=3000)}
-                for ids, k in zip(batch, keys)]
+        rows = [
+            {"key": k, "request": {"prompt": str(ids)}, "prompt_ids": ids, "output": answer(ids, pad=3000)}
+            for ids, k in zip(batch, keys)
+        ]
         assert run.put_many(rows), "a put failed"
         i += group
         print(i, flush=True)
@@ -79,9 +99,16 @@ def full(path: str) -> None:
             results.append(put(run, run.key(ids, {"temperature": 0.0, "max_tokens": 8}), ids, pad=2000))
     resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     stored_after = put(run, run.key([9999], {"temperature": 0.0, "max_tokens": 8}), [9999])
-    print(json.dumps({"results": results, "warnings": [str(w.message) for w in caught
-                                                       if issubclass(w.category, StoreWarning)],
-                      "stored_after": stored_after}), flush=True)
+    print(
+        json.dumps(
+            {
+                "results": results,
+                "warnings": [str(w.message) for w in caught if issubclass(w.category, StoreWarning)],
+                "stored_after": stored_after,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

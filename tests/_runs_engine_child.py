@@ -40,8 +40,13 @@ def cases() -> list[Any]:
 
     weather = [{"tool_name": "get_weather", "arguments": {"city": "Paris"}}]
     time_in = [{"tool_name": "get_local_time", "arguments": {"city": "Tokyo"}}]
-    return [EvalCase("two-questions", ["get_weather", "get_local_time"],
-                     [Turn("What's the weather in Paris?", weather), Turn("What time is it in Tokyo?", time_in)])]
+    return [
+        EvalCase(
+            "two-questions",
+            ["get_weather", "get_local_time"],
+            [Turn("What's the weather in Paris?", weather), Turn("What time is it in Tokyo?", time_in)],
+        )
+    ]
 
 
 def tools(die_at: int | None = None) -> dict[str, Any]:

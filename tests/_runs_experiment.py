@@ -45,22 +45,33 @@ def right_tool(row: dict[str, Any]) -> dict[str, Any]:
     return {"right_tool": "get_weather" in str(row["tool_calls"])}
 
 
-def write_runs(store_file: Path, n_items: int = 40, names: tuple[str, ...] = ("prompt-a", "prompt-b"),
-               first: int = 0) -> Path:
+def write_runs(
+    store_file: Path, n_items: int = 40, names: tuple[str, ...] = ("prompt-a", "prompt-b"), first: int = 0
+) -> Path:
     """Runs ``names`` of ``n_items`` items each in ``store_file``, scored; returns the file.  ``first`` > 0
     writes items ``first...`` under the run name ``other-items`` instead (no item in common with the others)."""
     store = runs.store(store_file)
     for name in names:
         stored_as = "other-items" if first else name
-        run = store.open_run(stored_as, runs.Provenance(identity="sha256:test", load=LOAD, model="tiny",
-                                                   checkpoint="/ckpt/tiny", device="cpu"))
+        run = store.open_run(
+            stored_as,
+            runs.Provenance(identity="sha256:test", load=LOAD, model="tiny", checkpoint="/ckpt/tiny", device="cpu"),
+        )
         rows = []
         for i in range(first, first + n_items):
             messages = [{"role": "system", "content": SYSTEMS[name]}, {"role": "user", "content": f"question {i}"}]
             prompt_ids = [1, 2 if name == "prompt-a" else 3, 100 + i]
             key = run.key(prompt_ids, GREEDY, kind="chat")
-            rows.append({"key": key, "request": {"messages": messages}, "prompt_ids": prompt_ids,
-                         "output": reply(name, i), "sampling": GREEDY, "timings": {"seconds": 0.1}})
+            rows.append(
+                {
+                    "key": key,
+                    "request": {"messages": messages},
+                    "prompt_ids": prompt_ids,
+                    "output": reply(name, i),
+                    "sampling": GREEDY,
+                    "timings": {"seconds": 0.1},
+                }
+            )
         run.put_many(rows)
         runs.score(stored_as, right_tool, store=store)
     return store_file

@@ -19,8 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "workbench"
 
-_PATH = re.compile(r"^(?P<path>[\w./-]+\.(?:py|md|toml|sh|ipynb|pt)|[\w./-]+/)"
-                   r"(?::(?P<line>\d+)(?:[-–](?P<end>\d+))?)?$")
+_PATH = re.compile(
+    r"^(?P<path>[\w./-]+\.(?:py|md|toml|sh|ipynb|pt)|[\w./-]+/)"
+    r"(?::(?P<line>\d+)(?:[-–](?P<end>\d+))?)?$"
+)
 _DOTTED = re.compile(r"^(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?$")
 _CALL = re.compile(r"^(?P<name>[A-Za-z_]\w*)\(\)$")
 _CLASS = re.compile(r"^(?P<name>_?[A-Z][a-z]+[A-Z]?\w*)$")  # CamelCase: PrefixCache, RowAccumulator, Engine
@@ -51,8 +53,14 @@ def build_index() -> Index:
             _top_level(index, module, file, node, names)
         if parts:  # a package's parent has the submodule as a member
             index.members.setdefault(".".join(parts[:-1]), set()).add(parts[-1])
-        stars += [(module, node.module) for node in tree.body if isinstance(node, ast.ImportFrom)
-                  and node.module and node.module.startswith("workbench.") and node.names[0].name == "*"]
+        stars += [
+            (module, node.module)
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.startswith("workbench.")
+            and node.names[0].name == "*"
+        ]
     for module, source in stars:  # `from workbench.face import *`: the package root has the face's names
         public = {n for n in index.members.get(source.removeprefix("workbench."), set()) if not n.startswith("_")}
         index.members[module] |= public
@@ -82,8 +90,11 @@ def _top_level(index: Index, module: str, file: Path, node: ast.stmt, names: set
             if isinstance(item, (ast.Assign, ast.AnnAssign)):
                 targets = item.targets if isinstance(item, ast.Assign) else [item.target]
                 for target in targets:
-                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
-                            and target.value.id == "self":
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                    ):
                         members.add(target.attr)
     elif isinstance(node, (ast.Assign, ast.AnnAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -103,10 +114,17 @@ def _top_level(index: Index, module: str, file: Path, node: ast.stmt, names: set
 
 # What the usual variable names of the docs stand for (``engine.cancel()`` is a method of an Engine, or of a part
 # it is built from).
-INSTANCES = {"engine": ("Engine", "ModelManagement", "IntrospectionMixin"), "formatter": ("Formatter",),
-             "tokenizer": ("Tokenizer",),
-             "runner": ("LocalRunner", "ParallelRunner", "Runner"), "scheduler": ("Scheduler",), "store": ("Store",),
-             "run": ("Run",), "pool": ("ReplicaPool",), "job": ("Job",)}
+INSTANCES = {
+    "engine": ("Engine", "ModelManagement", "IntrospectionMixin"),
+    "formatter": ("Formatter",),
+    "tokenizer": ("Tokenizer",),
+    "runner": ("LocalRunner", "ParallelRunner", "Runner"),
+    "scheduler": ("Scheduler",),
+    "store": ("Store",),
+    "run": ("Run",),
+    "pool": ("ReplicaPool",),
+    "job": ("Job",),
+}
 # Spans that look dotted but name files or data: ``runs.sqlite``, ``requests.jsonl``.
 DATA_SUFFIXES = {"sqlite", "json", "jsonl", "parquet", "eval", "txt", "model", "pth", "yml", "yaml", "csv", "png"}
 
@@ -219,6 +237,10 @@ def _check_definition(index: Index, ref: str, name: str) -> str | None:
         for where, at in index.definitions.get(qualified, []):
             if where == file and first_line <= at <= last_line:
                 return None
-    found = [f"{w.relative_to(PACKAGE).as_posix()}:{at}" for q in (".".join(key), key[-1])
-             for w, at in index.definitions.get(q, []) if w == file]
+    found = [
+        f"{w.relative_to(PACKAGE).as_posix()}:{at}"
+        for q in (".".join(key), key[-1])
+        for w, at in index.definitions.get(q, [])
+        if w == file
+    ]
     return f"{name} is not defined at {path}:{lines}" + (f"; it is at {found[0]}" if found else "")

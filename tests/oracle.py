@@ -121,8 +121,9 @@ def _forward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return logits[0].float().clone()
 
 
-def reference_logits(ckpt_dir: str | Path, token_lists: Sequence[Sequence[int]], *,
-                     max_seq_len: int = 256) -> list[torch.Tensor]:
+def reference_logits(
+    ckpt_dir: str | Path, token_lists: Sequence[Sequence[int]], *, max_seq_len: int = 256
+) -> list[torch.Tensor]:
     """Full-sequence reference logits, one float32 ``[len, vocab]`` tensor per token list (batch 1 each)."""
     out = []
     for ids in token_lists:
@@ -133,8 +134,14 @@ def reference_logits(ckpt_dir: str | Path, token_lists: Sequence[Sequence[int]],
     return out
 
 
-def reference_greedy(ckpt_dir: str | Path, prompt_tokens: Sequence[int], max_tokens: int,
-                     stop_tokens: Iterable[int], *, max_seq_len: int = 256) -> list[int]:
+def reference_greedy(
+    ckpt_dir: str | Path,
+    prompt_tokens: Sequence[int],
+    max_tokens: int,
+    stop_tokens: Iterable[int],
+    *,
+    max_seq_len: int = 256,
+) -> list[int]:
     """Cache-free greedy decoding with the reference model.
 
     Every step runs prompt + generated-so-far from position 0 and takes ``argmax`` (first index on

@@ -39,8 +39,9 @@ def vision_dims(state: dict[str, torch.Tensor]) -> tuple[int, int]:
     return width, n_global
 
 
-def reference_vision_model(params: dict[str, Any], state: dict[str, torch.Tensor], max_seq_len: int = 256,
-                           max_batch_size: int = 4) -> torch.nn.Module:
+def reference_vision_model(
+    params: dict[str, Any], state: dict[str, torch.Tensor], max_seq_len: int = 256, max_batch_size: int = 4
+) -> torch.nn.Module:
     """Meta's ``CrossAttentionTransformer`` with the encoder width patched to the checkpoint's, loaded strictly."""
     torchvision_standin.install()
     from llama_models.llama3 import args as ref_args
@@ -88,8 +89,9 @@ def _vision_mask(tokens: Sequence[int], vision_token: int) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def reference_logits(model: torch.nn.Module, token_ids: Sequence[int], images: Sequence[Any],
-                     vision_token: int) -> torch.Tensor:
+def reference_logits(
+    model: torch.nn.Module, token_ids: Sequence[int], images: Sequence[Any], vision_token: int
+) -> torch.Tensor:
     """Logits [len, vocab] of one prompt with its PIL images, as the reference generator prepares them."""
     tokens = [IMAGE_TOKEN_IN_MODEL if t == vision_token else t for t in token_ids]
     total = len(tokens)
@@ -103,8 +105,14 @@ def reference_logits(model: torch.nn.Module, token_ids: Sequence[int], images: S
     return logits[0].float().clone()
 
 
-def reference_greedy(model: torch.nn.Module, prompt: Sequence[int], images: Sequence[Any], vision_token: int,
-                     max_tokens: int, stop_tokens: Iterable[int]) -> list[int]:
+def reference_greedy(
+    model: torch.nn.Module,
+    prompt: Sequence[int],
+    images: Sequence[Any],
+    vision_token: int,
+    max_tokens: int,
+    stop_tokens: Iterable[int],
+) -> list[int]:
     """Cache-free greedy decoding: every step runs the whole sequence (prompt + generated) from position 0,
     with the image masks of that whole sequence, and takes the first argmax of the last position."""
     stops = set(stop_tokens)

@@ -53,8 +53,15 @@ def test_the_checker_finds_what_is_wrong(tmp_path, index):
     )
     found = problems(doc, index)
     assert len(found) == 7, found
-    for wrong in ("no_such.py", "Engine.no_such_method", "PrefixCache.no_such", "NoSuchClass", "no_such_function()",
-                  "engine/engine.py:99999", "Scheduler.generate"):
+    for wrong in (
+        "no_such.py",
+        "Engine.no_such_method",
+        "PrefixCache.no_such",
+        "NoSuchClass",
+        "no_such_function()",
+        "engine/engine.py:99999",
+        "Scheduler.generate",
+    ):
         assert any(wrong in line for line in found), wrong
     assert not any(ok in " ".join(found) for ok in ("generate_tokens", "runs.table", "cancel", "torch", "sqlite"))
 

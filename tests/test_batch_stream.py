@@ -18,8 +18,10 @@ from workbench.errors import GenerationCancelled
 
 PROMPTS = ["The capital of France is", "Once upon a time", "One two three four", "Hello"]
 TOOLS = [DEMO_TOOLS[k] for k in ("get_weather", "get_random_joke")]
-DIALOGS = [[{"role": "user", "content": "What's the weather in Paris?"}],
-           [{"role": "user", "content": "Hello, who are you?"}]]
+DIALOGS = [
+    [{"role": "user", "content": "What's the weather in Paris?"}],
+    [{"role": "user", "content": "Hello, who are you?"}],
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,8 @@ def test_chat_rows_equal_batch_chat_completion(engine):
     for i, ref in enumerate(refs):
         assert finals[i].tokens == ref.tokens and finals[i].message.content == ref.message.content
         assert [(c.tool_name, c.arguments) for c in finals[i].message.tool_calls] == [
-            (c.tool_name, c.arguments) for c in ref.message.tool_calls]
+            (c.tool_name, c.arguments) for c in ref.message.tool_calls
+        ]
 
 
 def test_cancelling_one_row_leaves_the_others_unchanged(engine):
@@ -112,8 +115,17 @@ def test_model_parallel_rows_cancel_too(llama3_dir):
     """With model-parallel workers the rank copies never see the flag: the engine drops the row's events."""
     from workbench.session import build_engine, resolve_settings
 
-    engine = build_engine(resolve_settings(llama3_dir, model_parallel_size=2, max_seq_len=96, max_batch_size=4,
-                                           device="cpu", dtype="float32", quantization="none"))
+    engine = build_engine(
+        resolve_settings(
+            llama3_dir,
+            model_parallel_size=2,
+            max_seq_len=96,
+            max_batch_size=4,
+            device="cpu",
+            dtype="float32",
+            quantization="none",
+        )
+    )
     try:
         refs = engine.batch_completion(PROMPTS, max_tokens=12)
         stream = engine.stream_batch_completion(PROMPTS, max_tokens=12)

@@ -35,8 +35,12 @@ CITIES = ["Paris", "Tokyo", "Oslo", "Lima", "Cairo", "Rome", "Quito", "Hanoi"]
 
 def chat_line(i: int, **body) -> dict:
     messages = [{"role": "user", "content": f"What's the weather in {CITIES[i % len(CITIES)]}?"}]
-    return {"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"messages": messages, "max_tokens": 8, **body}}
+    return {
+        "custom_id": f"chat-{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"messages": messages, "max_tokens": 8, **body},
+    }
 
 
 def jsonl(lines: list) -> bytes:
@@ -86,17 +90,26 @@ def test_batch_end_to_end_with_the_official_client(srv, client, engine):
     bad = [
         "{not json",
         {"custom_id": "wrong-url", "method": "POST", "url": "/v1/embeddings", "body": {}},
-        {"custom_id": "no-content", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"messages": [{"role": "user"}], "max_tokens": 4}},
-        {"custom_id": "too-long", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}},
+        {
+            "custom_id": "no-content",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user"}], "max_tokens": 4},
+        },
+        {
+            "custom_id": "too-long",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6},
+        },
         {**chat_line(0), "custom_id": "chat-0"},  # a duplicate custom_id
     ]
     upload = client.files.create(file=("requests.jsonl", io.BytesIO(jsonl(good + bad))), purpose="batch")
     assert (upload.purpose, upload.status, upload.bytes) == ("batch", "processed", len(jsonl(good + bad)))
     assert client.files.retrieve(upload.id).filename == "requests.jsonl"
-    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h", metadata={"sweep": "demo"})
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"sweep": "demo"}
+    )
     assert batch.status == "validating" and batch.metadata == {"sweep": "demo"}
     batch = wait_done(client, batch.id)
     assert batch.status == "completed"
@@ -135,11 +148,19 @@ def test_batch_end_to_end_with_the_official_client(srv, client, engine):
 
 def test_completions_batch(client, engine):
     prompts = ["Once upon a time", "The capital of France is", "Hello"]
-    lines = [{"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
-              "body": {"prompt": p, "max_tokens": 6, "logprobs": 2}} for i, p in enumerate(prompts)]
+    lines = [
+        {
+            "custom_id": f"p{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"prompt": p, "max_tokens": 6, "logprobs": 2},
+        }
+        for i, p in enumerate(prompts)
+    ]
     upload = client.files.create(file=("c.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
-    batch = wait_done(client, client.batches.create(input_file_id=upload.id, endpoint="/v1/completions",
-                                                    completion_window="24h").id)
+    batch = wait_done(
+        client, client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h").id
+    )
     assert batch.status == "completed" and batch.error_file_id is None
     outputs = lines_of(client, batch.output_file_id)
     refs = engine.batch_completion(prompts, max_tokens=6, logprobs=2)
@@ -156,14 +177,16 @@ def test_cancel_and_interactive_requests_are_not_starved(engine, tmp_path):
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
         lines = [chat_line(i, max_tokens=16) for i in range(48)]
         upload = client.files.create(file=("long.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
-        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
-                                      completion_window="24h")
+        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
         while client.batches.retrieve(batch.id).request_counts.completed < 2:
             time.sleep(0.02)
-        reply = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "Hi"}],
-                                               max_tokens=4)
-        assert reply.choices[0].message.content == engine.chat_completion([{"role": "user", "content": "Hi"}],
-                                                                          max_tokens=4).message.content
+        reply = client.chat.completions.create(
+            model=server.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert (
+            reply.choices[0].message.content
+            == engine.chat_completion([{"role": "user", "content": "Hi"}], max_tokens=4).message.content
+        )
         assert client.batches.retrieve(batch.id).status == "in_progress"  # answered before the batch ended
         cancelling = client.batches.cancel(batch.id)
         assert cancelling.status in ("cancelling", "cancelled")
@@ -177,9 +200,11 @@ def test_cancel_and_interactive_requests_are_not_starved(engine, tmp_path):
 
 def test_bad_batch_requests_are_4xx(client, srv):
     upload = client.files.create(file=("x.jsonl", io.BytesIO(jsonl([chat_line(0)]))), purpose="batch")
-    for kwargs, param in (({"input_file_id": "file-" + "0" * 24}, "input_file_id"),
-                          ({"input_file_id": upload.id, "completion_window": "1h"}, "completion_window"),
-                          ({"input_file_id": upload.id, "endpoint": "/v1/responses"}, "endpoint")):
+    for kwargs, param in (
+        ({"input_file_id": "file-" + "0" * 24}, "input_file_id"),
+        ({"input_file_id": upload.id, "completion_window": "1h"}, "completion_window"),
+        ({"input_file_id": upload.id, "endpoint": "/v1/responses"}, "endpoint"),
+    ):
         body = {"endpoint": "/v1/chat/completions", "completion_window": "24h", **kwargs}
         response = httpx.post(srv.url + "/batches", json=body, timeout=30)
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
@@ -196,8 +221,12 @@ def test_bad_batch_requests_are_4xx(client, srv):
 # --------------------------------------------------------------------------------------------- restart
 def _start_server(data_dir: Path) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(wb.__file__).parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "workbench.serve", "--port", "0", "--data-dir", str(data_dir),
-                             "--batch-rows", "2"], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench.serve", "--port", "0", "--data-dir", str(data_dir), "--batch-rows", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     line = proc.stdout.readline()
     found = re.search(r"(http://\S+/v1)", line)
     assert found, f"the server did not start: {line!r}"
@@ -222,8 +251,7 @@ def test_server_killed_mid_batch_resumes_after_restart(engine, tmp_path, monkeyp
     try:
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
         upload = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
-        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
-                                      completion_window="24h")
+        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
         while (done := client.batches.retrieve(batch.id).request_counts.completed) < 4:
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
@@ -247,8 +275,10 @@ def test_server_killed_mid_batch_resumes_after_restart(engine, tmp_path, monkeyp
         outputs = lines_of(client, finished.output_file_id)
         assert sorted(outputs) == sorted(line["custom_id"] for line in lines)
         for line in lines[:6]:
-            assert outputs[line["custom_id"]]["response"]["body"]["choices"][0]["message"]["content"] == \
-                expected_chat(engine, line)[0]
+            assert (
+                outputs[line["custom_id"]]["response"]["body"]["choices"][0]["message"]["content"]
+                == expected_chat(engine, line)[0]
+            )
     finally:
         proc.terminate()
         proc.wait(30)
@@ -259,8 +289,10 @@ def test_command_line_output_equals_engine_and_resumes(engine, tmp_path, capsys)
     from workbench.__main__ import main
 
     lines = [chat_line(i) for i in range(10)]
-    lines += [{"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
-               "body": {"prompt": p, "max_tokens": 5}} for i, p in enumerate(["Once upon a time", "Hello"])]
+    lines += [
+        {"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions", "body": {"prompt": p, "max_tokens": 5}}
+        for i, p in enumerate(["Once upon a time", "Hello"])
+    ]
     lines += [{"custom_id": "bad", "method": "POST", "url": "/v1/embeddings", "body": {}}, "{oops"]
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_bytes(jsonl(lines))
@@ -271,12 +303,17 @@ def test_command_line_output_equals_engine_and_resumes(engine, tmp_path, capsys)
     assert len(written) == 14
     by_id = {line["custom_id"]: line for line in written}
     for line in lines[:10]:
-        assert by_id[line["custom_id"]]["response"]["body"]["choices"][0]["message"]["content"] == \
-            expected_chat(engine, line)[0]
+        assert (
+            by_id[line["custom_id"]]["response"]["body"]["choices"][0]["message"]["content"]
+            == expected_chat(engine, line)[0]
+        )
     for i, prompt in enumerate(["Once upon a time", "Hello"]):
         assert by_id[f"p{i}"]["response"]["body"]["choices"][0]["text"] == engine.completion(prompt, max_tokens=5).text
-    assert by_id["bad"]["response"] == {"status_code": 400, "request_id": by_id["bad"]["response"]["request_id"],
-                                        "body": None} and "url" in by_id["bad"]["error"]
+    assert (
+        by_id["bad"]["response"]
+        == {"status_code": 400, "request_id": by_id["bad"]["response"]["request_id"], "body": None}
+        and "url" in by_id["bad"]["error"]
+    )
     assert by_id[None]["error"].startswith("line 14 is not valid JSON")
     assert set(by_id[None]) == {"id", "custom_id", "response", "error"}  # vLLM run-batch's line
 
@@ -292,10 +329,15 @@ def test_command_line_output_equals_engine_and_resumes(engine, tmp_path, capsys)
     assert summary["skipped_done"] == 5 and summary["succeeded"] + summary["failed"] == 9
     again = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(again) == 14 and len({json.dumps(line["custom_id"]) for line in again}) == 14
-    assert {line["custom_id"]: line["response"]["body"] and line["response"]["body"]["choices"][0]
-            for line in again if line["custom_id"] and line["custom_id"].startswith("chat")} == \
-        {line["custom_id"]: line["response"]["body"]["choices"][0] for line in written
-         if line["custom_id"] and line["custom_id"].startswith("chat")}
+    assert {
+        line["custom_id"]: line["response"]["body"] and line["response"]["body"]["choices"][0]
+        for line in again
+        if line["custom_id"] and line["custom_id"].startswith("chat")
+    } == {
+        line["custom_id"]: line["response"]["body"]["choices"][0]
+        for line in written
+        if line["custom_id"] and line["custom_id"].startswith("chat")
+    }
     assert done_ids(out)[0] == {line["custom_id"] for line in lines[:-1]}
     assert sorted((row.key, row.created_at) for row in wb.runs.store().rows(run)) == stored
     assert main(["batch", "-i", str(tmp_path / "missing.jsonl"), "-o", str(out)]) == 2
@@ -304,8 +346,12 @@ def test_command_line_output_equals_engine_and_resumes(engine, tmp_path, capsys)
 # --------------------------------------------------------------------------------------------- sturdier endpoint
 def test_oversize_bodies_are_413_and_the_server_keeps_serving(srv, client):
     limit = 16 * 2**20
-    response = httpx.post(srv.url + "/chat/completions", content=b"x" * (limit + 1), timeout=60,
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        srv.url + "/chat/completions",
+        content=b"x" * (limit + 1),
+        timeout=60,
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 413 and str(limit) in response.json()["error"]["message"]
 
     def chunks():  # no content-length: the limit is found while reading
@@ -315,21 +361,25 @@ def test_oversize_bodies_are_413_and_the_server_keeps_serving(srv, client):
     response = httpx.post(srv.url + "/completions", content=chunks(), timeout=60)
     assert response.status_code == 413 and response.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.APIStatusError) as too_big:
-        client.chat.completions.create(model=srv.model, max_tokens=2,
-                                       messages=[{"role": "user", "content": "a" * (limit + 10)}])
+        client.chat.completions.create(
+            model=srv.model, max_tokens=2, messages=[{"role": "user", "content": "a" * (limit + 10)}]
+        )
     assert too_big.value.status_code == 413
     with httpx.Client(timeout=60) as keep_alive:  # one connection: the 413, then a normal request on it
         assert keep_alive.post(srv.url + "/chat/completions", content=b"x" * (limit + 1)).status_code == 413
         assert keep_alive.get(srv.url + "/models").status_code == 200
-    assert client.chat.completions.create(model=srv.model, messages=[{"role": "user", "content": "Hi"}],
-                                          max_tokens=2).choices
+    assert client.chat.completions.create(
+        model=srv.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+    ).choices
 
 
 def test_missing_content_and_max_tokens_beyond_the_context_are_400(srv, client, engine):
-    for message, param in (({"role": "user"}, "messages[0].content"), ({"role": "user", "content": None},
-                                                                         "messages[0].content"),
-                           ({"role": "assistant"}, "messages[0].content"), ({"role": "tool", "tool_call_id": "c"},
-                                                                            "messages[0].content")):
+    for message, param in (
+        ({"role": "user"}, "messages[0].content"),
+        ({"role": "user", "content": None}, "messages[0].content"),
+        ({"role": "assistant"}, "messages[0].content"),
+        ({"role": "tool", "tool_call_id": "c"}, "messages[0].content"),
+    ):
         response = httpx.post(srv.url + "/chat/completions", json={"messages": [message]}, timeout=30)
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
     hello = [{"role": "user", "content": "Hi"}]
@@ -352,16 +402,23 @@ def test_missing_content_and_max_tokens_beyond_the_context_are_400(srv, client, 
 
 def test_concurrent_batches_and_requests_all_finish(srv, client, engine):
     """Two batches created together and a burst of interactive requests: everything completes, exactly."""
-    uploads = [client.files.create(file=(f"b{k}.jsonl", io.BytesIO(jsonl([chat_line(i + k) for i in range(6)]))),
-                                   purpose="batch") for k in range(2)]
-    batches = [client.batches.create(input_file_id=u.id, endpoint="/v1/chat/completions", completion_window="24h")
-               for u in uploads]
+    uploads = [
+        client.files.create(
+            file=(f"b{k}.jsonl", io.BytesIO(jsonl([chat_line(i + k) for i in range(6)]))), purpose="batch"
+        )
+        for k in range(2)
+    ]
+    batches = [
+        client.batches.create(input_file_id=u.id, endpoint="/v1/chat/completions", completion_window="24h")
+        for u in uploads
+    ]
     replies: dict[int, str] = {}
 
     def ask(i: int) -> None:
         messages = chat_line(i)["body"]["messages"]
-        replies[i] = client.chat.completions.create(model=srv.model, messages=messages,
-                                                    max_tokens=8).choices[0].message.content
+        replies[i] = (
+            client.chat.completions.create(model=srv.model, messages=messages, max_tokens=8).choices[0].message.content
+        )
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
     for t in threads:
@@ -372,18 +429,21 @@ def test_concurrent_batches_and_requests_all_finish(srv, client, engine):
     for k, batch in enumerate(batches):
         done = wait_done(client, batch.id)
         outputs = lines_of(client, done.output_file_id)
-        assert [outputs[f"chat-{i}"]["response"]["body"]["choices"][0]["message"]["content"] for i in range(k, k + 6)] \
-            == [expected_chat(engine, chat_line(i))[0] for i in range(k, k + 6)]
+        assert [
+            outputs[f"chat-{i}"]["response"]["body"]["choices"][0]["message"]["content"] for i in range(k, k + 6)
+        ] == [expected_chat(engine, chat_line(i))[0] for i in range(k, k + 6)]
 
 
 def test_the_batch_package_works_without_fastapi(tmp_path):
     """workbench.batches (store, lines, runner, service, the CLI's loop) imports without the serve extra."""
-    code = ("import sys; sys.modules['fastapi'] = None; sys.modules['uvicorn'] = None\n"
-            "from workbench.batches import FileStore, parse_line\n"
-            "from workbench.batches.cli import run_file\n"
-            f"info = FileStore({str(tmp_path)!r}).create(b'{{}}\\n', filename='a.jsonl', purpose='batch')\n"
-            "line = '{\"custom_id\": \"a\", \"url\": \"/v1/completions\", \"body\": {}}'\n"
-            "print(info['id'], parse_line(line, 1).url)")
+    code = (
+        "import sys; sys.modules['fastapi'] = None; sys.modules['uvicorn'] = None\n"
+        "from workbench.batches import FileStore, parse_line\n"
+        "from workbench.batches.cli import run_file\n"
+        f"info = FileStore({str(tmp_path)!r}).create(b'{{}}\\n', filename='a.jsonl', purpose='batch')\n"
+        'line = \'{"custom_id": "a", "url": "/v1/completions", "body": {}}\'\n'
+        "print(info['id'], parse_line(line, 1).url)"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(wb.__file__).parents[1])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -16,8 +16,9 @@ def engine(llama3_dir):
 
 @pytest.fixture(scope="module")
 def table(engine):
-    return bench.throughput(engine, batch_sizes=(1, 2, 4), prompt_lens=(8, 16), max_tokens=6, repeats=2, warmup=1,
-                            progress=False)
+    return bench.throughput(
+        engine, batch_sizes=(1, 2, 4), prompt_lens=(8, 16), max_tokens=6, repeats=2, warmup=1, progress=False
+    )
 
 
 def test_throughput_table(table):
@@ -39,8 +40,16 @@ def test_synthetic_prompts_have_the_asked_length(engine):
 
 
 def test_throughput_over_modes_restores_the_mode(engine):
-    table = bench.throughput(engine, batch_sizes=(1, 2), prompt_lens=(8,), max_tokens=3, repeats=1, warmup=0,
-                             modes=[None, "bf16"], progress=False)
+    table = bench.throughput(
+        engine,
+        batch_sizes=(1, 2),
+        prompt_lens=(8,),
+        max_tokens=3,
+        repeats=1,
+        warmup=0,
+        modes=[None, "bf16"],
+        progress=False,
+    )
     assert table["mode"].tolist() == ["none", "none", "bf16", "bf16"]
     assert engine.settings.quantization is None
     with pytest.raises(InputError, match="repeats"):
@@ -60,8 +69,16 @@ def test_throughput_does_equal_work_in_every_mode_and_reports_it():
         for short, full in zip(natural, fixed):  # the same greedy tokens up to where the normal call stopped
             assert full.tokens[: len(short.tokens)] == short.tokens
             assert short.stop_reason == "out_of_tokens" or full.tokens[len(short.tokens)] in demo.tokenizer.stop_tokens
-        table = bench.throughput(demo, batch_sizes=(4,), prompt_lens=(16,), max_tokens=24, repeats=1, warmup=0,
-                                 modes=[None, "int4_mixed"], progress=False)
+        table = bench.throughput(
+            demo,
+            batch_sizes=(4,),
+            prompt_lens=(16,),
+            max_tokens=24,
+            repeats=1,
+            warmup=0,
+            modes=[None, "int4_mixed"],
+            progress=False,
+        )
     finally:
         demo.close()
     assert table["mode"].tolist() == ["none", "int4_mixed"]
@@ -79,8 +96,9 @@ def test_plots_save_pngs(table, tmp_path):
 
 
 def test_quantization_plot(engine, tmp_path):
-    frame = bench.quantization(engine, ["Hello", "The capital of France is"], modes=(None, "bf16"), max_tokens=3,
-                               progress=False)
+    frame = bench.quantization(
+        engine, ["Hello", "The capital of France is"], modes=(None, "bf16"), max_tokens=3, progress=False
+    )
     fig = plots.quantization(frame, save=tmp_path / "q.png")
     assert [ax.get_title() for ax in fig.axes] == ["memory", "speed", "accuracy"]
     assert (tmp_path / "q.png").read_bytes()[:4] == b"\x89PNG"

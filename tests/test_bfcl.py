@@ -40,8 +40,13 @@ def bfcl_handlers():
         from bfcl_eval.model_handler.local_inference.llama import LlamaHandler
         from bfcl_eval.model_handler.utils import convert_to_tool, system_prompt_pre_processing_chat_model
 
-        yield {"LlamaHandler": LlamaHandler, "system": system_prompt_pre_processing_chat_model,
-               "convert_to_tool": convert_to_tool, "mapping": GORILLA_TO_OPENAPI, "style": ModelStyle}
+        yield {
+            "LlamaHandler": LlamaHandler,
+            "system": system_prompt_pre_processing_chat_model,
+            "convert_to_tool": convert_to_tool,
+            "mapping": GORILLA_TO_OPENAPI,
+            "style": ModelStyle,
+        }
     finally:
         for name in stubbed:
             sys.modules.pop(name, None)
@@ -184,8 +189,9 @@ def test_function_docs_map_to_json_schema_as_bfcls_gorilla_to_openapi(bfcl_handl
 def test_official_prompt_is_the_models_own_tool_format(engine):
     entry = package.load_entries("multiple", 1)[0]
     tools = [bfcl.to_openai_tool(f) for f in entry["function"]]
-    assert bfcl.encode_entry(engine, entry, "official") == engine.formatter.encode_dialog(entry["question"][0],
-                                                                                          tools=tools)
+    assert bfcl.encode_entry(engine, entry, "official") == engine.formatter.encode_dialog(
+        entry["question"][0], tools=tools
+    )
     text = engine.tokenizer.decode(bfcl.encode_entry(engine, entry, "official"))
     assert all(f["name"] in text for f in entry["function"])
     assert "You are an expert in composing functions." in text  # the official Llama 4 / 3.2 tool prompt
@@ -207,8 +213,22 @@ def test_demo_model_end_to_end_both_prompts_summary_plot_and_cli(engine, tmp_pat
     assert len(summary) == 2 * len(NAMED) and summary["accuracy"].between(0, 1).all()
     fig = bfcl.plot(summary, path=str(tmp_path / "bfcl.png"))
     assert (tmp_path / "bfcl.png").stat().st_size > 0 and fig.axes
-    assert bfcl_main(["--categories", "simple_python", "irrelevance", "--limit", "1", "--max-tokens", "16",
-                      "--results", str(tmp_path / "rows.jsonl")]) == 0
+    assert (
+        bfcl_main(
+            [
+                "--categories",
+                "simple_python",
+                "irrelevance",
+                "--limit",
+                "1",
+                "--max-tokens",
+                "16",
+                "--results",
+                str(tmp_path / "rows.jsonl"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert '"entries": 4' in out and "irrelevance" in out
     assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 4
@@ -221,7 +241,8 @@ def test_a_run_resumed_with_more_entries_computes_only_the_new_ones(engine, tmp_
     assert not first["cached"].any()
     more = bfcl.run(engine, cats, limit=3, max_tokens=32, progress=False, run="bfcl")
     assert more.groupby("category", sort=False)["cached"].apply(list).to_dict() == {
-        c: [True, False, False] for c in cats}  # the first entry of each category came from the store
+        c: [True, False, False] for c in cats
+    }  # the first entry of each category came from the store
     plain = bfcl.run(engine, cats, limit=3, max_tokens=32, progress=False)
     pd.testing.assert_frame_equal(more.drop(columns="cached"), plain.drop(columns="cached"))
     stored = wb.runs.rows("bfcl")

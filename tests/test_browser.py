@@ -36,8 +36,10 @@ STOP_ATTEMPTS = 5  # a sampled reply can end on its own before Stop lands: then 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-BROWSER_MISSING = ("the real-browser test needs Debian's Chromium and its WebDriver on PATH (chromium, chromedriver): "
-                   "apt-get install chromium chromium-driver (.ci/run installs them)")
+BROWSER_MISSING = (
+    "the real-browser test needs Debian's Chromium and its WebDriver on PATH (chromium, chromedriver): "
+    "apt-get install chromium chromium-driver (.ci/run installs them)"
+)
 
 
 def browser_binaries(which=shutil.which, environ=os.environ) -> tuple[str, str]:  # noqa: ANN001
@@ -92,8 +94,9 @@ class Lab:
         self.base, self.token, self.log = base, token, log
 
     def api(self, path: str, method: str = "GET") -> object:
-        request = urllib.request.Request(f"{self.base}/api/{path}", method=method,
-                                         headers={"Authorization": f"token {self.token}"})
+        request = urllib.request.Request(
+            f"{self.base}/api/{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             body = response.read()
         return json.loads(body) if body else None
@@ -108,12 +111,26 @@ def _start_server(work: Path, env: dict[str, str], log_path: Path) -> tuple[subp
         port, token = _free_port(), secrets.token_hex(16)
         with open(log_path, "w") as log:
             server = subprocess.Popen(
-                [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-                 f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-                 f"--ServerApp.root_dir={work}", "--allow-root",  # CI containers run as root
-                 "--KernelManager.transport=ipc",  # kernel channels on Unix sockets: no TCP port can be taken
-                 "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "jupyter",
+                    "lab",
+                    "--no-browser",
+                    "--ServerApp.ip=127.0.0.1",
+                    f"--ServerApp.port={port}",
+                    "--ServerApp.port_retries=0",
+                    f"--IdentityProvider.token={token}",
+                    f"--ServerApp.root_dir={work}",
+                    "--allow-root",  # CI containers run as root
+                    "--KernelManager.transport=ipc",  # kernel channels on Unix sockets: no TCP port can be taken
+                    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=work,
+                start_new_session=True,
             )
         lab = Lab(f"http://127.0.0.1:{port}", token, log_path)
         deadline = time.monotonic() + 180
@@ -148,20 +165,33 @@ def lab(tmp_path):
         _copy_without_outputs(ROOT / "notebooks" / name, work / name)
     settings, data = tmp_path / "lab-settings", tmp_path / "jupyter-data"
     runtime = Path(tempfile.mkdtemp(prefix="wb-lab-"))  # short: Unix socket paths have a length limit
-    _write(settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings",
-           {"fetchNews": "false", "checkForUpdates": False})
+    _write(
+        settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings",
+        {"fetchNews": "false", "checkForUpdates": False},
+    )
     # every cell stays in the DOM (JupyterLab 4 detaches cells scrolled out of view by default)
     _write(settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings", {"windowingMode": "none"})
     # the kernel is this interpreter, whatever kernels the machine has installed
-    _write(data / "kernels" / "python3" / "kernel.json",
-           {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "Python 3", "language": "python"})
+    _write(
+        data / "kernels" / "python3" / "kernel.json",
+        {
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "Python 3",
+            "language": "python",
+        },
+    )
     # the rest of the environment is inherited: WORKBENCH_CACHE (where the expanded demo checkpoint is
     # cached) applies to the kernel as to the rest of the test run
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "WORKBENCH_PROGRESS": "0", "JUPYTERLAB_SETTINGS_DIR": str(settings),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"), "JUPYTER_DATA_DIR": str(data),
-           "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "WORKBENCH_PROGRESS": "0",
+        "JUPYTERLAB_SETTINGS_DIR": str(settings),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"),
+        "JUPYTER_DATA_DIR": str(data),
+        "JUPYTER_RUNTIME_DIR": str(runtime),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
+    }
     env.pop("WORKBENCH_NOTEBOOK_CHECKPOINT", None)  # the playground steps expect the embedded demo model
     # one compute thread unless set: the kernel shares the cores with Chromium and the server, and OpenMP
     # threads that wait for a descheduled sibling made Run All several times slower on a busy machine
@@ -195,11 +225,21 @@ def browser(tmp_path):
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-extensions", "--disable-background-timer-throttling",
-                 "--disable-renderer-backgrounding", "--window-size=1400,1000",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-extensions",
+        "--disable-background-timer-throttling",
+        "--disable-renderer-backgrounding",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = Service(chromedriver, log_output=str(tmp_path / "chromedriver.log"))
@@ -215,11 +255,17 @@ def browser(tmp_path):
 def _save_artifacts(driver, lab: Lab, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for what, save in (("screenshot", lambda p: driver.save_screenshot(str(p.with_suffix(".png")))),
-                       ("page", lambda p: p.with_suffix(".html").write_text(driver.page_source)),
-                       ("console", lambda p: p.with_suffix(".log").write_text(
-                           "\n".join(f"{e['level']} {e['message']}" for e in driver.get_log("browser")))),
-                       ("lab", lambda p: shutil.copy(lab.log, p.with_suffix(".log")))):
+    for what, save in (
+        ("screenshot", lambda p: driver.save_screenshot(str(p.with_suffix(".png")))),
+        ("page", lambda p: p.with_suffix(".html").write_text(driver.page_source)),
+        (
+            "console",
+            lambda p: p.with_suffix(".log").write_text(
+                "\n".join(f"{e['level']} {e['message']}" for e in driver.get_log("browser"))
+            ),
+        ),
+        ("lab", lambda p: shutil.copy(lab.log, p.with_suffix(".log"))),
+    ):
         try:
             save(folder / f"{stamp}-{what}")
         except Exception as exc:  # one artifact failing must not hide the test's own failure
@@ -239,8 +285,9 @@ def _wait(what: str, condition, timeout: float = 300, every: float = 0.2):
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
-                                 + (f" (last error: {last!r})" if last else ""))
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last error: {last!r})" if last else "")
+            )
         time.sleep(every)
 
 
@@ -258,10 +305,14 @@ return {prompts, errors};
 def _menu(driver, menu: str, item: str) -> None:
     from selenium.webdriver.common.by import By
 
-    _wait(f"the {menu} menu", lambda: driver.find_element(
-        By.XPATH, f"//li[contains(@class,'lm-MenuBar-item')][.//div[text()='{menu}']]")).click()
-    _wait(f"the menu item {item}", lambda: driver.find_element(
-        By.XPATH, f"//li[contains(@class,'lm-Menu-item')][.//div[text()='{item}']]")).click()
+    _wait(
+        f"the {menu} menu",
+        lambda: driver.find_element(By.XPATH, f"//li[contains(@class,'lm-MenuBar-item')][.//div[text()='{menu}']]"),
+    ).click()
+    _wait(
+        f"the menu item {item}",
+        lambda: driver.find_element(By.XPATH, f"//li[contains(@class,'lm-Menu-item')][.//div[text()='{item}']]"),
+    ).click()
 
 
 def _kernel_state(lab: Lab, name: str) -> str | None:
@@ -405,8 +456,10 @@ def test_playground_and_plot_in_a_real_browser(browser, lab, tmp_path):
         _drive(browser, lab)
     except BaseException as exc:
         folder = _save_artifacts(browser, lab, artifacts)
-        raise AssertionError(f"{type(exc).__name__}: {exc}\n(screenshot, page source, browser console and "
-                             f"JupyterLab log of the failure: {folder})") from exc
+        raise AssertionError(
+            f"{type(exc).__name__}: {exc}\n(screenshot, page source, browser console and "
+            f"JupyterLab log of the failure: {folder})"
+        ) from exc
 
 
 def _drive(driver, lab: Lab) -> None:
@@ -437,8 +490,10 @@ def _drive(driver, lab: Lab) -> None:
 
     # a long generation: sampled at the highest temperature with room for many tokens, tool_choice none (a
     # sampled reply that parses as a call runs no tool round); Stop while it streams
-    _wait("the controls", lambda: driver.find_element(
-        By.CSS_SELECTOR, ".wb-playground .wb-controls .jupyter-widget-Collapse-header")).click()
+    _wait(
+        "the controls",
+        lambda: driver.find_element(By.CSS_SELECTOR, ".wb-playground .wb-controls .jupyter-widget-Collapse-header"),
+    ).click()
     assert _set_slider(driver, ".wb-temperature", "2") == "2.00"
     assert _set_slider(driver, ".wb-max-tokens", "1000") == "1000"
     Select(driver.find_element(By.CSS_SELECTOR, ".wb-playground .wb-tool-choice select")).select_by_visible_text("none")
@@ -463,8 +518,11 @@ def _drive(driver, lab: Lab) -> None:
 
     # Clear: the dialog starts over
     driver.find_element(By.CSS_SELECTOR, ".wb-playground button.wb-clear").click()
-    state = _wait("the dialog to clear", lambda: (s := _playground(driver))["status"] == "cleared" and not s["cards"]
-                  and s, timeout=60)
+    state = _wait(
+        "the dialog to clear",
+        lambda: (s := _playground(driver))["status"] == "cleared" and not s["cards"] and s,
+        timeout=60,
+    )
     assert "No messages yet" in state["transcript"], state["transcript"]
 
     # notebook 03: its plot is an image in the page
@@ -496,10 +554,14 @@ def _viewer_notebook(path: Path, store: Path) -> None:
         "import workbench as wb",
         f"view = wb.runs.view('prompt-a', 'prompt-b', store={str(store)!r})\nview",
     ]
-    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None}
-                          for s in cells],
-                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-                "nbformat": 4, "nbformat_minor": 5}
+    notebook = {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None} for s in cells
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     path.write_text(json.dumps(notebook))
 
 
@@ -523,8 +585,12 @@ def _drive_viewer(driver, lab: Lab, counts: dict[str, int]) -> None:
 
     took = _open_and_run_all(driver, lab, "runs_view.ipynb", timeout=600)
     start = time.monotonic()
-    state = _wait("the item grid to draw", lambda: (s := driver.execute_script(_GRID_STATE)) and s["rows"] and s,
-                  timeout=120, every=0.05)
+    state = _wait(
+        "the item grid to draw",
+        lambda: (s := driver.execute_script(_GRID_STATE)) and s["rows"] and s,
+        timeout=120,
+        every=0.05,
+    )
     print(f"viewer: cells ran in {took:.1f} s; grid drawn {time.monotonic() - start:.2f} s after (polling)")
     assert state["rows"][0][0] == "regressed", state["rows"][:3]
     assert 0 < len(state["rows"]) <= 15, f"{len(state['rows'])} rows in the DOM: the grid must page"
@@ -534,8 +600,9 @@ def _drive_viewer(driver, lab: Lab, counts: dict[str, int]) -> None:
     first = driver.find_element(By.CSS_SELECTOR, ".wb-runs-grid table.dataTable tbody tr td")
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", first)
     first.click()
-    state = _wait("both transcripts side by side", lambda: (s := driver.execute_script(_GRID_STATE))["dels"] and s,
-                  timeout=60)
+    state = _wait(
+        "both transcripts side by side", lambda: (s := driver.execute_script(_GRID_STATE))["dels"] and s, timeout=60
+    )
     assert state["inss"] and "get_time" in state["detail"] and "get_weather" in state["detail"], state["detail"]
     assert "wb-side" in state["detail"]
 
@@ -543,8 +610,15 @@ def _drive_viewer(driver, lab: Lab, counts: dict[str, int]) -> None:
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
     box.click()
     total = f"{counts['regressed']:,}"
-    state = _wait("the regressed-only filter", lambda: (s := driver.execute_script(_GRID_STATE))
-                  and (total in s["info"] or str(counts["regressed"]) in s["info"]) and s, timeout=60)
+    state = _wait(
+        "the regressed-only filter",
+        lambda: (
+            (s := driver.execute_script(_GRID_STATE))
+            and (total in s["info"] or str(counts["regressed"]) in s["info"])
+            and s
+        ),
+        timeout=60,
+    )
     assert {row[0] for row in state["rows"]} == {"regressed"}, state["rows"]
 
 

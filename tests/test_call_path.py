@@ -36,8 +36,13 @@ def _first_forward_stack(call) -> list[tuple[str, str]] | None:
             def hook(self, *args, _original=original, **kwargs):
                 if not seen:
                     frames = inspect.stack()[1:]  # the hook's callers, innermost first
-                    seen.append([(str(Path(f.filename).relative_to(ROOT)), f.function) for f in frames
-                                 if Path(f.filename).is_relative_to(ROOT)])
+                    seen.append(
+                        [
+                            (str(Path(f.filename).relative_to(ROOT)), f.function)
+                            for f in frames
+                            if Path(f.filename).is_relative_to(ROOT)
+                        ]
+                    )
                 return _original(self, *args, **kwargs)
 
             patch.setattr(Transformer, name, hook)
@@ -55,8 +60,9 @@ def test_a_chat_batch_reaches_the_model_in_seven_frames_none_twice(engine) -> No
     dialogs = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Hello"}]]
     frames = _frames_to_first_forward(lambda: engine.batch_chat_completion(dialogs, max_tokens=2))
     listing = "\n".join(f"  {path}:{function}" for path, function in frames)
-    assert frames[0][0] == "engine/llama_stack.py" and frames[1] == ("engine/engine.py", "batch_chat_completion"), \
+    assert frames[0][0] == "engine/llama_stack.py" and frames[1] == ("engine/engine.py", "batch_chat_completion"), (
         listing
+    )
     assert len(frames) <= MAX_FRAMES, f"{len(frames)} workbench frames to the first forward:\n{listing}"
     assert len(set(frames)) == len(frames), f"a frame appears twice:\n{listing}"
 
@@ -67,8 +73,7 @@ def test_a_call_with_a_run_store_takes_the_same_path(engine, monkeypatch, tmp_pa
     monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
     dialogs = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Hello"}]]
     plain = _frames_to_first_forward(lambda: engine.batch_chat_completion(dialogs, max_tokens=2))
-    stored = _frames_to_first_forward(
-        lambda: engine.batch_chat_completion(dialogs, max_tokens=2, run="call-path"))
+    stored = _frames_to_first_forward(lambda: engine.batch_chat_completion(dialogs, max_tokens=2, run="call-path"))
     assert stored == plain and len(stored) <= MAX_FRAMES and len(set(stored)) == len(stored)
     # the rows went to the store: the same call again is answered from there, no forward runs
     assert _first_forward_stack(lambda: engine.batch_chat_completion(dialogs, max_tokens=2, run="call-path")) is None
@@ -78,8 +83,8 @@ def test_the_measurement_sees_a_wrapper_entered_twice(engine) -> None:
     """The tool loop sits above the engine and calls its public ``batch_chat_completion`` (the one chat route): its
     stack holds the Llama Stack wrapper more than once, which the test above would refuse."""
     frames = _frames_to_first_forward(
-        lambda: workbench.tools.run(engine, [{"role": "user", "content": "Hi"}], max_turns=1,
-                                                 max_tokens=1))
+        lambda: workbench.tools.run(engine, [{"role": "user", "content": "Hi"}], max_turns=1, max_tokens=1)
+    )
     assert frames.count(("engine/llama_stack.py", "wrapper")) >= 2
     assert ("tools/loop.py", "complete_turn") in frames and ("engine/engine.py", "generate_tokens") in frames
     assert ("engine/engine.py", "batch_chat_completion") in frames

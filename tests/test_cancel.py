@@ -142,13 +142,29 @@ def test_progress_bar_counts_rows_and_tokens(engine, capsys):
         engine.batch_completion(PROMPTS, max_tokens=5, progress="yes")
 
 
-@pytest.mark.parametrize("name", ["completion", "batch_completion", "stream_completion", "chat_completion",
-                                  "batch_chat_completion", "stream_chat_completion"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "completion",
+        "batch_completion",
+        "stream_completion",
+        "chat_completion",
+        "batch_chat_completion",
+        "stream_chat_completion",
+    ],
+)
 def test_sampling_options_are_explicit_keyword_only_and_documented(name):
     method = getattr(wb.Engine, name)
     params = inspect.signature(method).parameters
-    for option, default in [("max_tokens", None), ("temperature", 0.0), ("top_p", 1.0), ("top_k", 0),
-                            ("seed", None), ("logprobs", 0), ("stop", None)]:
+    for option, default in [
+        ("max_tokens", None),
+        ("temperature", 0.0),
+        ("top_p", 1.0),
+        ("top_k", 0),
+        ("seed", None),
+        ("logprobs", 0),
+        ("stop", None),
+    ]:
         assert params[option].kind is inspect.Parameter.KEYWORD_ONLY
         assert params[option].default == default
         assert option + ":" in method.__doc__

@@ -28,8 +28,9 @@ def test_prepare_renders_each_dialog_and_its_format_without_an_engine() -> None:
     formatter = our_formatter("Llama-4-Scout-17B-16E-Instruct")
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     dialogs = [USER, "Hello"]
-    prompts, formats = chat.prepare(formatter, dialogs, [add], "required",
-                                    response_format=[None, {"type": "json_schema", "json_schema": schema}])
+    prompts, formats = chat.prepare(
+        formatter, dialogs, [add], "required", response_format=[None, {"type": "json_schema", "json_schema": schema}]
+    )
     assert prompts[0] == formatter.encode_dialog(USER, [add], "required")
     assert formats[0] is None and formats[1].kind == "json_schema"
     # a JSON-schema format adds Llama Stack's instruction as the last user message
@@ -82,8 +83,9 @@ def test_rows_finish_once_each_with_their_completion_the_moment_they_end(engine)
     tokenizer = engine.tokenizer
     texts = ["one two", "three four five six", "seven"]
     finished: list[tuple[int, Completion]] = []
-    rows = RowAccumulator(tokenizer, _requests([[1], [1, 2], [1, 2, 3]]),
-                          on_finish=lambda r, c: finished.append((r.index, c)))
+    rows = RowAccumulator(
+        tokenizer, _requests([[1], [1, 2], [1, 2, 3]]), on_finish=lambda r, c: finished.append((r.index, c))
+    )
     for event in _events(tokenizer, texts):
         assert rows.add(event) is None  # a batch sends nothing while it runs
         assert rows.done == (len(finished) == 3)
@@ -129,9 +131,9 @@ def test_a_stream_holds_back_stop_strings_and_a_row_cancel_ends_only_that_row(en
 def test_the_engine_calls_the_finish_hook_for_every_row(engine) -> None:
     seen: list[tuple[int, Completion]] = []
     prompts = [engine.tokenizer.encode("Hello", bos=True), engine.tokenizer.encode("Once upon", bos=True)]
-    results = engine.generate_tokens(prompts, SamplingParams.create(max_tokens=3),
-                                     on_finish=lambda i, c: seen.append((i, c)))
+    results = engine.generate_tokens(
+        prompts, SamplingParams.create(max_tokens=3), on_finish=lambda i, c: seen.append((i, c))
+    )
     assert sorted(i for i, _ in seen) == [0, 1]
     assert [c for _, c in sorted(seen, key=lambda s: s[0])] == results
     assert results == engine.batch_completion(prompts, max_tokens=3)
-

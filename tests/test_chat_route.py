@@ -61,10 +61,20 @@ def test_a_stand_in_with_only_batch_chat_completion_drives_run_and_run_batch() -
 
 def test_a_stand_in_with_only_batch_chat_completion_drives_the_evals() -> None:
     engine = OnlyChat()
-    cases = [evals.EvalCase("w", ["get_weather"], [evals.Turn("Weather in Oslo?", [
-                 {"tool_name": "get_weather", "arguments": {"city": "Oslo"}}])], kind="single"),
-             evals.EvalCase("j", ["get_weather", "get_capital"], [evals.Turn("Weather in Rome?", [
-                 {"tool_name": "get_weather", "arguments": {"city": "Rome"}}])], kind="single")]
+    cases = [
+        evals.EvalCase(
+            "w",
+            ["get_weather"],
+            [evals.Turn("Weather in Oslo?", [{"tool_name": "get_weather", "arguments": {"city": "Oslo"}}])],
+            kind="single",
+        ),
+        evals.EvalCase(
+            "j",
+            ["get_weather", "get_capital"],
+            [evals.Turn("Weather in Rome?", [{"tool_name": "get_weather", "arguments": {"city": "Rome"}}])],
+            kind="single",
+        ),
+    ]
     frame = evals.run_cases(engine, cases).set_index("id")
     assert frame["exact_match"].all() and frame["answer_has_result"].all()
     # the cases offer different tools and still share each turn's one call: one tool set per dialog
@@ -116,11 +126,14 @@ def test_tools_are_checked_once_per_call_not_once_per_dialog(monkeypatch: pytest
 def test_the_engine_checks_a_calls_tools_once_and_takes_them_per_dialog(monkeypatch: pytest.MonkeyPatch) -> None:
     engine = wb.load()
     sampling = {"max_tokens": 3, "temperature": 0.0}
-    alone = [engine.batch_chat_completion([PARIS], [get_weather], **sampling)[0],
-             engine.batch_chat_completion([OSLO], [add], tool_choice="add", **sampling)[0]]
+    alone = [
+        engine.batch_chat_completion([PARIS], [get_weather], **sampling)[0],
+        engine.batch_chat_completion([OSLO], [add], tool_choice="add", **sampling)[0],
+    ]
     seen = _counting(monkeypatch)
-    together = engine.batch_chat_completion([PARIS, OSLO], [[get_weather], [add]], tool_choice=["auto", "add"],
-                                            **sampling)
+    together = engine.batch_chat_completion(
+        [PARIS, OSLO], [[get_weather], [add]], tool_choice=["auto", "add"], **sampling
+    )
     assert sorted(seen) == ["add", "get_weather"]
     assert [r.tokens for r in together] == [r.tokens for r in alone]
     seen.clear()

@@ -12,18 +12,54 @@ from workbench.errors import CheckpointError, MissingCheckpointFileError, ModelA
 from workbench.models.args import ModelArgs
 from workbench.session import build_engine, resolve_settings
 
-LLAMA31_8B = {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "vocab_size": 128256,
-              "ffn_dim_multiplier": 1.3, "multiple_of": 1024, "norm_eps": 1e-05, "rope_theta": 500000.0,
-              "use_scaled_rope": True}
-SCOUT = {"dim": 5120, "n_layers": 48, "n_heads": 40, "n_kv_heads": 8, "vocab_size": 202048, "multiple_of": 2048,
-         "ffn_dim_multiplier": 1.2, "ffn_exp": 4.0, "norm_eps": 1e-05, "rope_theta": 500000.0,
-         "use_scaled_rope": True, "attention_chunk_size": 8192, "nope_layer_interval": 4, "use_qk_norm": True,
-         "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1,
-         "moe_args": {"num_experts": 16, "capacity_factor": 1.0, "auto_scale_F": True, "top_k": 1,
-                      "interleave_moe_layer_step": 1},
-         "vision_args": {"image_size": {"height": 336, "width": 336}, "patch_size": {"height": 14, "width": 14},
-                         "dim": 1408, "n_layers": 34, "n_heads": 16, "mlp_ratio": 4.0, "output_dim": 4096,
-                         "pixel_shuffle_ratio": 0.5}}
+LLAMA31_8B = {
+    "dim": 4096,
+    "n_layers": 32,
+    "n_heads": 32,
+    "n_kv_heads": 8,
+    "vocab_size": 128256,
+    "ffn_dim_multiplier": 1.3,
+    "multiple_of": 1024,
+    "norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "use_scaled_rope": True,
+}
+SCOUT = {
+    "dim": 5120,
+    "n_layers": 48,
+    "n_heads": 40,
+    "n_kv_heads": 8,
+    "vocab_size": 202048,
+    "multiple_of": 2048,
+    "ffn_dim_multiplier": 1.2,
+    "ffn_exp": 4.0,
+    "norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "use_scaled_rope": True,
+    "attention_chunk_size": 8192,
+    "nope_layer_interval": 4,
+    "use_qk_norm": True,
+    "attn_temperature_tuning": True,
+    "floor_scale": 8192,
+    "attn_scale": 0.1,
+    "moe_args": {
+        "num_experts": 16,
+        "capacity_factor": 1.0,
+        "auto_scale_F": True,
+        "top_k": 1,
+        "interleave_moe_layer_step": 1,
+    },
+    "vision_args": {
+        "image_size": {"height": 336, "width": 336},
+        "patch_size": {"height": 14, "width": 14},
+        "dim": 1408,
+        "n_layers": 34,
+        "n_heads": 16,
+        "mlp_ratio": 4.0,
+        "output_dim": 4096,
+        "pixel_shuffle_ratio": 0.5,
+    },
+}
 
 
 def test_published_params_parse():
@@ -37,10 +73,15 @@ def test_published_params_parse():
 
 @pytest.mark.parametrize(
     "params,needle",
-    [({**TINY_LLAMA3, "n_layerz": 2}, "n_layerz"), ({k: v for k, v in TINY_LLAMA3.items() if k != "dim"}, "'dim'"),
-     ({**TINY_LLAMA3, "n_heads": "4"}, "n_heads"), ({**TINY_LLAMA3, "use_scaled_rope": 1}, "use_scaled_rope"),
-     ({**TINY_LLAMA4, "moe_args": {"num_experts": 4, "topk": 1}}, "topk"),
-     ({**TINY_LLAMA3, "n_kv_heads": 3}, "n_kv_heads"), ({**TINY_LLAMA4, "ffn_exp": None}, "ffn_exp")],
+    [
+        ({**TINY_LLAMA3, "n_layerz": 2}, "n_layerz"),
+        ({k: v for k, v in TINY_LLAMA3.items() if k != "dim"}, "'dim'"),
+        ({**TINY_LLAMA3, "n_heads": "4"}, "n_heads"),
+        ({**TINY_LLAMA3, "use_scaled_rope": 1}, "use_scaled_rope"),
+        ({**TINY_LLAMA4, "moe_args": {"num_experts": 4, "topk": 1}}, "topk"),
+        ({**TINY_LLAMA3, "n_kv_heads": 3}, "n_kv_heads"),
+        ({**TINY_LLAMA4, "ffn_exp": None}, "ffn_exp"),
+    ],
 )
 def test_bad_params_name_the_field(params, needle):
     with pytest.raises(ModelArgsError) as info:

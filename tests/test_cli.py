@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WORKBENCH_PROGRESS": "0"}
-    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "workbench", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT
+    )
 
 
 @pytest.mark.timeout(300)
@@ -65,9 +66,23 @@ def test_help_describes_every_option():
 @pytest.mark.timeout(600)
 def test_says_which_model_and_ctrl_c_prints_partial_output(llama3_dir):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WORKBENCH_PROGRESS": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "workbench", str(llama3_dir), "--model", "Llama3.2-1B-Instruct",
-                             "--max-tokens", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workbench",
+            str(llama3_dir),
+            "--model",
+            "Llama3.2-1B-Instruct",
+            "--max-tokens",
+            "100000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     first = proc.stdout.readline()
     assert first == "model: Llama3.2-1B-Instruct\n"
     while "Engine(" not in proc.stdout.readline():

@@ -31,11 +31,25 @@ from workbench.cluster.replica import ReplicaSpec, remote_class  # noqa: E402
 from workbench.demo.tools import DEMO_TOOLS  # noqa: E402
 from workbench.errors import GenerationCancelled  # noqa: E402
 
-PROMPTS = ["Hello there", "What is the weather in Paris?", "1 2 3 4", "Tell me a story about a llama",
-           "def fib(n):", "Convert 3 km to miles", "The capital of France is"]
-DIALOGS = [[{"role": "user", "content": q}] for q in
-           ("What's the weather in Paris?", "Convert 3 km to miles", "What time is it in Tokyo?", "hi there",
-            "How many people live in Lima?")]
+PROMPTS = [
+    "Hello there",
+    "What is the weather in Paris?",
+    "1 2 3 4",
+    "Tell me a story about a llama",
+    "def fib(n):",
+    "Convert 3 km to miles",
+    "The capital of France is",
+]
+DIALOGS = [
+    [{"role": "user", "content": q}]
+    for q in (
+        "What's the weather in Paris?",
+        "Convert 3 km to miles",
+        "What time is it in Tokyo?",
+        "hi there",
+        "How many people live in Lima?",
+    )
+]
 TOOLS = list(DEMO_TOOLS.values())
 
 
@@ -77,8 +91,9 @@ def _same(a: list, b: list) -> None:
 def pool():
     """Two demo-model replicas on a Ray the pool starts itself (127.0.0.1; 6 CPUs and 4 fake GPUs declared)."""
     assert not ray.is_initialized()
-    p = wbc.load(replicas=2, device="cpu", cpus_per_replica=1, threads=1, chunk_rows=3,
-                 ray_init={"num_cpus": 6, "num_gpus": 4})
+    p = wbc.load(
+        replicas=2, device="cpu", cpus_per_replica=1, threads=1, chunk_rows=3, ray_init={"num_cpus": 6, "num_gpus": 4}
+    )
     yield p
     p.shutdown()
 
@@ -97,9 +112,11 @@ def test_the_pool_runs_on_its_own_loopback_ray(pool):
 
 def test_greedy_and_seeded_rows_equal_one_engines(pool, engine):
     fmt = [None, {"type": "regex", "regex": r"[a-z]{3} [0-9]{2}"}] + [None] * (len(PROMPTS) - 2)
-    for kwargs in ({"max_tokens": 12, "logprobs": 2, "stop": ["."], "response_format": fmt},
-                   {"max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 7},
-                   {"sampling": wb.SamplingParams(max_tokens=12, repetition_penalty=0.3)}):  # a new field: no pool edit
+    for kwargs in (
+        {"max_tokens": 12, "logprobs": 2, "stop": ["."], "response_format": fmt},
+        {"max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 7},
+        {"sampling": wb.SamplingParams(max_tokens=12, repetition_penalty=0.3)},
+    ):  # a new field: no pool edit
         got = pool.batch_completion(PROMPTS, **kwargs)
         _same(got, engine.batch_completion(PROMPTS, **kwargs))
     assert re.fullmatch(r"[a-z]{3} [0-9]{2}", pool.completion(PROMPTS[1], max_tokens=12, response_format=fmt[1]).text)
@@ -109,8 +126,10 @@ def test_greedy_and_seeded_rows_equal_one_engines(pool, engine):
 
 
 def test_chat_and_the_tool_loop_on_a_pool_equal_the_engines(pool, engine):
-    _same(pool.batch_chat_completion(DIALOGS, TOOLS, max_tokens=24), engine.batch_chat_completion(DIALOGS, TOOLS,
-                                                                                                   max_tokens=24))
+    _same(
+        pool.batch_chat_completion(DIALOGS, TOOLS, max_tokens=24),
+        engine.batch_chat_completion(DIALOGS, TOOLS, max_tokens=24),
+    )
     on_pool = wb.tools.run_batch(pool, DIALOGS, tools=TOOLS, max_tokens=24, max_turns=3)
     on_engine = wb.tools.run_batch(engine, DIALOGS, tools=TOOLS, max_tokens=24, max_turns=3)
     assert [[_plain(m) for m in t] for t in on_pool] == [[_plain(m) for m in t] for t in on_engine]
@@ -138,11 +157,13 @@ def test_a_pool_stores_rows_in_the_driver_and_answers_from_the_store(pool, engin
 def test_llama_stack_spellings_on_a_pool_equal_the_native_keywords(pool):
     greedy = {"strategy": {"type": "greedy"}, "max_tokens": 12}
     native = pool.batch_chat_completion(DIALOGS, TOOLS, max_tokens=12, tool_choice="auto")
-    spelled = pool.batch_chat_completion(messages_batch=DIALOGS, tools=TOOLS, sampling_params=greedy,
-                                         tool_config={"tool_choice": "auto"})
+    spelled = pool.batch_chat_completion(
+        messages_batch=DIALOGS, tools=TOOLS, sampling_params=greedy, tool_config={"tool_choice": "auto"}
+    )
     assert [r.tokens for r in spelled] == [r.tokens for r in native]
-    assert [r.tokens for r in pool.batch_completion(content_batch=PROMPTS, sampling_params=greedy)] == \
-        [r.tokens for r in pool.batch_completion(PROMPTS, max_tokens=12)]
+    assert [r.tokens for r in pool.batch_completion(content_batch=PROMPTS, sampling_params=greedy)] == [
+        r.tokens for r in pool.batch_completion(PROMPTS, max_tokens=12)
+    ]
 
 
 def test_evals_run_on_a_pool_unchanged(pool, engine):
@@ -236,8 +257,9 @@ def test_a_request_no_node_can_meet_fails_at_once(pool):
 
 
 def test_sweep_returns_one_frame(pool):
-    table = wbc.sweep({"tool_choice": ["auto", "none"], "temperature": [0.0]}, DIALOGS[:2], TOOLS, pool=pool,
-                      max_tokens=12)
+    table = wbc.sweep(
+        {"tool_choice": ["auto", "none"], "temperature": [0.0]}, DIALOGS[:2], TOOLS, pool=pool, max_tokens=12
+    )
     assert len(table) == 4 and list(table["tool_choice"]) == ["auto"] * 2 + ["none"] * 2
     assert not any(table[table["tool_choice"] == "none"]["tool_calls"])
     assert {"dialog", "content", "tool_calls", "stop_reason", "tokens", "point_tok_s"} <= set(table.columns)
@@ -302,8 +324,10 @@ def test_a_two_node_cluster_runs_a_replica_on_each_node():
         try:
             assert len({r["node_id"] for r in two.replicas}) == 2
             assert "replicas=2 (2/2 live) on 2 node(s)" in repr(two)
-            _same(two.batch_chat_completion(DIALOGS, TOOLS, max_tokens=16),
-                  wb.load(device="cpu").batch_chat_completion(DIALOGS, TOOLS, max_tokens=16))
+            _same(
+                two.batch_chat_completion(DIALOGS, TOOLS, max_tokens=16),
+                wb.load(device="cpu").batch_chat_completion(DIALOGS, TOOLS, max_tokens=16),
+            )
             pids = two.pids()
         finally:
             two.shutdown()

@@ -79,7 +79,9 @@ def test_a_quantization_mode_stores_the_rest_in_bf16_unless_a_dtype_is_asked_for
 
 def test_each_field_arguments_then_env_then_file_then_default(monkeypatch, clean_env, llama3_dir, tmp_path):
     other = tmp_path / "other-ckpt"
-    write_toml(clean_env / "checkpoints.toml", f"""
+    write_toml(
+        clean_env / "checkpoints.toml",
+        f"""
 default = "tiny"
 [tiny]
 path = "{llama3_dir}"
@@ -89,21 +91,48 @@ max_batch_size = 3
 max_seq_len = 128
 quantization = "int4_mixed"
 dtype = "bfloat16"
-""")
-    env = {"INFERENCE_CHECKPOINT_DIR": str(other), "INFERENCE_MODEL": "Llama3.1-8B-Instruct",
-           "MODEL_PARALLEL_SIZE": "4", "MAX_BATCH_SIZE": "5", "MAX_SEQ_LEN": "256", "QUANTIZATION_TYPE": "fp8_mixed"}
+""",
+    )
+    env = {
+        "INFERENCE_CHECKPOINT_DIR": str(other),
+        "INFERENCE_MODEL": "Llama3.1-8B-Instruct",
+        "MODEL_PARALLEL_SIZE": "4",
+        "MAX_BATCH_SIZE": "5",
+        "MAX_SEQ_LEN": "256",
+        "QUANTIZATION_TYPE": "fp8_mixed",
+    }
     for var, value in env.items():
         monkeypatch.setenv(var, value)
-    explicit = dict(model="Llama-4-Scout-17B-16E-Instruct", model_parallel_size=8, max_batch_size=7,
-                    max_seq_len=512, quantization="bf16", dtype="float16", device="cpu")
+    explicit = dict(
+        model="Llama-4-Scout-17B-16E-Instruct",
+        model_parallel_size=8,
+        max_batch_size=7,
+        max_seq_len=512,
+        quantization="bf16",
+        dtype="float16",
+        device="cpu",
+    )
     s = resolve_settings(tmp_path / "arg-ckpt", **explicit)
-    assert (s.checkpoint_dir, s.model_id, s.model_parallel_size, s.max_batch_size, s.max_seq_len, s.quantization,
-            s.dtype) == (tmp_path / "arg-ckpt", "Llama-4-Scout-17B-16E-Instruct", 8, 7, 512, "bf16", torch.float16)
+    assert (
+        s.checkpoint_dir,
+        s.model_id,
+        s.model_parallel_size,
+        s.max_batch_size,
+        s.max_seq_len,
+        s.quantization,
+        s.dtype,
+    ) == (tmp_path / "arg-ckpt", "Llama-4-Scout-17B-16E-Instruct", 8, 7, 512, "bf16", torch.float16)
     assert {src.kind for src in s.sources.values()} == {"argument"}
 
     s = resolve_settings()  # environment
-    assert (s.checkpoint_dir, s.model_id, s.model_parallel_size, s.max_batch_size, s.max_seq_len, s.quantization) \
-        == (other, "Llama3.1-8B-Instruct", 4, 5, 256, "fp8_mixed")
+    assert (s.checkpoint_dir, s.model_id, s.model_parallel_size, s.max_batch_size, s.max_seq_len, s.quantization) == (
+        other,
+        "Llama3.1-8B-Instruct",
+        4,
+        5,
+        256,
+        "fp8_mixed",
+    )
     assert s.sources["max_seq_len"].describe() == "environment variable MAX_SEQ_LEN"
     # an entry describes its own folder: with the folder from INFERENCE_CHECKPOINT_DIR it is not used
     # ... and with no dtype asked for, a quantization mode (fp8_mixed from QUANTIZATION_TYPE) stores the
@@ -117,8 +146,14 @@ dtype = "bfloat16"
     for var in env:
         monkeypatch.delenv(var, raising=False)
     s = resolve_settings()  # the file's default entry
-    assert (s.checkpoint_dir, s.model_id, s.model_parallel_size, s.max_batch_size, s.max_seq_len, s.quantization) \
-        == (llama3_dir.resolve(), "Llama3.2-3B-Instruct", 2, 3, 128, "int4_mixed")
+    assert (s.checkpoint_dir, s.model_id, s.model_parallel_size, s.max_batch_size, s.max_seq_len, s.quantization) == (
+        llama3_dir.resolve(),
+        "Llama3.2-3B-Instruct",
+        2,
+        3,
+        128,
+        "int4_mixed",
+    )
     assert s.sources["max_seq_len"].describe() == f"checkpoints.toml entry [tiny] in {clean_env / 'checkpoints.toml'}"
 
     (clean_env / "checkpoints.toml").unlink()
@@ -149,14 +184,18 @@ def test_entry_path_is_relative_to_its_file_and_files_merge_in_order(monkeypatch
     conf = tmp_path / "conf"
     write_toml(conf / "checkpoints.toml", '[a]\npath = "models/a"\nmax_seq_len = 1\n')
     write_toml(clean_env / "checkpoints.toml", '[a]\npath = "/x/a"\nmax_seq_len = 2\n[b]\npath = "/x/b"\n')
-    user = write_toml(tmp_path / "config-home" / "workbench" / "checkpoints.toml",
-                      '[b]\npath = "/y/b"\n[c]\npath = "~/c"\n')
+    user = write_toml(
+        tmp_path / "config-home" / "workbench" / "checkpoints.toml", '[b]\npath = "/y/b"\n[c]\npath = "~/c"\n'
+    )
     monkeypatch.setenv("WORKBENCH_CHECKPOINTS", str(conf))  # a folder holding checkpoints.toml
     assert resolve_settings("a").checkpoint_dir == (conf / "models" / "a").resolve()
     assert resolve_settings("b").checkpoint_dir == Path("/x/b")  # working folder before user config
     assert resolve_settings("c").checkpoint_dir == (Path.home() / "c").resolve()
-    assert [f.path for f in Catalog.discover().files] == [conf / "checkpoints.toml",
-                                                          clean_env / "checkpoints.toml", user]
+    assert [f.path for f in Catalog.discover().files] == [
+        conf / "checkpoints.toml",
+        clean_env / "checkpoints.toml",
+        user,
+    ]
 
 
 def test_path_arguments_are_never_entry_names(clean_env, llama3_dir):
@@ -188,7 +227,7 @@ def test_example_file_is_in_sync_with_the_parser():
         ('[m]\npath = "/p"\nmax_seq_len = "4096"\n', ["max_seq_len = '4096'", "TOML integer", "[m] in"]),
         ('[m]\npath = "/p"\nmodel_parallel_size = true\n', ["model_parallel_size = True", "integer"]),
         ("[m]\npath = 3\n", ["path = 3", "TOML string"]),
-        ("[m]\nmodel = \"x\"\n", ["has no `path`"]),
+        ('[m]\nmodel = "x"\n', ["has no `path`"]),
         ('[m.v1]\npath = "/p"\n', ["unknown key 'v1'", 'quote the entry name, ["m.v1"]']),
         ('[m]\npath = "/p"\nmax_seq_len = \n', ["not valid TOML", "fix the syntax"]),
         ('path = "/p"\n[m]\npath = "/p"\n', ["top-level key 'path'", "[name] header"]),
@@ -221,10 +260,12 @@ def test_missing_workbench_checkpoints_file(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize(
     "var,value,needle",
-    [("MAX_SEQ_LEN", "8k", "max_seq_len='8k' (from environment variable MAX_SEQ_LEN) must be a positive integer"),
-     ("MAX_BATCH_SIZE", "0", "max_batch_size=0 (from environment variable MAX_BATCH_SIZE)"),
-     ("MODEL_PARALLEL_SIZE", "-1", "model_parallel_size='-1' (from environment variable MODEL_PARALLEL_SIZE)"),
-     ("QUANTIZATION_TYPE", "int3", "quantization='int3' (from environment variable QUANTIZATION_TYPE)")],
+    [
+        ("MAX_SEQ_LEN", "8k", "max_seq_len='8k' (from environment variable MAX_SEQ_LEN) must be a positive integer"),
+        ("MAX_BATCH_SIZE", "0", "max_batch_size=0 (from environment variable MAX_BATCH_SIZE)"),
+        ("MODEL_PARALLEL_SIZE", "-1", "model_parallel_size='-1' (from environment variable MODEL_PARALLEL_SIZE)"),
+        ("QUANTIZATION_TYPE", "int3", "quantization='int3' (from environment variable QUANTIZATION_TYPE)"),
+    ],
 )
 def test_bad_environment_values(monkeypatch, var, value, needle):
     monkeypatch.setenv(var, value)
@@ -235,13 +276,15 @@ def test_bad_environment_values(monkeypatch, var, value, needle):
 
 @pytest.mark.parametrize(
     "kwargs,needle",
-    [(dict(max_batch_size=0), "max_batch_size=0 (from argument)"),
-     (dict(max_seq_len=2.5), "max_seq_len=2.5 (from argument)"),
-     (dict(model_parallel_size=True), "model_parallel_size=True (from argument)"),
-     (dict(dtype="float8"), "dtype='float8' (from argument) is not one of"),
-     (dict(device="tpu"), "device='tpu' (from argument) is not supported"),
-     (dict(quantization="int2"), "quantization='int2' (from argument) is not a quantization mode"),
-     (dict(model=""), "model='' (from argument)")],
+    [
+        (dict(max_batch_size=0), "max_batch_size=0 (from argument)"),
+        (dict(max_seq_len=2.5), "max_seq_len=2.5 (from argument)"),
+        (dict(model_parallel_size=True), "model_parallel_size=True (from argument)"),
+        (dict(dtype="float8"), "dtype='float8' (from argument) is not one of"),
+        (dict(device="tpu"), "device='tpu' (from argument) is not supported"),
+        (dict(quantization="int2"), "quantization='int2' (from argument) is not a quantization mode"),
+        (dict(model=""), "model='' (from argument)"),
+    ],
 )
 def test_bad_arguments(kwargs, needle):
     with pytest.raises(ConfigError) as info:
@@ -293,10 +336,12 @@ def test_shard_count_must_fit_model_parallel_size(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize(
     "params,size,needle",
-    [(TINY_LLAMA3, 8, "n_heads=4 is not divisible"),
-     ({**TINY_LLAMA3, "n_heads": 12, "n_kv_heads": 4, "dim": 192}, 6, "n_kv_heads=4 neither divides"),
-     ({**TINY_LLAMA3, "vocab_size": 128257}, 2, "vocab_size=128257"),
-     ({**TINY_LLAMA3, "multiple_of": 1, "ffn_dim_multiplier": None}, 2, "dense feed-forward size 341")],
+    [
+        (TINY_LLAMA3, 8, "n_heads=4 is not divisible"),
+        ({**TINY_LLAMA3, "n_heads": 12, "n_kv_heads": 4, "dim": 192}, 6, "n_kv_heads=4 neither divides"),
+        ({**TINY_LLAMA3, "vocab_size": 128257}, 2, "vocab_size=128257"),
+        ({**TINY_LLAMA3, "multiple_of": 1, "ffn_dim_multiplier": None}, 2, "dense feed-forward size 341"),
+    ],
 )
 def test_model_shapes_must_fit_model_parallel_size(tmp_path, params, size, needle):
     folder = fake_checkpoint(tmp_path / "ckpt", params)

@@ -87,15 +87,18 @@ class ForwardSpy:
 
 
 def _settings(ckpt: Path, mode: str | None) -> Any:
-    return check_settings(resolve_settings(ckpt, device="cuda", quantization=mode, max_batch_size=SLOTS,
-                                           max_seq_len=MAX_SEQ_LEN))
+    return check_settings(
+        resolve_settings(ckpt, device="cuda", quantization=mode, max_batch_size=SLOTS, max_seq_len=MAX_SEQ_LEN)
+    )
 
 
 def _requests(prompts: list[list[int]]) -> list[Request]:
     """One request per prompt: greedy, sampled (seeded), greedy with logprobs, in turn."""
-    kinds = [SamplingParams.create(max_tokens=MAX_TOKENS),
-             SamplingParams.create(max_tokens=MAX_TOKENS, temperature=0.8, top_p=0.9, top_k=50, seed=7),
-             SamplingParams.create(max_tokens=MAX_TOKENS, logprobs=2)]
+    kinds = [
+        SamplingParams.create(max_tokens=MAX_TOKENS),
+        SamplingParams.create(max_tokens=MAX_TOKENS, temperature=0.8, top_p=0.9, top_k=50, seed=7),
+        SamplingParams.create(max_tokens=MAX_TOKENS, logprobs=2),
+    ]
     return [Request(i, prompt, kinds[i % len(kinds)]) for i, prompt in enumerate(prompts)]
 
 
@@ -155,7 +158,7 @@ def _check_forwards(calls: list[Forward], requests: list[Request], vocab: int, s
     """Packed prefills (a shared prefix first, when there is one), then MAX_TOKENS - 1 decode steps of all rows;
     all on the GPU."""
     prefills = [c for c in calls if c.name == "forward_packed"]
-    decode = calls[len(prefills):]
+    decode = calls[len(prefills) :]
     assert prefills and calls[: len(prefills)] == prefills
     for prefill in prefills:
         tokens, logits = prefill.tokens, prefill.logits
@@ -168,8 +171,11 @@ def _check_forwards(calls: list[Forward], requests: list[Request], vocab: int, s
         assert (step.tokens.device, step.tokens.dtype, tuple(step.tokens.shape)) == (CUDA, torch.int64, (width,))
         assert step.positions is not None and step.positions.device == CUDA and step.positions.dtype == torch.int64
         assert step.positions.shape[0] == width
-        assert (step.logits.device, step.logits.dtype, tuple(step.logits.shape)) == (CUDA, torch.float32,
-                                                                                    (width, vocab))
+        assert (step.logits.device, step.logits.dtype, tuple(step.logits.shape)) == (
+            CUDA,
+            torch.float32,
+            (width, vocab),
+        )
 
 
 def _check_events(events: list[Event], requests: list[Request]) -> None:
@@ -222,7 +228,8 @@ def _run(ckpt: Path, mode: str | None, capability: tuple[int, int], *, static: b
             rows = _waves(seed=5)[1]
             teacher_forced = runner.logits(rows)  # engine.logits: padded full forwards, logits copied to the host
             assert [(t.device.type, t.dtype, tuple(t.shape)) for t in teacher_forced] == [
-                ("cpu", torch.float32, (len(r), args.vocab_size)) for r in rows]
+                ("cpu", torch.float32, (len(r), args.vocab_size)) for r in rows
+            ]
             runner.close()
         uses_grouped = capability >= (9, 0) and bool(args.moe_args and _float_moe_layers(args, mode))
         assert bool(grouped_calls) == uses_grouped, f"torch._grouped_mm calls: {len(grouped_calls)}"
@@ -269,8 +276,11 @@ def test_vision_encoder_loads_and_encodes_on_cuda(make_checkpoint):
             tiles = torch.rand(3, 3, 56, 56)  # preprocessed tiles come from the host
             features = model.encode_images(tiles)
             tokens_per_tile = 4  # TINY_VISION_ARGS: 4x4 patches, pixel shuffle 0.5
-            assert (features.device, features.dtype, tuple(features.shape)) == (CUDA, torch.bfloat16,
-                                                                                (3, tokens_per_tile, args.dim))
+            assert (features.device, features.dtype, tuple(features.shape)) == (
+                CUDA,
+                torch.bfloat16,
+                (3, tokens_per_tile, args.dim),
+            )
 
 
 def test_padded_prefill_after_cached_prefixes_on_cuda(llama4_dir):
@@ -288,8 +298,11 @@ def test_padded_prefill_after_cached_prefixes_on_cuda(llama4_dir):
             rows = torch.tensor([2, 0, 3], device="cuda")
             last = torch.tensor([n - 1 for n in lengths], device="cuda")
             logits = model.forward_full(tokens, cache=cache, cache_rows=rows, logit_index=last, starts=starts)
-            assert (logits.device, logits.dtype, tuple(logits.shape)) == (CUDA, torch.float32,
-                                                                          (len(starts), args.vocab_size))
+            assert (logits.device, logits.dtype, tuple(logits.shape)) == (
+                CUDA,
+                torch.float32,
+                (len(starts), args.vocab_size),
+            )
             _check_cache(cache, model, args)
 
 

@@ -140,8 +140,10 @@ def test_composed_training_questions_vary_and_never_hit_a_heldout_phrasing():
         assert len(set(drawn)) > 500, (name, len(set(drawn)))
     gen = DialogGenerator("train", seed=1, composed=1.0)
     held = DialogGenerator("heldout", seed=1, composed=1.0)  # composing applies to training only
-    assert any(d.messages[0].content not in {t for s in SPECS.values() for t in s.train}
-               for d in (gen.dialog("single") for _ in range(20)))
+    assert any(
+        d.messages[0].content not in {t for s in SPECS.values() for t in s.train}
+        for d in (gen.dialog("single") for _ in range(20))
+    )
     heldout_forms = {_norm(t) for s in SPECS.values() for t in s.heldout}
     for _ in range(30):
         d = held.dialog("single")
@@ -187,8 +189,13 @@ def test_cases_can_take_values_from_the_other_split_than_their_phrasings():
     city_pools = {s: set(pools._split(pools.CITIES, s)) for s in ("train", "heldout")}
 
     def cities(cases):
-        return {c["arguments"]["city"] for case in cases for t in case.turns for c in t.expected_calls
-                if "city" in c["arguments"]}
+        return {
+            c["arguments"]["city"]
+            for case in cases
+            for t in case.turns
+            for c in t.expected_calls
+            if "city" in c["arguments"]
+        }
 
     phrasing_only = synthetic_cases(60, split="heldout", values="train", seed=5, kinds=["single"])
     copying_only = synthetic_cases(60, split="train", values="heldout", seed=5, kinds=["single"])
@@ -197,8 +204,12 @@ def test_cases_can_take_values_from_the_other_split_than_their_phrasings():
     # the phrasings still come from their own split: only held-out questions are held-out templates
     gen_h = DialogGenerator("heldout", seed=5, values="train")
     weather_h = {q for q in (gen_h.dialog("single", offered=["get_weather"]).messages[0].content for _ in range(40))}
-    assert any(q.startswith("Give me the weather report for") or q.startswith("Could you look up the weather")
-               or q.startswith("I'm heading to") for q in weather_h), weather_h
+    assert any(
+        q.startswith("Give me the weather report for")
+        or q.startswith("Could you look up the weather")
+        or q.startswith("I'm heading to")
+        for q in weather_h
+    ), weather_h
     # the default stays one split for both
     assert synthetic_cases(5, seed=5)[0].turns[0].user == synthetic_cases(5, seed=5, values="heldout")[0].turns[0].user
     with pytest.raises(ValueError, match="values must be"):

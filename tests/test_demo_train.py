@@ -10,8 +10,9 @@ import torch
 from workbench.training.train import DEMO_PARAMS, main, train
 
 SMOKE_PARAMS = {**DEMO_PARAMS, "dim": 64, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "head_dim": 32}
-SMOKE = dict(batch_size=2, lr=3e-3, seed=0, save_every=2, params=SMOKE_PARAMS, log_every=1, progress=False,
-             vocab_sample=20)
+SMOKE = dict(
+    batch_size=2, lr=3e-3, seed=0, save_every=2, params=SMOKE_PARAMS, log_every=1, progress=False, vocab_sample=20
+)
 
 
 @pytest.mark.timeout(300)
@@ -92,9 +93,26 @@ def test_the_training_command_runs_and_exports_a_loadable_artifact(tmp_path):
     from workbench.demo.artifact import expand, full_state_dict
 
     (tmp_path / "params.json").write_text(json.dumps(SMOKE_PARAMS))
-    main(["--out", str(tmp_path / "run"), "--steps", "2", "--batch-size", "2", "--save-every", "1",
-          "--params", str(tmp_path / "params.json"), "--vocab-sample", "20",
-          "--export", str(tmp_path / "demo.pt"), "--export-sample", "4"])
+    main(
+        [
+            "--out",
+            str(tmp_path / "run"),
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--save-every",
+            "1",
+            "--params",
+            str(tmp_path / "params.json"),
+            "--vocab-sample",
+            "20",
+            "--export",
+            str(tmp_path / "demo.pt"),
+            "--export-sample",
+            "4",
+        ]
+    )
     artifact = torch.load(tmp_path / "demo.pt", weights_only=True)
     assert artifact["check"]["min_gap"] > 0
     state = full_state_dict(artifact)
@@ -116,4 +134,3 @@ def test_the_training_command_runs_and_exports_a_loadable_artifact(tmp_path):
         assert len(out.tokens) <= 3
     finally:
         wb.unload()
-

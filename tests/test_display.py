@@ -56,10 +56,12 @@ def test_paths_and_unnamed_models_display_without_machine_details(monkeypatch, t
     assert short_path(tmp_path / "cache" / "demo") == "$WORKBENCH_CACHE/demo"
     info = InfoReport({"model_id": None, "checkpoint": str(tmp_path / "cache" / "demo")})
     assert "not given" in repr(info) and "$WORKBENCH_CACHE/demo" in repr(info) and str(tmp_path) not in repr(info)
-    memory = MemoryReport({"by_part": {"embedding": {"bfloat16": 2048}, "routed_experts": {"int4": 1024,
-                                                                                      "bfloat16 scales": 512}}})
-    assert memory.readable()["by_part"] == ("embedding: bfloat16 2.0 KiB; routed_experts: int4 1.0 KiB + bfloat16 "
-                                            "scales 512 B")
+    memory = MemoryReport(
+        {"by_part": {"embedding": {"bfloat16": 2048}, "routed_experts": {"int4": 1024, "bfloat16 scales": 512}}}
+    )
+    assert memory.readable()["by_part"] == (
+        "embedding: bfloat16 2.0 KiB; routed_experts: int4 1.0 KiB + bfloat16 scales 512 B"
+    )
 
 
 def test_engine_card_and_repr(engine):

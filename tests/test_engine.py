@@ -78,8 +78,9 @@ def test_max_tokens_and_max_seq_len(llama3_dir):
     assert len(r.tokens) == 4 and r.stop_reason == "out_of_tokens"
 
 
-@pytest.mark.parametrize("stop_name,reason", [("eot_id", "end_of_turn"), ("eom_id", "end_of_message"),
-                                              ("eos_id", "end_of_turn")])
+@pytest.mark.parametrize(
+    "stop_name,reason", [("eot_id", "end_of_turn"), ("eom_id", "end_of_message"), ("eos_id", "end_of_turn")]
+)
 def test_stop_tokens_end_generation(llama3_dir, stop_name, reason):
     engine = engine_for(llama3_dir, max_batch_size=2, max_seq_len=128)
     free = engine.completion("The capital of France is", max_tokens=10)
@@ -163,8 +164,19 @@ def test_empty_batch_returns_empty_list(llama3_engine):
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(temperature=-1), dict(temperature=float("nan")), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2),
-     dict(max_tokens=0), dict(max_tokens=2.5), dict(logprobs=99), dict(seed="x"), dict(stop=[3]), dict(stop="")],
+    [
+        dict(temperature=-1),
+        dict(temperature=float("nan")),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(top_k=-2),
+        dict(max_tokens=0),
+        dict(max_tokens=2.5),
+        dict(logprobs=99),
+        dict(seed="x"),
+        dict(stop=[3]),
+        dict(stop=""),
+    ],
 )
 def test_bad_sampling_values_raise_clear_errors(llama3_engine, kw):
     with pytest.raises(SamplingError) as info:

@@ -71,8 +71,12 @@ def test_threads_calling_one_engine_get_their_own_rows(engine: wb.Engine) -> Non
             start.wait()
             rows = PROMPTS[k:] + PROMPTS[:k]  # every thread its own order: rows land in different cache slots
             results[k] = [(p, r.tokens) for p, r in zip(rows, engine.batch_completion(rows, max_tokens=12))]
-            results[k + 10] = [(PROMPTS[k], list(engine.logits([engine.tokenizer.encode(PROMPTS[k], bos=True)])[0]
-                                                 .argmax(-1).tolist()))]
+            results[k + 10] = [
+                (
+                    PROMPTS[k],
+                    list(engine.logits([engine.tokenizer.encode(PROMPTS[k], bos=True)])[0].argmax(-1).tolist()),
+                )
+            ]
         except BaseException as exc:  # noqa: BLE001  (reported below)
             errors.append(exc)
 
@@ -127,9 +131,11 @@ def test_the_estimate_is_what_the_engine_allocates(engine: wb.Engine) -> None:
 
 @pytest.mark.parametrize(
     "kwargs,needle",
-    [(dict(max_batch_size=10**9), "load with max_batch_size <= "),
-     (dict(max_seq_len=10**12), "max_seq_len=1000000000000 (from argument)"),
-     (dict(max_batch_size=10**5, max_seq_len=10**6), "load with max_seq_len <= ")],
+    [
+        (dict(max_batch_size=10**9), "load with max_batch_size <= "),
+        (dict(max_seq_len=10**12), "max_seq_len=1000000000000 (from argument)"),
+        (dict(max_batch_size=10**5, max_seq_len=10**6), "load with max_seq_len <= "),
+    ],
 )
 def test_impossible_sizes_are_refused_before_allocating(llama3_dir: Path, kwargs: dict, needle: str) -> None:
     before = wb.current()

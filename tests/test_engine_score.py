@@ -26,8 +26,11 @@ def rows_for(engine: wb.Engine) -> tuple[list[list[int]], list[int]]:
     """Mixed rows: one shared context with several answers (three of one token: identical inputs),
     unrelated rows, a row scored from its second token."""
     tok = engine.tokenizer
-    context = tok.encode("A shared context that every answer of this question repeats word for word, again and again, "
-                         "as contexts of multiple-choice questions do", bos=True)
+    context = tok.encode(
+        "A shared context that every answer of this question repeats word for word, again and again, "
+        "as contexts of multiple-choice questions do",
+        bos=True,
+    )
     answers = [" yes it is", " no, it is not at all", " maybe", " B", " C"]
     sequences = [context + tok.encode(a) for a in answers]
     starts = [len(context)] * len(answers)
@@ -71,8 +74,9 @@ def test_score_equals_logits_and_the_reference(engine: wb.Engine, ckpt: Path) ->
         assert row.logprob == pytest.approx(sum(row.logprobs)) and row.is_greedy == all(row.greedy)
 
 
-def test_only_scored_positions_are_projected_in_bounded_chunks(engine: wb.Engine,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_scored_positions_are_projected_in_bounded_chunks(
+    engine: wb.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sequences, starts = rows_for(engine)
     vocab = engine.args.vocab_size
     monkeypatch.setattr(scoring, "SCORE_CHUNK_BYTES", 4 * vocab * 3)  # 3 positions per projection

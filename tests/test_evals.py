@@ -53,17 +53,19 @@ def test_scoring_of_right_and_wrong_calls_and_answers():
     from workbench.demo.tools import get_weather
 
     oslo = get_weather("Oslo")
-    engine = ScriptedEngine({
-        "right": ['[get_weather(city="Oslo")]', f"The weather in Oslo is {oslo}."],
-        "wrong-arg": ['[get_weather(city="Bergen")]', "The weather in Bergen is fine."],
-        "wrong-name": ['[get_capital(country="Oslo")]', "It is Oslo."],
-        "no-call": ["It is sunny."],
-        "answer-misses": ['[get_weather(city="Oslo")]', "The weather is nice."],
-        "direct-ok": ["Sorry, I can't help with that."],
-        "direct-bad": ['[get_weather(city="Oslo")]', "Done."],
-        "broken": ['[get_weather(city=Oslo)]', "Sorry."],
-        "numbers": ["[convert_currency(to_currency='EUR', amount=5, from_currency='USD')]", "ok"],
-    })
+    engine = ScriptedEngine(
+        {
+            "right": ['[get_weather(city="Oslo")]', f"The weather in Oslo is {oslo}."],
+            "wrong-arg": ['[get_weather(city="Bergen")]', "The weather in Bergen is fine."],
+            "wrong-name": ['[get_capital(country="Oslo")]', "It is Oslo."],
+            "no-call": ["It is sunny."],
+            "answer-misses": ['[get_weather(city="Oslo")]', "The weather is nice."],
+            "direct-ok": ["Sorry, I can't help with that."],
+            "direct-bad": ['[get_weather(city="Oslo")]', "Done."],
+            "broken": ["[get_weather(city=Oslo)]", "Sorry."],
+            "numbers": ["[convert_currency(to_currency='EUR', amount=5, from_currency='USD')]", "ok"],
+        }
+    )
     cases = [
         case("right", "right", [WEATHER]),
         case("wrong-arg", "wrong-arg", [WEATHER]),
@@ -73,8 +75,16 @@ def test_scoring_of_right_and_wrong_calls_and_answers():
         case("direct-ok", "direct-ok", []),
         case("direct-bad", "direct-bad", []),
         case("broken", "broken", [WEATHER]),
-        case("numbers", "numbers", [{"tool_name": "convert_currency",
-                                     "arguments": {"amount": 5.0, "from_currency": "USD", "to_currency": "EUR"}}]),
+        case(
+            "numbers",
+            "numbers",
+            [
+                {
+                    "tool_name": "convert_currency",
+                    "arguments": {"amount": 5.0, "from_currency": "USD", "to_currency": "EUR"},
+                }
+            ],
+        ),
     ]
     df = evals.run_cases(engine, cases).set_index("id")
     assert df.loc["right", "exact_match"] and df.loc["right", "answer_has_result"]
@@ -106,12 +116,16 @@ def test_two_calls_are_order_insensitive_and_fixed_results_are_fed_back():
 
 
 def test_multi_turn_cases_ask_the_next_question_after_the_answer():
-    engine = ScriptedEngine({
-        "first": ['[get_weather(city="Oslo")]', "Oslo is X."],
-        "second": ['[get_capital(country="Peru")]', "The capital of Peru is Lima."],
-    })
-    turns = [evals.Turn("first", [WEATHER], tool_results=["X"]),
-             evals.Turn("second", [{"tool_name": "get_capital", "arguments": {"country": "Peru"}}])]
+    engine = ScriptedEngine(
+        {
+            "first": ['[get_weather(city="Oslo")]', "Oslo is X."],
+            "second": ['[get_capital(country="Peru")]', "The capital of Peru is Lima."],
+        }
+    )
+    turns = [
+        evals.Turn("first", [WEATHER], tool_results=["X"]),
+        evals.Turn("second", [{"tool_name": "get_capital", "arguments": {"country": "Peru"}}]),
+    ]
     row = evals.run_cases(engine, [evals.EvalCase("mt", ["get_weather", "get_capital"], turns)]).iloc[0]
     assert row["turns"] == 2 and row["replies"] == 4 and row["exact_match"] and row["answer_has_result"]
 
@@ -141,12 +155,17 @@ def test_unknown_tool_names_are_refused_before_running():
 
 
 def test_summaries_group_by_setting_and_plot(tmp_path):
-    rows = pd.DataFrame({
-        "quantization": ["none", "none", "int4_mixed", "int4_mixed"],
-        "exact_match": [True, False, False, None], "name_match": [True, True, False, None],
-        "answer_has_result": [True, False, False, None], "direct_answer": [None, None, None, True],
-        "parse_failures": [0, 0, 1, 0], "tokens": [10, 20, 30, 40],
-    })
+    rows = pd.DataFrame(
+        {
+            "quantization": ["none", "none", "int4_mixed", "int4_mixed"],
+            "exact_match": [True, False, False, None],
+            "name_match": [True, True, False, None],
+            "answer_has_result": [True, False, False, None],
+            "direct_answer": [None, None, None, True],
+            "parse_failures": [0, 0, 1, 0],
+            "tokens": [10, 20, 30, 40],
+        }
+    )
     summary = evals.summarize(rows, by=["quantization"]).set_index("quantization")
     assert summary.loc["none", "tool_call_exact"] == 0.5 and summary.loc["int4_mixed", "tool_call_exact"] == 0.0
     assert summary.loc["int4_mixed", "direct_answer"] == 1.0 and summary.loc["int4_mixed", "parse_failure_rate"] == 0.5
@@ -156,8 +175,12 @@ def test_summaries_group_by_setting_and_plot(tmp_path):
     none = summary.loc["none"]
     assert (none.tool_cases, none.direct_cases, none.cases) == (2, 0, 2)
     assert none.tool_call_exact_low < 0.5 < none.tool_call_exact_high and pd.isna(none.direct_answer_low)
-    assert evals.rate_table(summary.reset_index(), by="quantization").loc["none", "tool_call_exact"] == \
-        "0.50 [0.09, 0.91] n=2"
+    assert (
+        evals.rate_table(summary.reset_index(), by="quantization").loc["none", "tool_call_exact"]
+        == "0.50 [0.09, 0.91] n=2"
+    )
     assert evals.setting_labels(pd.DataFrame({"quantization": ["int4_mixed", float("nan")]})) == [
-        "quantization=int4_mixed", "baseline"]
+        "quantization=int4_mixed",
+        "baseline",
+    ]
     assert (tmp_path / "acc.png").stat().st_size > 1000 and len(fig.axes[0].patches) == 6

@@ -102,5 +102,10 @@ def test_the_command_runs_the_unseen_split_on_the_demo_model(capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["cases"] == 5
     row = summary["summary"][0]
-    assert {"tool_call_exact", "tool_name_match", "arg_names_from_schema", "answer_restates_result",
-            "direct_answer"} <= set(row)
+    assert {
+        "tool_call_exact",
+        "tool_name_match",
+        "arg_names_from_schema",
+        "answer_restates_result",
+        "direct_answer",
+    } <= set(row)

@@ -72,7 +72,8 @@ def test_detached_child_is_killed_on_timeout() -> None:
 
 @pytest.mark.timeout(60)
 def test_ctrl_c_kills_the_code_and_everything_it_started() -> None:
-    code = DETACH + f"\nimport subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{MARK}'])\nwhile True: pass\n"  # noqa: E501
+    sleeper = f"[sys.executable, '-c', 'import time; time.sleep(600)', '{MARK}']"
+    code = DETACH + f"\nimport subprocess, sys\nsubprocess.Popen({sleeper})\nwhile True: pass\n"
     # Ctrl-C as a user's kernel gets it: KeyboardInterrupt in the main thread (interrupt_main does nothing when
     # the handler in place is SIG_IGN/SIG_DFL, which a library used by an earlier test may have left behind)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -95,14 +96,25 @@ def test_nul_bytes_huge_code_and_huge_output() -> None:
     big = interp.run("x = 1\n" * 30_000 + "print(x)")  # 180 KB: more than one argv string may hold (128 KB)
     assert big.startswith("completed") and "\n1\n" in big
     flood = CodeInterpreter(timeout=3, max_output_chars=100).run(
-        "import sys\nwhile True: sys.stdout.write('y' * 65536)")
+        "import sys\nwhile True: sys.stdout.write('y' * 65536)"
+    )
     assert flood.startswith("timed out") and "chars cut)" in flood and len(flood) < 1000
     lines = interp.run("for i in range(20000): print(i)")
     assert lines.startswith("completed") and lines.count("\n") < 50 and "chars cut" in lines
 
 
-@pytest.mark.parametrize("kwargs", [dict(timeout="5"), dict(timeout=math.nan), dict(timeout=-1), dict(timeout=True),
-                                    dict(max_output_chars=0), dict(memory_mb="big"), dict(env={"A": 1})])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(timeout="5"),
+        dict(timeout=math.nan),
+        dict(timeout=-1),
+        dict(timeout=True),
+        dict(max_output_chars=0),
+        dict(memory_mb="big"),
+        dict(env={"A": 1}),
+    ],
+)
 def test_bad_interpreter_settings_are_tool_errors(kwargs: dict) -> None:
     with pytest.raises(ToolError, match=next(iter(kwargs))):
         CodeInterpreter(**kwargs)
@@ -159,9 +171,14 @@ def _loop(reply: str, **kwargs: Any) -> list:
 
 @pytest.mark.parametrize(
     "call,needle",
-    [("unprintable()", "cannot be printed"), ("listed()", "[1, "), ("exits()", "raised SystemExit: 3"),
-     ("raises_unprintable()", "raised Weird"), ("nope(a=1)", "unknown tool 'nope'"),
-     ("echo(y=2)", "invalid arguments for tool 'echo'")],
+    [
+        ("unprintable()", "cannot be printed"),
+        ("listed()", "[1, "),
+        ("exits()", "raised SystemExit: 3"),
+        ("raises_unprintable()", "raised Weird"),
+        ("nope(a=1)", "unknown tool 'nope'"),
+        ("echo(y=2)", "invalid arguments for tool 'echo'"),
+    ],
 )
 def test_tool_results_and_failures_always_become_messages(call: str, needle: str) -> None:
     transcript = _loop(f"[{call}]<|eom|>")
@@ -171,9 +188,14 @@ def test_tool_results_and_failures_always_become_messages(call: str, needle: str
 
 @pytest.mark.parametrize(
     "reply",
-    ['{"name": "echo", "parameters": {"x": NaN}}<|eom|>', "[echo(x=" + "[" * 300 + "]" * 300 + ")]<|eom|>",
-     '{"name": "echo", "parameters": {"x": ' + "[" * 5000 + "]" * 5000 + "}}<|eom|>",
-     "[echo(x=1e999)]<|eom|>", '<function=e cho>{"x": 1}</function><|eom|>', '[echo(x="unterminated)]<|eom|>'],
+    [
+        '{"name": "echo", "parameters": {"x": NaN}}<|eom|>',
+        "[echo(x=" + "[" * 300 + "]" * 300 + ")]<|eom|>",
+        '{"name": "echo", "parameters": {"x": ' + "[" * 5000 + "]" * 5000 + "}}<|eom|>",
+        "[echo(x=1e999)]<|eom|>",
+        '<function=e cho>{"x": 1}</function><|eom|>',
+        '[echo(x="unterminated)]<|eom|>',
+    ],
 )
 def test_unrenderable_calls_end_the_loop_with_a_parse_error(reply: str) -> None:
     transcript = _loop(reply)
@@ -193,8 +215,11 @@ def test_python_tools_get_an_optional_timeout() -> None:
 
 @pytest.mark.timeout(90)
 def test_loop_with_a_detaching_code_run_returns_and_leaves_nothing() -> None:
-    engine = FakeEngine(lambda prompt, n: f"<|python_start|>{DETACH}\nwhile True: pass<|python_end|><|eom|>"
-                        if n == 0 else "done<|eot|>")
+    engine = FakeEngine(
+        lambda prompt, n: (
+            f"<|python_start|>{DETACH}\nwhile True: pass<|python_end|><|eom|>" if n == 0 else "done<|eot|>"
+        )
+    )
     transcript = tools.run(engine, [USER], code_interpreter=CodeInterpreter(timeout=2))
     assert transcript[2].content.startswith("timed out") and transcript[-1].content == "done"
 

@@ -20,8 +20,11 @@ def _assistant(calls, content="", stop_reason="end_of_message"):
 
 
 WEATHER = {"tool_name": "get_weather", "arguments": {"city": "Paris", "days": 3}, "call_id": "c1"}
-LISTY = {"tool_name": "plot", "arguments": {"xs": [1, 2.5, -3], "labels": ["a", "ü 日本"], "log": True, "n": None},
-         "call_id": "c2"}
+LISTY = {
+    "tool_name": "plot",
+    "arguments": {"xs": [1, 2.5, -3], "labels": ["a", "ü 日本"], "log": True, "n": None},
+    "call_id": "c2",
+}
 BRAVE = {"tool_name": "brave_search", "arguments": {"query": "current weather in Paris"}, "call_id": "c3"}
 WOLFRAM = {"tool_name": "wolfram_alpha", "arguments": {"query": "integrate x^2"}, "call_id": "c4"}
 CODE = {"tool_name": "code_interpreter", "arguments": {"code": "import math\nprint(math.sqrt(2))"}, "call_id": "c5"}

@@ -83,8 +83,13 @@ DIALOGS: dict[str, list[dict[str, Any]]] = {
 }
 
 MODELS_31 = ["Llama3.1-8B-Instruct", "meta-llama/Llama-3.1-405B-Instruct-FP8", "Llama3.2-11B-Vision-Instruct"]
-MODELS_32 = ["Llama3.2-3B-Instruct", "meta-llama/Llama-3.2-1B-Instruct", "Llama3.3-70B-Instruct",
-             "Llama-4-Scout-17B-16E-Instruct", "meta-llama/Llama-4-Maverick-17B-128E-Instruct"]
+MODELS_32 = [
+    "Llama3.2-3B-Instruct",
+    "meta-llama/Llama-3.2-1B-Instruct",
+    "Llama3.3-70B-Instruct",
+    "Llama-4-Scout-17B-16E-Instruct",
+    "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
+]
 
 
 @pytest.fixture(autouse=True)

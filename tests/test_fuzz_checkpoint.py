@@ -30,19 +30,40 @@ from workbench.models.transformer import Transformer
 
 FUZZ = settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
-numbers = st.one_of(st.integers(-3, 300), st.sampled_from([0, -1, 10**9, 10**30, 2**63]),
-                    st.floats(allow_nan=True, allow_infinity=True),
-                    st.sampled_from([0.0, -1.0, 1e-40, 1e300]))
+numbers = st.one_of(
+    st.integers(-3, 300),
+    st.sampled_from([0, -1, 10**9, 10**30, 2**63]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -1.0, 1e-40, 1e300]),
+)
 values = numbers | st.booleans() | st.none() | st.text(max_size=3) | st.lists(st.integers(), max_size=2)
-FIELDS = ["dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "multiple_of", "ffn_dim_multiplier",
-          "ffn_exp", "norm_eps", "rope_theta", "rope_scaling_factor", "attention_chunk_size", "nope_layer_interval",
-          "floor_scale", "attn_scale"]
+FIELDS = [
+    "dim",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "multiple_of",
+    "ffn_dim_multiplier",
+    "ffn_exp",
+    "norm_eps",
+    "rope_theta",
+    "rope_scaling_factor",
+    "attention_chunk_size",
+    "nope_layer_interval",
+    "floor_scale",
+    "attn_scale",
+]
 MOE_FIELDS = ["num_experts", "capacity_factor", "top_k", "interleave_moe_layer_step"]
 
 
 @FUZZ
-@given(st.sampled_from([TINY_LLAMA3, TINY_LLAMA4]), st.dictionaries(st.sampled_from(FIELDS), values, max_size=3),
-       st.dictionaries(st.sampled_from(MOE_FIELDS), values, max_size=2))
+@given(
+    st.sampled_from([TINY_LLAMA3, TINY_LLAMA4]),
+    st.dictionaries(st.sampled_from(FIELDS), values, max_size=3),
+    st.dictionaries(st.sampled_from(MOE_FIELDS), values, max_size=2),
+)
 def test_any_params_give_model_args_or_a_named_error(base: dict, changes: dict, moe_changes: dict) -> None:
     params = {**base, **changes}
     if "moe_args" in base:
@@ -64,12 +85,14 @@ def test_any_params_give_model_args_or_a_named_error(base: dict, changes: dict, 
 
 @pytest.mark.parametrize(
     "change,needle",
-    [({"multiple_of": 0}, "multiple_of must be >= 1"),
-     ({"ffn_dim_multiplier": -1.3}, "ffn_dim_multiplier must be > 0"),
-     ({"norm_eps": math.nan}, "norm_eps must be a finite number"),
-     ({"n_layers": 10**6}, "n_layers must be >= 1 and <= 4096"),
-     ({"moe_args": {**TINY_LLAMA4["moe_args"], "capacity_factor": -1}}, "moe_args.capacity_factor must be >= 0"),
-     ({"ffn_dim_multiplier": 1e-9}, "the dense feed-forward hidden size computed from dim=128")],
+    [
+        ({"multiple_of": 0}, "multiple_of must be >= 1"),
+        ({"ffn_dim_multiplier": -1.3}, "ffn_dim_multiplier must be > 0"),
+        ({"norm_eps": math.nan}, "norm_eps must be a finite number"),
+        ({"n_layers": 10**6}, "n_layers must be >= 1 and <= 4096"),
+        ({"moe_args": {**TINY_LLAMA4["moe_args"], "capacity_factor": -1}}, "moe_args.capacity_factor must be >= 0"),
+        ({"ffn_dim_multiplier": 1e-9}, "the dense feed-forward hidden size computed from dim=128"),
+    ],
 )
 def test_impossible_values_are_named(change: dict, needle: str) -> None:
     with pytest.raises(ModelArgsError) as info:
@@ -91,20 +114,28 @@ def _model_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in Transformer(args, max_seq_len=8, device="meta").state_dict().items()}
 
 
-SHAPE_FIELDS = {"n_layers": st.integers(1, 6), "n_heads": st.sampled_from([1, 2, 4, 8]),
-                "n_kv_heads": st.sampled_from([1, 2, 4, 8]), "dim": st.sampled_from([64, 96, 128, 256]),
-                "vocab_size": st.sampled_from([128256, 128000, 202048]),
-                "multiple_of": st.sampled_from([16, 32, 256]),
-                "ffn_dim_multiplier": st.sampled_from([1.0, 1.2, 1.3, 2.0]),
-                "head_dim": st.sampled_from([16, 32])}
+SHAPE_FIELDS = {
+    "n_layers": st.integers(1, 6),
+    "n_heads": st.sampled_from([1, 2, 4, 8]),
+    "n_kv_heads": st.sampled_from([1, 2, 4, 8]),
+    "dim": st.sampled_from([64, 96, 128, 256]),
+    "vocab_size": st.sampled_from([128256, 128000, 202048]),
+    "multiple_of": st.sampled_from([16, 32, 256]),
+    "ffn_dim_multiplier": st.sampled_from([1.0, 1.2, 1.3, 2.0]),
+    "head_dim": st.sampled_from([16, 32]),
+}
 
 
 @FUZZ
-@given(st.sampled_from([("llama3", "modules"), ("llama4", "modules"), ("llama4", "fused")]),
-       st.fixed_dictionaries({}, optional=SHAPE_FIELDS), st.sampled_from([2, 4, 8]),
-       st.sampled_from([1, 2]))
-def test_shards_are_accepted_exactly_when_the_model_matches(kind: tuple[str, str], changes: dict, experts: int,
-                                                            step: int) -> None:
+@given(
+    st.sampled_from([("llama3", "modules"), ("llama4", "modules"), ("llama4", "fused")]),
+    st.fixed_dictionaries({}, optional=SHAPE_FIELDS),
+    st.sampled_from([2, 4, 8]),
+    st.sampled_from([1, 2]),
+)
+def test_shards_are_accepted_exactly_when_the_model_matches(
+    kind: tuple[str, str], changes: dict, experts: int, step: int
+) -> None:
     family, layout = kind
     base = TINY_LLAMA3 if family == "llama3" else TINY_LLAMA4
     shard = _meta_shard(base, layout)
@@ -142,14 +173,19 @@ def test_any_single_wrong_dimension_is_refused(layout: str, data: st.DataObject)
 
 @pytest.mark.parametrize(
     "change,needle",
-    [({"n_layers": 10**3}, "says n_layers=1000 but consolidated.00.pth holds layers 0..3 (4 layers); n_layers=4 "
-                           "would fit"),
-     ({"n_kv_heads": 4}, "the shard fits n_kv_heads=2"),
-     ({"moe_args": {**TINY_LLAMA4["moe_args"], "num_experts": 8}}, "the shard fits num_experts=4"),
-     ({"moe_args": {**TINY_LLAMA4["moe_args"], "interleave_moe_layer_step": 1}}, "holds a dense feed-forward")],
+    [
+        (
+            {"n_layers": 10**3},
+            "says n_layers=1000 but consolidated.00.pth holds layers 0..3 (4 layers); n_layers=4 would fit",
+        ),
+        ({"n_kv_heads": 4}, "the shard fits n_kv_heads=2"),
+        ({"moe_args": {**TINY_LLAMA4["moe_args"], "num_experts": 8}}, "the shard fits num_experts=4"),
+        ({"moe_args": {**TINY_LLAMA4["moe_args"], "interleave_moe_layer_step": 1}}, "holds a dense feed-forward"),
+    ],
 )
-def test_published_layout_contradictions_are_named(llama4_fused_dir: Path, tmp_path: Path, change: dict,
-                                                   needle: str) -> None:
+def test_published_layout_contradictions_are_named(
+    llama4_fused_dir: Path, tmp_path: Path, change: dict, needle: str
+) -> None:
     folder = _copy_with_params(llama4_fused_dir, tmp_path, {**TINY_LLAMA4, **change})
     before = wb.current()
     with pytest.raises(CheckpointError) as info:
@@ -193,9 +229,13 @@ def test_shard_that_is_not_a_dict_of_tensors(llama3_dir: Path, tmp_path: Path, c
 
 @pytest.mark.parametrize(
     "data,needle",
-    [(bytes(range(256)) * 8, "holds binary data"), (b"", "holds no BPE ranks"),
-     (b"QQ== 0\nQQ== 1\n", "token b'A' appears twice"),
-     (b"not base64 at all\n", "is not a tiktoken BPE line"), (b"QQ== 0\n", "has no token for 255 single byte")],
+    [
+        (bytes(range(256)) * 8, "holds binary data"),
+        (b"", "holds no BPE ranks"),
+        (b"QQ== 0\nQQ== 1\n", "token b'A' appears twice"),
+        (b"not base64 at all\n", "is not a tiktoken BPE line"),
+        (b"QQ== 0\n", "has no token for 255 single byte"),
+    ],
 )
 def test_garbage_tokenizer_model(tmp_path: Path, data: bytes, needle: str) -> None:
     (tmp_path / "tokenizer.model").write_bytes(data)
@@ -210,8 +250,10 @@ def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @FUZZ
-@given(st.binary(max_size=300) | st.lists(st.sampled_from([b"QQ== 0", b"QUI= 1", b"\n", b" ", b"x", b"\xff", b"=="]),
-                                          max_size=8).map(b"".join))
+@given(
+    st.binary(max_size=300)
+    | st.lists(st.sampled_from([b"QQ== 0", b"QUI= 1", b"\n", b" ", b"x", b"\xff", b"=="]), max_size=8).map(b"".join)
+)
 def test_any_bytes_as_tokenizer_give_a_checkpoint_error(tokenizer_path: Path, data: bytes) -> None:
     tokenizer_path.write_bytes(data)
     with pytest.raises(CheckpointError, match="tokenizer.model"):

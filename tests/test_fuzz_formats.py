@@ -23,15 +23,23 @@ from workbench.types import Message, ToolCall
 
 FORMATS = ("json", "function_tag", "python_list")
 MODELS = ("Llama3.1-8B-Instruct", "Llama3.2-3B-Instruct", "Llama-4-Scout-17B-16E-Instruct")
-FUZZ = settings(max_examples=60, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 json_leaf = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=True) | st.text(max_size=8)
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.text(max_size=5), inner, max_size=3), max_leaves=10)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=10,
+)
 junk = st.one_of(json_value, st.just(object()), st.binary(max_size=4), st.tuples(st.integers()), st.just(math.nan))
 names = st.sampled_from(["get_weather", "f", "a.b", "get weather", "", "1x", "def", "x-y", "ok_2"]) | st.text(
-    max_size=6)
+    max_size=6
+)
 
 
 def _render_everywhere(messages: Any, tools: Any = None, tool_choice: Any = "auto") -> None:
@@ -43,23 +51,35 @@ def _render_everywhere(messages: Any, tools: Any = None, tool_choice: Any = "aut
 # --- messages and history ---------------------------------------------------------------------------------------
 tool_call_like = st.one_of(
     st.fixed_dictionaries({"tool_name": names | junk, "arguments": json_value | junk | st.text(max_size=10)}),
-    st.fixed_dictionaries({"id": st.text(max_size=4) | junk,
-                           "function": st.fixed_dictionaries({"name": names | junk}) | junk}),
-    st.fixed_dictionaries({"function": st.fixed_dictionaries(
-        {"name": names, "arguments": st.text(max_size=12) | json_value.map(json.dumps)})}),
+    st.fixed_dictionaries(
+        {"id": st.text(max_size=4) | junk, "function": st.fixed_dictionaries({"name": names | junk}) | junk}
+    ),
+    st.fixed_dictionaries(
+        {
+            "function": st.fixed_dictionaries(
+                {"name": names, "arguments": st.text(max_size=12) | json_value.map(json.dumps)}
+            )
+        }
+    ),
     st.builds(ToolCall, tool_name=names, arguments=json_value | junk),
     junk,
 )
 message_like = st.one_of(
     st.fixed_dictionaries(
         {"role": st.sampled_from(["user", "system", "assistant", "tool", "ipython", "robot", ""]) | junk},
-        optional={"content": st.text(max_size=10) | junk | st.lists(st.text(max_size=4) | junk, max_size=2),
-                  "tool_calls": st.lists(tool_call_like, max_size=2) | junk,
-                  "stop_reason": st.sampled_from(["end_of_turn", "end_of_message", "bogus"]) | junk,
-                  "call_id": st.text(max_size=4) | junk},
+        optional={
+            "content": st.text(max_size=10) | junk | st.lists(st.text(max_size=4) | junk, max_size=2),
+            "tool_calls": st.lists(tool_call_like, max_size=2) | junk,
+            "stop_reason": st.sampled_from(["end_of_turn", "end_of_message", "bogus"]) | junk,
+            "call_id": st.text(max_size=4) | junk,
+        },
     ),
-    st.builds(Message, role=st.sampled_from(["user", "assistant", "tool", "robot"]) | junk,
-              content=st.text(max_size=10) | junk, tool_calls=st.lists(tool_call_like, max_size=2) | junk),
+    st.builds(
+        Message,
+        role=st.sampled_from(["user", "assistant", "tool", "robot"]) | junk,
+        content=st.text(max_size=10) | junk,
+        tool_calls=st.lists(tool_call_like, max_size=2) | junk,
+    ),
     junk,
 )
 
@@ -77,16 +97,18 @@ def test_any_dialog_renders_or_fails_with_a_named_input_error(dialog: list[Any])
 
 @pytest.mark.parametrize(
     "message,needle",
-    [(Message(role="robot", content="hi"), "message 0: field 'role' is 'robot'"),
-     ({"role": "assistant", "tool_calls": "f(x=1)"}, "message 0: field 'tool_calls' must be a list"),
-     ({"role": "assistant", "tool_calls": [{"arguments": {}}]}, "message 0: field 'tool_calls'[0]: tool call"),
-     ({"role": "assistant", "tool_calls": [{"tool_name": "f", "arguments": "{not json"}]}, "not valid JSON"),
-     ({"role": "assistant", "tool_calls": [{"tool_name": "f", "arguments": "[1, 2]"}]}, "must be a dict"),
-     ({"role": "assistant", "tool_calls": [{"tool_name": "f", "arguments": {"x": math.nan}}]}, "not a JSON number"),
-     ({"role": "assistant", "tool_calls": [{"tool_name": "get weather"}]}, "cannot be written as a tool call"),
-     ({"role": "assistant", "tool_calls": [{"function": "f"}]}, "'function' of an OpenAI-style tool call"),
-     ({"role": "user", "content": 3}, "field 'content' is a int"),
-     ({"role": "user", "stop_reason": "later"}, "field 'stop_reason' is 'later'")],
+    [
+        (Message(role="robot", content="hi"), "message 0: field 'role' is 'robot'"),
+        ({"role": "assistant", "tool_calls": "f(x=1)"}, "message 0: field 'tool_calls' must be a list"),
+        ({"role": "assistant", "tool_calls": [{"arguments": {}}]}, "message 0: field 'tool_calls'[0]: tool call"),
+        ({"role": "assistant", "tool_calls": [{"tool_name": "f", "arguments": "{not json"}]}, "not valid JSON"),
+        ({"role": "assistant", "tool_calls": [{"tool_name": "f", "arguments": "[1, 2]"}]}, "must be a dict"),
+        ({"role": "assistant", "tool_calls": [{"tool_name": "f", "arguments": {"x": math.nan}}]}, "not a JSON number"),
+        ({"role": "assistant", "tool_calls": [{"tool_name": "get weather"}]}, "cannot be written as a tool call"),
+        ({"role": "assistant", "tool_calls": [{"function": "f"}]}, "'function' of an OpenAI-style tool call"),
+        ({"role": "user", "content": 3}, "field 'content' is a int"),
+        ({"role": "user", "stop_reason": "later"}, "field 'stop_reason' is 'later'"),
+    ],
 )
 def test_history_errors_name_the_message_and_field(message: Any, needle: str) -> None:
     with pytest.raises(InputError) as info:
@@ -95,8 +117,12 @@ def test_history_errors_name_the_message_and_field(message: Any, needle: str) ->
 
 
 def test_history_error_names_the_right_index() -> None:
-    dialog = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"tool_name": "f"}]},
-              {"role": "tool", "content": "ok"}, Message(role="boss", content="x")]
+    dialog = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"tool_name": "f"}]},
+        {"role": "tool", "content": "ok"},
+        Message(role="boss", content="x"),
+    ]
     with pytest.raises(InputError, match=r"^message 3: field 'role' is 'boss'"):
         coerce_messages(dialog)
 
@@ -111,30 +137,74 @@ def test_deeply_nested_history_arguments_are_refused_not_crashing() -> None:
 
 # --- tools and tool_choice ----------------------------------------------------------------------------------------
 schema_like = st.one_of(
-    st.fixed_dictionaries({"type": st.just("object") | junk}, optional={
-        "properties": st.dictionaries(names, st.fixed_dictionaries({}, optional={
-            "type": st.sampled_from(["string", "integer", "array", "object"]) | st.lists(st.text(max_size=3)) | junk,
-            "description": st.text(max_size=6) | junk, "default": json_value | junk}) | junk, max_size=3) | junk,
-        "required": st.lists(names, max_size=2) | junk}),
+    st.fixed_dictionaries(
+        {"type": st.just("object") | junk},
+        optional={
+            "properties": st.dictionaries(
+                names,
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "type": st.sampled_from(["string", "integer", "array", "object"])
+                        | st.lists(st.text(max_size=3))
+                        | junk,
+                        "description": st.text(max_size=6) | junk,
+                        "default": json_value | junk,
+                    },
+                )
+                | junk,
+                max_size=3,
+            )
+            | junk,
+            "required": st.lists(names, max_size=2) | junk,
+        },
+    ),
     junk,
 )
 tool_like = st.one_of(
-    st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
-        {"name": names | junk}, optional={"description": st.text(max_size=6) | junk, "parameters": schema_like})}),
-    st.fixed_dictionaries({"tool_name": names | junk}, optional={"description": st.text(max_size=6) | junk,
-        "parameters": st.dictionaries(names, st.fixed_dictionaries({"param_type": st.sampled_from(["str", "int"])
-            | junk}, optional={"required": st.booleans() | junk, "default": json_value | junk}) | junk,
-            max_size=2) | junk}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries(
+                {"name": names | junk}, optional={"description": st.text(max_size=6) | junk, "parameters": schema_like}
+            ),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"tool_name": names | junk},
+        optional={
+            "description": st.text(max_size=6) | junk,
+            "parameters": st.dictionaries(
+                names,
+                st.fixed_dictionaries(
+                    {"param_type": st.sampled_from(["str", "int"]) | junk},
+                    optional={"required": st.booleans() | junk, "default": json_value | junk},
+                )
+                | junk,
+                max_size=2,
+            )
+            | junk,
+        },
+    ),
     st.sampled_from(["brave_search", "code_interpreter", "nope"]),
     junk,
 )
 
 
 @FUZZ
-@given(st.lists(tool_like, min_size=1, max_size=3), st.sampled_from(["auto", "required", "none"]) | junk |
-       st.fixed_dictionaries({}, optional={"type": st.sampled_from(["function", "auto", "x"]) | junk,
-                                           "function": st.fixed_dictionaries({}, optional={"name": names | junk})
-                                           | junk, "name": names | junk}))
+@given(
+    st.lists(tool_like, min_size=1, max_size=3),
+    st.sampled_from(["auto", "required", "none"])
+    | junk
+    | st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["function", "auto", "x"]) | junk,
+            "function": st.fixed_dictionaries({}, optional={"name": names | junk}) | junk,
+            "name": names | junk,
+        },
+    ),
+)
 def test_any_tools_render_or_fail_with_a_tool_error(tool_specs: list[Any], tool_choice: Any) -> None:
     try:
         tools = coerce_tools(tool_specs)
@@ -149,15 +219,25 @@ def test_any_tools_render_or_fail_with_a_tool_error(tool_specs: list[Any], tool_
 
 @pytest.mark.parametrize(
     "spec,needle",
-    [({"type": "function", "function": {"name": "get weather"}}, "cannot be written as a tool call"),
-     ({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": [1]}}},
-      "'parameters.properties' of tool 'f' must be an object"),
-     ({"type": "function", "function": {"name": "f", "parameters": {"type": "object",
-                                                                    "properties": {"x": "string"}}}},
-      "'parameters.properties.x' of tool 'f' must be a JSON Schema object"),
-     ({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "x"}}},
-      "'parameters.required' of tool 'f' must be a list"),
-     ({"tool_name": "f", "parameters": {"my arg": {"param_type": "str"}}}, "parameter 'my arg' of tool 'f'")],
+    [
+        ({"type": "function", "function": {"name": "get weather"}}, "cannot be written as a tool call"),
+        (
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": [1]}}},
+            "'parameters.properties' of tool 'f' must be an object",
+        ),
+        (
+            {
+                "type": "function",
+                "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": "string"}}},
+            },
+            "'parameters.properties.x' of tool 'f' must be a JSON Schema object",
+        ),
+        (
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "x"}}},
+            "'parameters.required' of tool 'f' must be a list",
+        ),
+        ({"tool_name": "f", "parameters": {"my arg": {"param_type": "str"}}}, "parameter 'my arg' of tool 'f'"),
+    ],
 )
 def test_tool_schema_errors_name_the_field(spec: dict, needle: str) -> None:
     with pytest.raises(ToolError) as info:
@@ -167,29 +247,60 @@ def test_tool_schema_errors_name_the_field(spec: dict, needle: str) -> None:
 
 @pytest.mark.parametrize(
     "choice,needle",
-    [({"type": "function"}, "tool_choice['name'] must be a tool name"),
-     ({"type": "function", "function": "f"}, "tool_choice['function'] must be a dict"),
-     ({"type": "function", "function": {"name": 3}}, "tool_choice['function']['name'] must be a tool name"),
-     ({"type": "tool"}, "tool_choice['type'] is 'tool'")],
+    [
+        ({"type": "function"}, "tool_choice['name'] must be a tool name"),
+        ({"type": "function", "function": "f"}, "tool_choice['function'] must be a dict"),
+        ({"type": "function", "function": {"name": 3}}, "tool_choice['function']['name'] must be a tool name"),
+        ({"type": "tool"}, "tool_choice['type'] is 'tool'"),
+    ],
 )
 def test_malformed_tool_choice_dicts(choice: dict, needle: str) -> None:
     tools = [{"type": "function", "function": {"name": "f"}}]
     with pytest.raises(InputError) as info:
         our_formatter("Llama3.2-3B-Instruct").encode_dialog([{"role": "user", "content": "x"}], tools, choice)
     assert needle in str(info.value)
-    ok = our_formatter("Llama3.2-3B-Instruct").encode_dialog([{"role": "user", "content": "x"}], tools,
-                                                             {"type": "function", "function": {"name": "f"}})
+    ok = our_formatter("Llama3.2-3B-Instruct").encode_dialog(
+        [{"role": "user", "content": "x"}], tools, {"type": "function", "function": {"name": "f"}}
+    )
     assert ok
 
 
 # --- model replies --------------------------------------------------------------------------------------------------
-fragment = st.sampled_from([
-    '[f(a=1)]', '[get_weather(city="Paris', '{"name": "f", "parameters": {"x": ', '{"name": "g", "parameters": {}}',
-    '<function=h>{"k": 1}</function>', '<function=bad name>{}', '[f(x=NaN)]', '{"name": "f", "parameters": {"x": NaN}}',
-    '{"name": "f", "arguments": "{\\"a\\": 1}"}', 'brave_search.call(query="x")', '<|python_start|>', '<|python_end|>',
-    '<|python_tag|>', "print('hi')", '[[[[[[', ']]]', '"', "'", '(', ')', '{', '}', ' ', '\n', 'text', '1e999',
-    '{"type": "function", "function": {"name": "z", "arguments": {}}}', '[a.b(c=2)]', '\x00', '<|eot|>', '<|eom|>',
-])
+fragment = st.sampled_from(
+    [
+        "[f(a=1)]",
+        '[get_weather(city="Paris',
+        '{"name": "f", "parameters": {"x": ',
+        '{"name": "g", "parameters": {}}',
+        '<function=h>{"k": 1}</function>',
+        "<function=bad name>{}",
+        "[f(x=NaN)]",
+        '{"name": "f", "parameters": {"x": NaN}}',
+        '{"name": "f", "arguments": "{\\"a\\": 1}"}',
+        'brave_search.call(query="x")',
+        "<|python_start|>",
+        "<|python_end|>",
+        "<|python_tag|>",
+        "print('hi')",
+        "[[[[[[",
+        "]]]",
+        '"',
+        "'",
+        "(",
+        ")",
+        "{",
+        "}",
+        " ",
+        "\n",
+        "text",
+        "1e999",
+        '{"type": "function", "function": {"name": "z", "arguments": {}}}',
+        "[a.b(c=2)]",
+        "\x00",
+        "<|eot|>",
+        "<|eom|>",
+    ]
+)
 
 
 @settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -206,8 +317,12 @@ def test_any_reply_parses_and_renders_on_the_next_turn(reply: str) -> None:
 
 @pytest.mark.parametrize(
     "reply",
-    ['[f(city="Paris)]', '{"name": "f", "parameters": {"x": NaN}}', '<function=get weather>{"a": 1}</function>',
-     '{"name": "f", "parameters": {"city": "Par'],
+    [
+        '[f(city="Paris)]',
+        '{"name": "f", "parameters": {"x": NaN}}',
+        '<function=get weather>{"a": 1}</function>',
+        '{"name": "f", "parameters": {"city": "Par',
+    ],
 )
 def test_unusable_calls_are_content_with_a_parse_error(reply: str) -> None:
     message = parse_assistant(reply)
@@ -221,10 +336,12 @@ def test_deeply_nested_call_is_a_parse_error_not_a_crash() -> None:
 
 
 @pytest.mark.timeout(60)  # hang guard: the old parser was quadratic on such replies (seconds to minutes)
-@pytest.mark.parametrize("piece", ['{"name": "f", "parameters": {"a": ', "{\"name\": 'x', ", '[{"name": "g", ',
-                                   '{"type": "function", "x": [1, 2'])
+@pytest.mark.parametrize(
+    "piece",
+    ['{"name": "f", "parameters": {"a": ', "{\"name\": 'x', ", '[{"name": "g", ', '{"type": "function", "x": [1, 2'],
+)
 def test_parsing_a_512kb_reply_of_json_like_fragments_terminates(piece: str) -> None:
-    reply = piece * (512 * 1024 // len(piece)) + ' then [f(a=1)]'
+    reply = piece * (512 * 1024 // len(piece)) + " then [f(a=1)]"
     message = parse_assistant(reply)
     assert message.content.startswith(piece.strip()) and len(message.content) > 500_000
 
@@ -233,5 +350,3 @@ def test_calls_after_json_like_data_are_still_found() -> None:
     reply = 'data: {"name": x} and {"type": "function", oops} ' * 2000 + '{"name": "f", "parameters": {"a": 1}}'
     message = parse_assistant(reply)
     assert [(c.tool_name, c.arguments) for c in message.tool_calls] == [("f", {"a": 1})]
-
-

@@ -74,9 +74,14 @@ def test_every_generated_schema_is_valid_json_schema(banks):
 
 
 # the official formats: Llama 3.1 takes custom tools as json or function_tag, Llama 3.2/3.3/4 as python_list
-@pytest.mark.parametrize(("model_id", "formats"), [("Llama3.1-8B-Instruct", ("json", "function_tag")),
-                                                   ("Llama3.2-3B-Instruct", ("python_list",)),
-                                                   (None, ("python_list",))])
+@pytest.mark.parametrize(
+    ("model_id", "formats"),
+    [
+        ("Llama3.1-8B-Instruct", ("json", "function_tag")),
+        ("Llama3.2-3B-Instruct", ("python_list",)),
+        (None, ("python_list",)),
+    ],
+)
 def test_generated_tools_render_in_every_official_prompt_format(formatter, banks, model_id, formats):
     train, heldout = banks
     fmt_maker = make_formatter(formatter.tokenizer, model_id)
@@ -85,8 +90,9 @@ def test_generated_tools_render_in_every_official_prompt_format(formatter, banks
     for fmt in formats:
         for i in range(0, len(sample), 4):
             tools = sample[i : i + 4]
-            sent, used = fmt_maker.prepare_dialog([{"role": "user", "content": "hi"}], [t.definition() for t in tools],
-                                                  tool_prompt_format=fmt)
+            sent, used = fmt_maker.prepare_dialog(
+                [{"role": "user", "content": "hi"}], [t.definition() for t in tools], tool_prompt_format=fmt
+            )
             text = "\n".join(str(m.content) for m in sent)
             for tool in tools:
                 assert tool.name in text and tool.description.split(".")[0] in text, (fmt, tool.name)

@@ -13,8 +13,9 @@ from workbench.training.train import DEMO_PARAMS, train
 from workbench.training.vocab import extend_vocab
 
 SMOKE_PARAMS = {**DEMO_PARAMS, "dim": 64, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "head_dim": 32}
-SMOKE = dict(batch_size=2, lr=3e-3, seed=0, save_every=2, params=SMOKE_PARAMS, log_every=1, progress=False,
-             vocab_sample=20)
+SMOKE = dict(
+    batch_size=2, lr=3e-3, seed=0, save_every=2, params=SMOKE_PARAMS, log_every=1, progress=False, vocab_sample=20
+)
 
 
 def test_extend_vocab_keeps_trained_rows_and_starts_new_ones_at_the_mean():
@@ -33,8 +34,9 @@ def test_extend_vocab_keeps_trained_rows_and_starts_new_ones_at_the_mean():
 def test_training_with_generated_tools_runs_and_warm_starts_with_their_vocabulary(tmp_path):
     plain = train(tmp_path / "plain", steps=2, **SMOKE, shared_tools=True)
     plain_vocab = json.loads((tmp_path / "plain" / "config.json").read_text())["vocab"]
-    mixed = train(tmp_path / "mixed", steps=2, **SMOKE, shared_tools=True, generated_tools=1.0,
-                  init_from=tmp_path / "plain")
+    mixed = train(
+        tmp_path / "mixed", steps=2, **SMOKE, shared_tools=True, generated_tools=1.0, init_from=tmp_path / "plain"
+    )
     config = json.loads((tmp_path / "mixed" / "config.json").read_text())
     assert config["generated_tools"] == 1.0
     assert set(plain_vocab) < set(config["vocab"])  # the generated tools' tokens were added

@@ -111,9 +111,11 @@ def test_a_refused_dialog_fails_only_its_own_sample(model, engine):
 
     async def both():
         config = GenerateConfig(max_tokens=4)
-        return await asyncio.gather(model.generate("Say 1", config=config),
-                                    model.generate("snow " * engine.max_seq_len, config=config),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            model.generate("Say 1", config=config),
+            model.generate("snow " * engine.max_seq_len, config=config),
+            return_exceptions=True,
+        )
 
     fine, refused = asyncio.run(both())
     assert sizes[before:] == [2]
@@ -122,10 +124,18 @@ def test_a_refused_dialog_fails_only_its_own_sample(model, engine):
 
 
 def test_generate_config_maps_to_the_engines_sampling(model):
-    config = GenerateConfig(temperature=0.7, top_p=0.9, top_k=20, max_tokens=12, stop_seqs=["\n"], seed=3,
-                            logprobs=True, top_logprobs=2)
-    assert sampling_kwargs(config) == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_tokens": 12,
-                                       "stop": ["\n"], "seed": 3, "logprobs": 2}
+    config = GenerateConfig(
+        temperature=0.7, top_p=0.9, top_k=20, max_tokens=12, stop_seqs=["\n"], seed=3, logprobs=True, top_logprobs=2
+    )
+    assert sampling_kwargs(config) == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "max_tokens": 12,
+        "stop": ["\n"],
+        "seed": 3,
+        "logprobs": 2,
+    }
     assert sampling_kwargs(GenerateConfig()) == {"temperature": 0.0}  # greedy unless asked
 
     out = asyncio.run(model.generate("Hi", config=GenerateConfig(max_tokens=3)))  # greedy, it writes 6 tokens
@@ -147,9 +157,13 @@ def test_messages_and_tools_render_as_the_same_workbench_dialog(engine):
         ChatMessageAssistant(content="", tool_calls=[call]),
         ChatMessageTool(content="Sunny.", tool_call_id="c1", function="get_weather"),
     ]
-    info = ToolInfo(name="get_weather", description="Get the current weather in a city.",
-                    parameters=ToolParams(properties={"city": ToolParam(type="string", description="The city name.")},
-                                          required=["city"]))
+    info = ToolInfo(
+        name="get_weather",
+        description="Get the current weather in a city.",
+        parameters=ToolParams(
+            properties={"city": ToolParam(type="string", description="The city name.")}, required=["city"]
+        ),
+    )
     ours = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in\nParis?"},
@@ -160,9 +174,18 @@ def test_messages_and_tools_render_as_the_same_workbench_dialog(engine):
         },
         {"role": "tool", "content": "Sunny.", "call_id": "c1"},
     ]
-    schema = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a "
-              "city.", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description":
-              "The city name."}}, "required": ["city"]}}}
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "The city name."}},
+                "required": ["city"],
+            },
+        },
+    }
     fmt = engine.formatter
     expected = fmt.encode_dialog(ours, tools=[schema])
     assert fmt.encode_dialog(to_messages(inspect_msgs), tools=[to_tool(info)]) == expected
@@ -222,7 +245,8 @@ def test_the_provider_is_registered_through_the_inspect_ai_entry_point():
 
 @pytest.mark.slow
 def test_inspect_eval_command_line_with_a_workbench_model(tmp_path):
-    (tmp_path / "weather_task.py").write_text(textwrap.dedent('''
+    (tmp_path / "weather_task.py").write_text(
+        textwrap.dedent("""
         from inspect_ai import Task, task
         from inspect_ai.dataset import Sample
         from inspect_ai.scorer import includes
@@ -231,11 +255,29 @@ def test_inspect_eval_command_line_with_a_workbench_model(tmp_path):
         @task
         def hello():
             return Task(dataset=[Sample(input="Hi", target="")], solver=[generate()], scorer=includes())
-    '''))
+    """)
+    )
     inspect = Path(sys.executable).with_name("inspect")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([str(inspect), "eval", "weather_task.py", "--model", "workbench/default", "--max-tokens",
-                           "4", "--log-dir", "logs", "--display", "plain"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            str(inspect),
+            "eval",
+            "weather_task.py",
+            "--model",
+            "workbench/default",
+            "--max-tokens",
+            "4",
+            "--log-dir",
+            "logs",
+            "--display",
+            "plain",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "workbench/default" in done.stdout and list((tmp_path / "logs").iterdir())

@@ -29,13 +29,24 @@ def _lint_a_copy(tmp_path: Path, extra: dict[str, str]) -> subprocess.CompletedP
     """lint-imports with the project's contracts over a copy of the package's sources plus ``extra`` modules
     (path inside the package -> source), so a test can add an arrow without touching the real tree."""
     copy = tmp_path / "workbench"
-    shutil.copytree(ROOT, copy, ignore=lambda folder, names: [
-        n for n in names if n == "__pycache__" or (not n.endswith(".py") and not (Path(folder) / n).is_dir())])
+    shutil.copytree(
+        ROOT,
+        copy,
+        ignore=lambda folder, names: [
+            n for n in names if n == "__pycache__" or (not n.endswith(".py") and not (Path(folder) / n).is_dir())
+        ],
+    )
     for relative, source in extra.items():
         (copy / relative).write_text(source)
     lint = Path(sys.executable).with_name("lint-imports")
-    return subprocess.run([str(lint), "--config", str(ROOT.parent / "pyproject.toml"), "--no-cache"], cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(lint), "--config", str(ROOT.parent / "pyproject.toml"), "--no-cache"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_layer_check_lints_the_copy_it_is_given(tmp_path: Path) -> None:
@@ -46,20 +57,25 @@ def test_the_layer_check_lints_the_copy_it_is_given(tmp_path: Path) -> None:
     assert up.returncode != 0 and "workbench.generation.upward -> workbench.engine" in up.stdout, up.stdout[-4000:]
 
 
-@pytest.mark.parametrize("module, source", [
-    ("notebook/upward.py", "from workbench import display\n"),  # the arrow widgets.py had: a name of the face
-    ("engine/upward.py", "import workbench\n"),  # the bare package root
-])
+@pytest.mark.parametrize(
+    "module, source",
+    [
+        ("notebook/upward.py", "from workbench import display\n"),  # the arrow widgets.py had: a name of the face
+        ("engine/upward.py", "import workbench\n"),  # the bare package root
+    ],
+)
 def test_an_import_of_the_package_root_from_below_the_face_breaks_the_layers(
-        tmp_path: Path, module: str, source: str) -> None:
+    tmp_path: Path, module: str, source: str
+) -> None:
     """The package root is in no layer (import-linter cannot make a package a layer among its own children),
     but its names come from workbench.face, which is: importing the root from below reaches the face, a chain
     up that the layers contract reports."""
     done = _lint_a_copy(tmp_path, {module: source})
     importer = "workbench." + module.removesuffix(".py").replace("/", ".")
     assert done.returncode != 0, done.stdout[-4000:]
-    assert f"{importer} -> workbench (l.1)" in done.stdout and "workbench -> workbench.face" in done.stdout, \
+    assert f"{importer} -> workbench (l.1)" in done.stdout and "workbench -> workbench.face" in done.stdout, (
         done.stdout[-4000:]
+    )
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:

@@ -56,18 +56,27 @@ def _same(a, b) -> None:
 
 # ------------------------------------------------------------------------------------------- completions
 def test_completion_spellings_equal_native(engine):
-    native = engine.completion("The capital of France is", max_tokens=6, temperature=0.8, top_p=0.9, seed=5,
-                               logprobs=2)
-    as_dict = engine.completion(content="The capital of France is", sampling_params=TOP_P, seed=5,
-                                logprobs={"top_k": 2}, model_id=loaded_model_ids(engine)[0])
+    native = engine.completion("The capital of France is", max_tokens=6, temperature=0.8, top_p=0.9, seed=5, logprobs=2)
+    as_dict = engine.completion(
+        content="The capital of France is",
+        sampling_params=TOP_P,
+        seed=5,
+        logprobs={"top_k": 2},
+        model_id=loaded_model_ids(engine)[0],
+    )
     params = inference.SamplingParams(strategy=inference.TopPSamplingStrategy(temperature=0.8, top_p=0.9), max_tokens=6)
-    as_pydantic = engine.completion("The capital of France is", sampling_params=params, seed=5,
-                                    logprobs=inference.LogProbConfig(top_k=2))
+    as_pydantic = engine.completion(
+        "The capital of France is", sampling_params=params, seed=5, logprobs=inference.LogProbConfig(top_k=2)
+    )
     _same(native, as_dict)
     _same(native, as_pydantic)
     # Llama Stack's content items are its prompt's text
-    items = engine.completion([content_types.TextContentItem(text="The capital of France is")], sampling_params=TOP_P,
-                              seed=5, logprobs={"top_k": 2})
+    items = engine.completion(
+        [content_types.TextContentItem(text="The capital of France is")],
+        sampling_params=TOP_P,
+        seed=5,
+        logprobs={"top_k": 2},
+    )
     _same(native, items)
 
 
@@ -79,11 +88,13 @@ def test_batch_completion_content_batch_and_strategies(engine):
     assert [_row(r) for r in spelled] == [_row(r) for r in native]
     # greedy, stop strings and "max_tokens": 0 (no limit: bounded here by the stop string or the stop token)
     greedy = {"strategy": {"type": "greedy"}, "max_tokens": 4, "stop": [" a"]}
-    assert [_row(r) for r in engine.batch_completion(content_batch=prompts, sampling_params=greedy)] == \
-        [_row(r) for r in engine.batch_completion(prompts, max_tokens=4, stop=[" a"])]
+    assert [_row(r) for r in engine.batch_completion(content_batch=prompts, sampling_params=greedy)] == [
+        _row(r) for r in engine.batch_completion(prompts, max_tokens=4, stop=[" a"])
+    ]
     # the same native value beside its spelling is no conflict
-    same = engine.batch_completion(prompts, content_batch=prompts, sampling_params=top_k, temperature=1.0, top_k=3,
-                                   seed=2)
+    same = engine.batch_completion(
+        prompts, content_batch=prompts, sampling_params=top_k, temperature=1.0, top_k=3, seed=2
+    )
     assert [_row(r) for r in same] == [_row(r) for r in native]
 
 
@@ -105,13 +116,19 @@ def _finals(stream) -> list:
 def test_stream_batch_spellings(engine):
     prompts = ["Once upon a time", "The weather today"]
     native = _finals(engine.stream_batch_completion(prompts, max_tokens=4, temperature=0.8, top_p=0.9, seed=4))
-    spelled = _finals(engine.stream_batch_completion(content_batch=prompts, sampling_params={**TOP_P, "max_tokens": 4},
-                                                     seed=4))
+    spelled = _finals(
+        engine.stream_batch_completion(content_batch=prompts, sampling_params={**TOP_P, "max_tokens": 4}, seed=4)
+    )
     assert [_row(r) for r in spelled] == [_row(r) for r in native]
     native = _finals(engine.stream_batch_chat_completion([WEATHER, JOKE], TOOLS, tool_choice="required", max_tokens=24))
-    spelled = _finals(engine.stream_batch_chat_completion(messages_batch=[WEATHER, JOKE], tools=TOOLS,
-                                                          tool_config={"tool_choice": "required"},
-                                                          sampling_params={"max_tokens": 24}))
+    spelled = _finals(
+        engine.stream_batch_chat_completion(
+            messages_batch=[WEATHER, JOKE],
+            tools=TOOLS,
+            tool_config={"tool_choice": "required"},
+            sampling_params={"max_tokens": 24},
+        )
+    )
     assert [_row(r) for r in spelled] == [_row(r) for r in native]
 
 
@@ -119,51 +136,78 @@ def test_stream_batch_spellings(engine):
 def test_chat_spellings_equal_native(engine):
     config = inference.ToolConfig(tool_choice="required", tool_prompt_format="python_list")
     stack_messages = [inference.UserMessage(content="What's the weather in Paris?")]
-    native = engine.chat_completion(WEATHER, TOOLS, tool_choice="required", tool_prompt_format="python_list",
-                                    max_tokens=24, logprobs=1)
-    spelled = engine.chat_completion(messages=stack_messages, tools=TOOLS, tool_config=config, logprobs={},
-                                     sampling_params={"strategy": {"type": "greedy"}, "max_tokens": 24})
+    native = engine.chat_completion(
+        WEATHER, TOOLS, tool_choice="required", tool_prompt_format="python_list", max_tokens=24, logprobs=1
+    )
+    spelled = engine.chat_completion(
+        messages=stack_messages,
+        tools=TOOLS,
+        tool_config=config,
+        logprobs={},
+        sampling_params={"strategy": {"type": "greedy"}, "max_tokens": 24},
+    )
     _same(native, spelled)
     assert native.message.tool_calls, "the demo model answers this with a call"
-    as_dict = engine.chat_completion(WEATHER, TOOLS, tool_config={"tool_choice": "required"},
-                                     sampling_params=inference.SamplingParams(max_tokens=24), logprobs={"top_k": 1})
+    as_dict = engine.chat_completion(
+        WEATHER,
+        TOOLS,
+        tool_config={"tool_choice": "required"},
+        sampling_params=inference.SamplingParams(max_tokens=24),
+        logprobs={"top_k": 1},
+    )
     _same(native, as_dict)
 
 
 def test_batch_and_stream_chat_spellings(engine):
     dialogs = [WEATHER, JOKE]
     native = engine.batch_chat_completion(dialogs, TOOLS, max_tokens=24, temperature=0.8, seed=3)
-    spelled = engine.batch_chat_completion(messages_batch=dialogs, tools=TOOLS, tool_config={"tool_choice": "auto"},
-                                           sampling_params={"strategy": {"type": "top_p", "temperature": 0.8,
-                                                                         "top_p": None}, "max_tokens": 24},
-                                           seed=3)
+    spelled = engine.batch_chat_completion(
+        messages_batch=dialogs,
+        tools=TOOLS,
+        tool_config={"tool_choice": "auto"},
+        sampling_params={"strategy": {"type": "top_p", "temperature": 0.8, "top_p": None}, "max_tokens": 24},
+        seed=3,
+    )
     assert [_row(r) for r in spelled] == [_row(r) for r in native]
 
     def items(stream):
-        return [(type(i).__name__, getattr(i, "text", None), getattr(getattr(i, "tool_call", None), "arguments", None))
-                for i in stream]
+        return [
+            (type(i).__name__, getattr(i, "text", None), getattr(getattr(i, "tool_call", None), "arguments", None))
+            for i in stream
+        ]
 
     native_stream = list(engine.stream_chat_completion(WEATHER, TOOLS, tool_choice="required", max_tokens=24))
-    spelled_stream = list(engine.stream_chat_completion(WEATHER, TOOLS, tool_config={"tool_choice": "required"},
-                                                        sampling_params={"max_tokens": 24}))
+    spelled_stream = list(
+        engine.stream_chat_completion(
+            WEATHER, TOOLS, tool_config={"tool_choice": "required"}, sampling_params={"max_tokens": 24}
+        )
+    )
     assert items(spelled_stream[:-1]) == items(native_stream[:-1])
     _same(native_stream[-1], spelled_stream[-1])
 
 
 def test_tool_loop_spellings(engine):
     native = wb.tools.run(engine, WEATHER, TOOLS, tool_choice="required", max_tokens=24, max_turns=2)
-    spelled = wb.tools.run(engine, WEATHER, TOOLS, tool_config={"tool_choice": "required"}, max_turns=2,
-                           sampling_params={"strategy": {"type": "greedy"}, "max_tokens": 24},
-                           model_id=loaded_model_ids(engine)[0])
+    spelled = wb.tools.run(
+        engine,
+        WEATHER,
+        TOOLS,
+        tool_config={"tool_choice": "required"},
+        max_turns=2,
+        sampling_params={"strategy": {"type": "greedy"}, "max_tokens": 24},
+        model_id=loaded_model_ids(engine)[0],
+    )
 
     def plain(transcript):
         return [(m.role, m.content, [(c.tool_name, c.arguments) for c in m.tool_calls]) for m in transcript]
 
     assert plain(spelled) == plain(native) and len(native) >= 3  # the call, its result, the next reply
-    batch = wb.tools.run_batch(engine, messages_batch=[WEATHER, JOKE], tools=TOOLS, max_turns=1,
-                               sampling_params={"max_tokens": 16})
-    assert [plain(t) for t in batch] == [plain(t) for t in wb.tools.run_batch(engine, [WEATHER, JOKE], TOOLS,
-                                                                               max_turns=1, max_tokens=16)]
+    batch = wb.tools.run_batch(
+        engine, messages_batch=[WEATHER, JOKE], tools=TOOLS, max_turns=1, sampling_params={"max_tokens": 16}
+    )
+    assert [plain(t) for t in batch] == [
+        plain(t) for t in wb.tools.run_batch(engine, [WEATHER, JOKE], TOOLS, max_turns=1, max_tokens=16)
+    ]
 
 
 def test_disagreeing_spellings_and_bad_values_raise(engine):
@@ -196,10 +240,11 @@ def test_disagreeing_spellings_and_bad_values_raise(engine):
     # accepted: repetition_penalty 1.0, the served id (org/name), an explicitly equal native value
     engine.completion("x", max_tokens=1, sampling_params={"repetition_penalty": 1.0, "max_tokens": 1})
     # repetition_penalty is the native keyword: Llama Stack's spelling gives the same tokens
-    assert engine.completion("x", max_tokens=6, sampling_params={"repetition_penalty": 1.5}).tokens == \
-        engine.completion("x", max_tokens=6, repetition_penalty=1.5).tokens
+    assert (
+        engine.completion("x", max_tokens=6, sampling_params={"repetition_penalty": 1.5}).tokens
+        == engine.completion("x", max_tokens=6, repetition_penalty=1.5).tokens
+    )
     engine.completion("x", model_id=f"workbench/{loaded_model_ids(engine)[0]}", max_tokens=1)
-
 
 
 def test_the_embedded_default_answers_to_its_name_from_the_settings(engine, llama3_dir):
@@ -236,8 +281,11 @@ REPLACE_SYSTEMS = {
     "no_placeholder": "You are a travel desk. Call one tool at most.",
 }
 STACK_TOOLS = [  # the same tools as Llama Stack definitions (the reference takes these)
-    {"tool_name": "get_weather", "description": "Get the current weather in a city.",
-     "parameters": {"city": {"param_type": "string", "description": "Name of the city.", "required": True}}},
+    {
+        "tool_name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {"city": {"param_type": "string", "description": "Name of the city.", "required": True}},
+    },
     "brave_search",
 ]
 
@@ -260,8 +308,9 @@ def test_system_message_replace_llama4(engine):
 
 
 def test_system_message_replace_llama3(llama3_dir):
-    engine = build_engine(resolve_settings(llama3_dir, model="Llama3.2-3B-Instruct", max_batch_size=2,
-                                           max_seq_len=1024))
+    engine = build_engine(
+        resolve_settings(llama3_dir, model="Llama3.2-3B-Instruct", max_batch_size=2, max_seq_len=1024)
+    )
     try:
         _check_replace(engine, "Llama3.2-3B-Instruct")
     finally:
@@ -275,8 +324,9 @@ def test_results_in_llama_stack_shapes(engine):
     assert isinstance(response, inference.ChatCompletionResponse)
     message = response.completion_message
     assert message.stop_reason.value == reply.stop_reason and message.content == reply.text
-    assert [(c.call_id, c.tool_name, c.arguments) for c in message.tool_calls] == \
-        [(c.call_id, c.tool_name, c.arguments) for c in reply.message.tool_calls]
+    assert [(c.call_id, c.tool_name, c.arguments) for c in message.tool_calls] == [
+        (c.call_id, c.tool_name, c.arguments) for c in reply.message.tool_calls
+    ]
     assert len(response.logprobs) == len(reply.tokens)
     for lp, ours in zip(response.logprobs, reply.logprobs):
         assert lp.logprobs_by_token[ours.text] == ours.logprob
@@ -311,12 +361,23 @@ def test_plain_dicts_without_llama_stack(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_llama_stack)
     call = wb.ToolCall(tool_name="get_weather", arguments={"city": "Paris"}, call_id="c1")
-    reply = ChatCompletion(message=wb.Message(role="assistant", tool_calls=[call]), tokens=[1, 2],
-                           stop_reason="end_of_message")
+    reply = ChatCompletion(
+        message=wb.Message(role="assistant", tool_calls=[call]), tokens=[1, 2], stop_reason="end_of_message"
+    )
     assert reply.to_llama_stack() == {
-        "completion_message": {"role": "assistant", "content": "", "stop_reason": "end_of_message", "tool_calls": [
-            {"call_id": "c1", "tool_name": "get_weather", "arguments": {"city": "Paris"},
-             "arguments_json": '{"city": "Paris"}'}]},
+        "completion_message": {
+            "role": "assistant",
+            "content": "",
+            "stop_reason": "end_of_message",
+            "tool_calls": [
+                {
+                    "call_id": "c1",
+                    "tool_name": "get_weather",
+                    "arguments": {"city": "Paris"},
+                    "arguments_json": '{"city": "Paris"}',
+                }
+            ],
+        },
         "logprobs": None,
     }
     done = Completion(text="hi", tokens=[5], stop_reason="cancelled")
@@ -340,15 +401,22 @@ def test_llama_stack_client_models_and_batch_completion(stack_client, engine):
     assert client.models.retrieve(server.model).identifier == server.model
     prompts = ["Once upon a time", "The weather today"]
     params = {"strategy": {"type": "top_p", "temperature": 0.8, "top_p": 0.9}, "max_tokens": 5}
-    got = client.inference.batch_completion(model_id=server.model, content_batch=prompts, sampling_params=params,
-                                            logprobs={"top_k": 2}, extra_body={"seed": 5})
+    got = client.inference.batch_completion(
+        model_id=server.model,
+        content_batch=prompts,
+        sampling_params=params,
+        logprobs={"top_k": 2},
+        extra_body={"seed": 5},
+    )
     ref = engine.batch_completion(prompts, max_tokens=5, temperature=0.8, top_p=0.9, logprobs=2, seed=5)
     assert [(r.content, r.stop_reason) for r in got.batch] == [(c.text, c.stop_reason) for c in ref]
     for response, completion in zip(got.batch, ref):
-        assert [list(lp.logprobs_by_token) for lp in response.logprobs] == \
-            [list(lp.logprobs_by_token) for lp in completion.to_llama_stack().logprobs]
-    single = client.inference.completion(model_id=server.model, content="Hello there",
-                                         sampling_params={"max_tokens": 4, "stop": ["e"]})
+        assert [list(lp.logprobs_by_token) for lp in response.logprobs] == [
+            list(lp.logprobs_by_token) for lp in completion.to_llama_stack().logprobs
+        ]
+    single = client.inference.completion(
+        model_id=server.model, content="Hello there", sampling_params={"max_tokens": 4, "stop": ["e"]}
+    )
     assert single.content == engine.completion("Hello there", max_tokens=4, stop=["e"]).text
     with pytest.raises(client_error(), match="not served here"):
         client.inference.completion(model_id="meta-llama/Llama-3.2-3B-Instruct", content="Hello")
@@ -363,38 +431,55 @@ def client_error():
 def test_llama_stack_client_batch_chat_with_tools(stack_client, engine):
     server, client = stack_client
     dialogs = [WEATHER, JOKE, [{"role": "user", "content": "Hello, who are you?"}]]
-    got = client.inference.batch_chat_completion(model_id=server.model, messages_batch=dialogs, tools=STACK_TOOLS[:1],
-                                                 tool_config={"tool_choice": "auto"},
-                                                 sampling_params={"max_tokens": 24})
+    got = client.inference.batch_chat_completion(
+        model_id=server.model,
+        messages_batch=dialogs,
+        tools=STACK_TOOLS[:1],
+        tool_config={"tool_choice": "auto"},
+        sampling_params={"max_tokens": 24},
+    )
     ref = engine.batch_chat_completion(dialogs, STACK_TOOLS[:1], max_tokens=24)
     assert any(r.message.tool_calls for r in ref)
     for response, reply in zip(got.batch, ref):
         message = response.completion_message
         assert (message.content, message.stop_reason) == (reply.text, reply.stop_reason)
-        assert [(c.tool_name, c.arguments) for c in message.tool_calls] == \
-            [(c.tool_name, c.arguments) for c in reply.message.tool_calls]
+        assert [(c.tool_name, c.arguments) for c in message.tool_calls] == [
+            (c.tool_name, c.arguments) for c in reply.message.tool_calls
+        ]
     # the next turn: the client's own message objects go back in as they came
     call = got.batch[0].completion_message
-    follow = [*WEATHER, call.model_dump(exclude_none=True),
-              {"role": "tool", "call_id": call.tool_calls[0].call_id, "content": "18 C, sunny"}]
-    second = client.inference.chat_completion(model_id=server.model, messages=follow, tools=STACK_TOOLS[:1],
-                                              sampling_params={"max_tokens": 24})
+    follow = [
+        *WEATHER,
+        call.model_dump(exclude_none=True),
+        {"role": "tool", "call_id": call.tool_calls[0].call_id, "content": "18 C, sunny"},
+    ]
+    second = client.inference.chat_completion(
+        model_id=server.model, messages=follow, tools=STACK_TOOLS[:1], sampling_params={"max_tokens": 24}
+    )
     assert second.completion_message.content == engine.chat_completion(follow, STACK_TOOLS[:1], max_tokens=24).text
 
 
 def test_llama_stack_client_streaming_chat(stack_client, engine):
     server, client = stack_client
     for dialog in (WEATHER, JOKE):
-        events = [chunk.event for chunk in client.inference.chat_completion(
-            model_id=server.model, messages=dialog, tools=STACK_TOOLS[:1], stream=True,
-            sampling_params={"max_tokens": 24})]
+        events = [
+            chunk.event
+            for chunk in client.inference.chat_completion(
+                model_id=server.model,
+                messages=dialog,
+                tools=STACK_TOOLS[:1],
+                stream=True,
+                sampling_params={"max_tokens": 24},
+            )
+        ]
         ref = engine.chat_completion(dialog, STACK_TOOLS[:1], max_tokens=24)
         assert events[0].event_type == "start" and events[-1].event_type == "complete"
         assert events[-1].stop_reason == ref.stop_reason
         texts = [e.delta.text for e in events if e.delta.type == "text" and e.event_type == "progress"]
         calls = [e.delta.tool_call for e in events if getattr(e.delta, "parse_status", None) == "succeeded"]
-        assert [(c.tool_name, c.arguments) for c in calls] == \
-            [(c.tool_name, c.arguments) for c in ref.message.tool_calls]
+        assert [(c.tool_name, c.arguments) for c in calls] == [
+            (c.tool_name, c.arguments) for c in ref.message.tool_calls
+        ]
         native = engine.stream_chat_completion(dialog, STACK_TOOLS[:1], max_tokens=24)
         assert texts == [i.text for i in native if getattr(i, "type", None) == "text"]  # the same pieces, in order
 
@@ -411,9 +496,14 @@ def test_llama_stack_client_discovery_routes(stack_client):
     assert client.inspect.health().status == "OK"
     assert client.inspect.version().version
     routes = {(r.route, r.method) for r in client.routes.list()}
-    assert {("/v1/providers", "GET"), ("/v1/inference/chat-completion", "POST"), ("/v1/models", "POST"),
-            ("/v1/chat/completions", "POST"), ("/v1/openai/v1/chat/completions", "POST"),
-            ("/v1/openai/v1/batches", "POST")} <= routes
+    assert {
+        ("/v1/providers", "GET"),
+        ("/v1/inference/chat-completion", "POST"),
+        ("/v1/models", "POST"),
+        ("/v1/chat/completions", "POST"),
+        ("/v1/openai/v1/chat/completions", "POST"),
+        ("/v1/openai/v1/batches", "POST"),
+    } <= routes
 
 
 def test_llama_stack_model_registration(stack_client, engine):
@@ -428,15 +518,18 @@ def test_llama_stack_model_registration(stack_client, engine):
         import openai
 
         chat = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0).chat.completions.create(
-            model="my-demo", messages=JOKE, max_tokens=3)
+            model="my-demo", messages=JOKE, max_tokens=3
+        )
         assert chat.choices[0].message.content == engine.chat_completion(JOKE, max_tokens=3).message.content
     finally:
         client.models.unregister("my-demo")
     assert [m.identifier for m in client.models.list()] == [server.model]
-    for kwargs, status in (({"model_id": "meta-llama/Llama-3.1-8B-Instruct"}, 400),
-                           ({"model_id": "x", "provider_model_id": "gpt-4"}, 400),
-                           ({"model_id": server.model, "model_type": "embedding"}, 400),
-                           ({"model_id": server.model, "provider_id": "ollama"}, 404)):
+    for kwargs, status in (
+        ({"model_id": "meta-llama/Llama-3.1-8B-Instruct"}, 400),
+        ({"model_id": "x", "provider_model_id": "gpt-4"}, 400),
+        ({"model_id": server.model, "model_type": "embedding"}, 400),
+        ({"model_id": server.model, "provider_id": "ollama"}, 404),
+    ):
         with pytest.raises(client_error()) as refused:
             client.models.register(**kwargs)
         assert refused.value.status_code == status
@@ -450,15 +543,15 @@ def test_registration_of_the_models_own_names(llama3_dir):
     """A Llama 3.2 engine registers its Hugging Face name (the suite's --text-model) and answers under it."""
     from llama_stack_client import LlamaStackClient
 
-    engine = build_engine(resolve_settings(llama3_dir, model="Llama3.2-3B-Instruct", max_batch_size=2,
-                                           max_seq_len=256))
+    engine = build_engine(resolve_settings(llama3_dir, model="Llama3.2-3B-Instruct", max_batch_size=2, max_seq_len=256))
     try:
         with wb.serve(engine, port=0) as server:
             client = LlamaStackClient(base_url=server.url.removesuffix("/v1"), max_retries=0, timeout=120)
             model = client.models.register(model_id="meta-llama/Llama-3.2-3B-Instruct", provider_id="workbench")
             assert model.provider_resource_id == server.model
-            reply = client.inference.completion(model_id="meta-llama/Llama-3.2-3B-Instruct", content="Hi",
-                                                sampling_params={"max_tokens": 2})
+            reply = client.inference.completion(
+                model_id="meta-llama/Llama-3.2-3B-Instruct", content="Hi", sampling_params={"max_tokens": 2}
+            )
             assert reply.content == engine.completion("Hi", max_tokens=2).text
             with pytest.raises(client_error()):
                 client.models.register(model_id="meta-llama/Llama-3.1-8B-Instruct")
@@ -470,33 +563,49 @@ def test_llama_stack_routes_honour_response_format_logprobs_and_stop(stack_clien
     import json
 
     server, client = stack_client
-    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     fmt = {"type": "json_schema", "json_schema": schema}
-    got = client.inference.chat_completion(model_id=server.model, messages=WEATHER, response_format=fmt,
-                                           sampling_params={"max_tokens": 40})
+    got = client.inference.chat_completion(
+        model_id=server.model, messages=WEATHER, response_format=fmt, sampling_params={"max_tokens": 40}
+    )
     ref = engine.chat_completion(WEATHER, response_format=fmt, max_tokens=40)
     assert got.completion_message.content == ref.message.content and ref.message.content.startswith('{"city": ')
     if ref.stop_reason != "out_of_tokens":
         assert set(json.loads(ref.message.content)) == {"city"}
     grammar = {"type": "grammar", "bnf": {"root": '"yes" | "no"'}}
-    answer = client.inference.completion(model_id=server.model, content="Is Paris in France?",
-                                         response_format=grammar, sampling_params={"max_tokens": 4})
+    answer = client.inference.completion(
+        model_id=server.model, content="Is Paris in France?", response_format=grammar, sampling_params={"max_tokens": 4}
+    )
     assert answer.content in ("yes", "no")
     assert answer.content == engine.completion("Is Paris in France?", response_format=grammar, max_tokens=4).text
-    batch = client.inference.batch_chat_completion(model_id=server.model, messages_batch=[WEATHER, JOKE],
-                                                   response_format=fmt, sampling_params={"max_tokens": 40})
-    assert [r.completion_message.content for r in batch.batch] == \
-        [r.message.content for r in engine.batch_chat_completion([WEATHER, JOKE], response_format=fmt, max_tokens=40)]
+    batch = client.inference.batch_chat_completion(
+        model_id=server.model, messages_batch=[WEATHER, JOKE], response_format=fmt, sampling_params={"max_tokens": 40}
+    )
+    assert [r.completion_message.content for r in batch.batch] == [
+        r.message.content for r in engine.batch_chat_completion([WEATHER, JOKE], response_format=fmt, max_tokens=40)
+    ]
     # logprobs: one entry per generated token with top_k alternatives, also per streamed chunk
     ref = engine.completion("Once upon a time", max_tokens=6, logprobs=2)
-    whole = client.inference.completion(model_id=server.model, content="Once upon a time", logprobs={"top_k": 2},
-                                        sampling_params={"max_tokens": 6})
+    whole = client.inference.completion(
+        model_id=server.model, content="Once upon a time", logprobs={"top_k": 2}, sampling_params={"max_tokens": 6}
+    )
     assert whole.content == ref.text and len(whole.logprobs) == len(ref.tokens)
     for got_lp, ref_lp in zip(whole.logprobs, ref.to_llama_stack().logprobs):
         assert got_lp.logprobs_by_token == pytest.approx(ref_lp.logprobs_by_token, abs=1e-4)  # a reused prefix: noise
-    chunks = list(client.inference.completion(model_id=server.model, content="Once upon a time", stream=True,
-                                              logprobs={"top_k": 1}, sampling_params={"max_tokens": 6}))
+    chunks = list(
+        client.inference.completion(
+            model_id=server.model,
+            content="Once upon a time",
+            stream=True,
+            logprobs={"top_k": 1},
+            sampling_params={"max_tokens": 6},
+        )
+    )
     assert "".join(c.delta for c in chunks) == ref.text
     for chunk in chunks:
         if chunk.delta:
@@ -504,8 +613,12 @@ def test_llama_stack_routes_honour_response_format_logprobs_and_stop(stack_clien
     assert sum(len(c.logprobs or ()) for c in chunks) == len(ref.tokens)
     # stop strings, streamed and not
     stop = engine.completion("Once upon a time", max_tokens=12, stop=["a"])
-    streamed = client.inference.completion(model_id=server.model, content="Once upon a time", stream=True,
-                                           sampling_params={"max_tokens": 12, "stop": ["a"]})
+    streamed = client.inference.completion(
+        model_id=server.model,
+        content="Once upon a time",
+        stream=True,
+        sampling_params={"max_tokens": 12, "stop": ["a"]},
+    )
     assert "".join(c.delta for c in streamed) == stop.text and "a" not in stop.text
 
 
@@ -520,6 +633,9 @@ def test_openai_prefix_serves_the_openai_routes(stack_client, engine):
     assert reply.choices[0].message.content == engine.chat_completion(WEATHER, max_tokens=8).message.content
     text = client.completions.create(model=server.model, prompt="Once upon a time", max_tokens=5)
     assert text.choices[0].text == engine.completion("Once upon a time", max_tokens=5).text
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model=server.model, prompt="Once upon a time", max_tokens=5, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model=server.model, prompt="Once upon a time", max_tokens=5, stream=True)
+        if c.choices
+    )
     assert streamed == text.choices[0].text

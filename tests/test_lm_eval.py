@@ -42,6 +42,7 @@ def _hide_the_torchvision_standin():
     yield
     sys.modules.update(saved)
 
+
 ATOL = 1e-4
 MAX_SEQ_LEN = 32  # small, so rolling documents span several windows
 
@@ -81,27 +82,53 @@ def task(data_dir: Path, name: str, **config: Any) -> dict[str, Any]:
     return {
         "task": f"wb_{name}_{abs(hash(json.dumps(config, sort_keys=True))) % 10**8}",
         "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(data_dir / f"{name}.jsonl")},
-                           "cache_dir": str(data_dir / "hf_cache")},
+        "dataset_kwargs": {
+            "data_files": {"test": str(data_dir / f"{name}.jsonl")},
+            "cache_dir": str(data_dir / "hf_cache"),
+        },
         "test_split": "test",
         **config,
     }
 
 
-MC_TASK = {"output_type": "multiple_choice", "doc_to_text": "{{q}}", "doc_to_choice": "{{choices}}",
-           "doc_to_target": "{{label}}", "metric_list": [{"metric": "acc"}]}
-LL_TASK = {"output_type": "loglikelihood", "doc_to_text": "{{context}}", "doc_to_target": "{{target}}",
-           "target_delimiter": "", "metric_list": [{"metric": "perplexity"}, {"metric": "acc"}]}
-ROLLING_TASK = {"output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
-                "metric_list": [{"metric": "word_perplexity"}]}
-GEN_TASK = {"output_type": "generate_until", "doc_to_text": "{{prompt}}", "doc_to_target": "{{answer}}",
-            "generation_kwargs": {"until": ["\n\n", "."], "max_gen_toks": 6, "do_sample": False},
-            "metric_list": [{"metric": "exact_match"}]}
+MC_TASK = {
+    "output_type": "multiple_choice",
+    "doc_to_text": "{{q}}",
+    "doc_to_choice": "{{choices}}",
+    "doc_to_target": "{{label}}",
+    "metric_list": [{"metric": "acc"}],
+}
+LL_TASK = {
+    "output_type": "loglikelihood",
+    "doc_to_text": "{{context}}",
+    "doc_to_target": "{{target}}",
+    "target_delimiter": "",
+    "metric_list": [{"metric": "perplexity"}, {"metric": "acc"}],
+}
+ROLLING_TASK = {
+    "output_type": "loglikelihood_rolling",
+    "doc_to_text": "",
+    "doc_to_target": "{{text}}",
+    "metric_list": [{"metric": "word_perplexity"}],
+}
+GEN_TASK = {
+    "output_type": "generate_until",
+    "doc_to_text": "{{prompt}}",
+    "doc_to_target": "{{answer}}",
+    "generation_kwargs": {"until": ["\n\n", "."], "max_gen_toks": 6, "do_sample": False},
+    "metric_list": [{"metric": "exact_match"}],
+}
 
 
 def evaluate(lm: WorkbenchLM, tasks: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
-    return lm_eval.simple_evaluate(model=lm, tasks=tasks, log_samples=True, bootstrap_iters=0,
-                                   task_manager=TaskManager(include_defaults=False), **kwargs)
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=tasks,
+        log_samples=True,
+        bootstrap_iters=0,
+        task_manager=TaskManager(include_defaults=False),
+        **kwargs,
+    )
 
 
 def samples(results: dict[str, Any], config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -163,8 +190,7 @@ def test_loglikelihood_and_multiple_choice_equal_the_reference(lm: WorkbenchLM, 
         assert resp[0] == pytest.approx(want[0], abs=ATOL) and resp[1] == want[1]
 
 
-def test_loglikelihood_rolling_scores_each_document_in_bos_windows(lm: WorkbenchLM, ckpt: Path,
-                                                                   data_dir: Path) -> None:
+def test_loglikelihood_rolling_scores_each_document_in_bos_windows(lm: WorkbenchLM, ckpt: Path, data_dir: Path) -> None:
     config = task(data_dir, "rolling", **ROLLING_TASK)
     results = evaluate(lm, [config])
     tok, width = lm.engine.tokenizer, MAX_SEQ_LEN - 1
@@ -215,8 +241,9 @@ def test_generate_until_equals_reference_greedy(lm: WorkbenchLM, ckpt: Path, dat
 def test_gen_kwargs_map_to_engine_sampling(lm: WorkbenchLM) -> None:
     assert lm._sampling({"until": "\n", "max_gen_toks": 5}) == (["\n"], {"max_tokens": 5, "temperature": 0.0})
     assert lm._sampling({"do_sample": False, "temperature": 0.7}) == ([], {"max_tokens": 256, "temperature": 0.0})
-    until, sampling = lm._sampling({"do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3,
-                                    "max_new_tokens": 4})
+    until, sampling = lm._sampling(
+        {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3, "max_new_tokens": 4}
+    )
     assert sampling == {"max_tokens": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3}
     assert lm._sampling({"do_sample": True})[1]["temperature"] == 1.0  # transformers' default
     assert lm._sampling({"temperature": 0.5})[1]["temperature"] == 0.5  # do_sample inferred from temperature
@@ -238,8 +265,12 @@ def test_sampled_generation_runs_the_engine_sampler(lm: WorkbenchLM, data_dir: P
 def test_chat_template_renders_the_official_format(lm: WorkbenchLM) -> None:
     dialogs = [
         [{"role": "user", "content": "Hi"}],
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q1"},
-         {"role": "assistant", "content": "A1"}, {"role": "user", "content": "!Q2, with punctuation"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Q1"},
+            {"role": "assistant", "content": "A1"},
+            {"role": "user", "content": "!Q2, with punctuation"},
+        ],
     ]
     for dialog in dialogs:
         official = lm.engine.formatter.encode_dialog(dialog)
@@ -261,8 +292,9 @@ def test_tools_given_to_workbenchlm_are_offered_in_every_chat_prompt(lm: Workben
     assert with_tools.tok_encode(text) == official
 
 
-def test_apply_chat_template_scores_and_generates_like_the_reference(lm: WorkbenchLM, ckpt: Path,
-                                                                     data_dir: Path) -> None:
+def test_apply_chat_template_scores_and_generates_like_the_reference(
+    lm: WorkbenchLM, ckpt: Path, data_dir: Path
+) -> None:
     mc, gen = task(data_dir, "mc", **MC_TASK), task(data_dir, "gen", **GEN_TASK)
     results = evaluate(lm, [mc, gen], apply_chat_template=True)
     tok, formatter = lm.engine.tokenizer, lm.engine.formatter
@@ -281,8 +313,9 @@ def test_apply_chat_template_scores_and_generates_like_the_reference(lm: Workben
         assert sample["resps"][0][0] == want
 
 
-def test_lm_evals_bars_go_quiet_inside_tqdm_bars_off(lm: WorkbenchLM, data_dir: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_lm_evals_bars_go_quiet_inside_tqdm_bars_off(
+    lm: WorkbenchLM, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """lm-eval draws tqdm bars that none of its options turns off (building each task's requests, tokenizing,
     running them): a notebook stores them as stderr.  Inside ``tqdm_bars_off`` there are none; the results
     are the same."""
@@ -303,16 +336,18 @@ def test_unknown_generation_option_is_a_task_option_error(lm: WorkbenchLM, data_
 
 
 def test_requests_longer_than_max_seq_len_raise(lm: WorkbenchLM, data_dir: Path, tmp_path: Path) -> None:
-    (tmp_path / "long.jsonl").write_text(json.dumps({"q": "word " * 40, "choices": ["a", "b"], "label": 0,
-                                                     "prompt": "word " * 40, "answer": "a"}) + "\n")
+    (tmp_path / "long.jsonl").write_text(
+        json.dumps({"q": "word " * 40, "choices": ["a", "b"], "label": 0, "prompt": "word " * 40, "answer": "a"}) + "\n"
+    )
     with pytest.raises(RequestTooLongError, match="max_seq_len is 32.*larger max_seq_len"):
         evaluate(lm, [task(tmp_path, "long", **MC_TASK)])
     with pytest.raises(PromptTooLongError, match="no room to generate"):
         evaluate(lm, [task(tmp_path, "long", **GEN_TASK)])
 
 
-def test_a_second_evaluation_is_answered_from_the_run_store(lm: WorkbenchLM, data_dir: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_evaluation_is_answered_from_the_run_store(
+    lm: WorkbenchLM, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
     tasks = [task(data_dir, "mc", **MC_TASK), task(data_dir, "gen", **GEN_TASK)]
     first_lm = WorkbenchLM(lm.engine, run="lm-eval")
@@ -349,8 +384,17 @@ def test_registered_with_lm_eval_next_to_its_own_models() -> None:
 
 
 def test_command_line_defaults() -> None:
-    assert with_defaults(["--tasks", "x"]) == ["run", "--model", "workbench", "--tasks", "x", "--batch_size", "auto",
-                                               "--device", "auto"]
+    assert with_defaults(["--tasks", "x"]) == [
+        "run",
+        "--model",
+        "workbench",
+        "--tasks",
+        "x",
+        "--batch_size",
+        "auto",
+        "--device",
+        "auto",
+    ]
     given = ["run", "-M", "hf", "-b", "2", "--device=cpu"]
     assert with_defaults(given) == given
     assert with_defaults(["ls", "tasks"]) == ["ls", "tasks"]
@@ -369,10 +413,23 @@ def test_command_line_runs_a_task_file(llama3_dir: Path, data_dir: Path, tmp_pat
     store = tmp_path / "runs.sqlite"
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "WORKBENCH_STORE": str(store)}
     proc = subprocess.run(
-        [sys.executable, "-m", "workbench.evals.lm_eval", "--model_args",
-         f"checkpoint={llama3_dir},max_seq_len={MAX_SEQ_LEN},max_batch_size=4,run=cli-mc", "--tasks", config["task"],
-         "--include_path", str(tmp_path), "--output_path", str(out)],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "workbench.evals.lm_eval",
+            "--model_args",
+            f"checkpoint={llama3_dir},max_seq_len={MAX_SEQ_LEN},max_batch_size=4,run=cli-mc",
+            "--tasks",
+            config["task"],
+            "--include_path",
+            str(tmp_path),
+            "--output_path",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert config["task"] in proc.stdout and "acc" in proc.stdout

@@ -128,15 +128,15 @@ def test_llama4_more_ranks_than_kv_heads_matches_one_process(llama4_mp1, llama4_
 
 
 def test_two_shard_checkpoints_merge_into_one_process(make_checkpoint, llama3_mp1, llama3_dir):
-    for params, layout, seed, reference in ((TINY_LLAMA3, "modules", 0, llama3_mp1),
-                                            (TINY_LLAMA4, "fused", 3, None)):
+    for params, layout, seed, reference in ((TINY_LLAMA3, "modules", 0, llama3_mp1), (TINY_LLAMA4, "fused", 3, None)):
         one = reference or engine_for(make_checkpoint(params, layout=layout, seed=seed), 1)
         two = engine_for(make_checkpoint(params, n_shards=2, layout=layout, seed=seed), 1)
         ids = token_ids(one)
         for a, b in zip(one.logits(ids), two.logits(ids)):
             torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
-        assert [r.tokens for r in two.batch_completion(PROMPTS, max_tokens=8)] == \
-            [r.tokens for r in one.batch_completion(PROMPTS, max_tokens=8)]
+        assert [r.tokens for r in two.batch_completion(PROMPTS, max_tokens=8)] == [
+            r.tokens for r in one.batch_completion(PROMPTS, max_tokens=8)
+        ]
         two.close()
 
 
@@ -149,8 +149,9 @@ def test_four_ranks_split_two_shards_and_repeat_kv_heads(make_checkpoint, llama3
         ids = token_ids(llama3_mp1)[:3]
         for a, b in zip(llama3_mp1.logits(ids), engine.logits(ids)):
             torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
-        assert [r.tokens for r in engine.batch_completion(PROMPTS[:3], max_tokens=6)] == \
-            [r.tokens for r in llama3_mp1.batch_completion(PROMPTS[:3], max_tokens=6)]
+        assert [r.tokens for r in engine.batch_completion(PROMPTS[:3], max_tokens=6)] == [
+            r.tokens for r in llama3_mp1.batch_completion(PROMPTS[:3], max_tokens=6)
+        ]
     finally:
         pids = engine._runner.pids
         engine.close()
@@ -222,7 +223,9 @@ def test_interrupt_mid_batch_cancels_every_rank(llama3_mp2):
     assert [r.tokens for r in again] == [r.tokens for r in expected]
     # the 80-token request was stopped early on both ranks, not left to run to its end
     assert sorted((rank, status) for rid, rank, status in ends if rid == interrupted) == [
-        (0, "cancelled"), (1, "cancelled")]
+        (0, "cancelled"),
+        (1, "cancelled"),
+    ]
 
 
 def test_ctrl_c_while_waiting_for_workers(llama3_mp2):
@@ -249,8 +252,7 @@ def test_ctrl_c_while_waiting_for_workers(llama3_mp2):
             del runner._recv
         for a, b in zip(expected_logits, llama3_mp2.logits(ids)):
             assert torch.equal(a, b)
-        assert [r.tokens for r in llama3_mp2.batch_completion(PROMPTS, max_tokens=10)] == \
-            [r.tokens for r in expected]
+        assert [r.tokens for r in llama3_mp2.batch_completion(PROMPTS, max_tokens=10)] == [r.tokens for r in expected]
 
 
 def test_exception_in_a_callback_and_abandoned_streams(llama3_mp2):
@@ -303,8 +305,9 @@ def test_failure_on_one_rank_stops_the_pool_and_names_it(llama4_mp1, llama4_mp2)
         llama4_mp2.completion("Hi", max_tokens=2)
     runner.reload(llama4_mp2.settings)  # what engine.set_quantization does: fresh workers, same engine
     assert runner.alive and not set(runner.pids) & set(pids)
-    assert [r.tokens for r in llama4_mp2.batch_completion(PROMPTS, max_tokens=6)] == \
-        [r.tokens for r in llama4_mp1.batch_completion(PROMPTS, max_tokens=6)]
+    assert [r.tokens for r in llama4_mp2.batch_completion(PROMPTS, max_tokens=6)] == [
+        r.tokens for r in llama4_mp1.batch_completion(PROMPTS, max_tokens=6)
+    ]
 
 
 def test_killed_worker_is_reported_and_the_engine_reloads(llama3_dir, llama3_mp1):

@@ -158,8 +158,9 @@ def test_right_padded_batch_rows_match_unpadded(family: str, llama3_dir: Path, l
     ("family", "layout", "n_shards"),
     [("llama3", "modules", 2), ("llama4", "fused", 1), ("llama4", "modules", 2), ("llama4", "fused", 2)],
 )
-def test_layouts_and_shards_load_identically(family: str, layout: str, n_shards: int, make_checkpoint,
-                                             llama3_dir: Path, llama4_dir: Path) -> None:
+def test_layouts_and_shards_load_identically(
+    family: str, layout: str, n_shards: int, make_checkpoint, llama3_dir: Path, llama4_dir: Path
+) -> None:
     params, base = (TINY_LLAMA3, llama3_dir) if family == "llama3" else (TINY_LLAMA4, llama4_dir)
     other = make_checkpoint(params, n_shards=n_shards, layout=layout)
     assert len(list(other.glob("consolidated.*.pth"))) == n_shards

@@ -260,9 +260,42 @@ def test_python_list_single_list_form_and_code_round_trip() -> None:
 # --- garbage ------------------------------------------------------------------------------------------------
 
 _fragments = st.sampled_from(
-    ["[", "]", "(", ")", "{", "}", '"', "'", "\\", "=", ",", ":", " ", "\n", "f", "name", '"name":', '"parameters":',
-     "<function=", "</function>", ">", "<|python_tag|>", "<|python_start|>", "<|python_end|>", ".call(", "query=",
-     "true", "None", "1", "-", "e5", "'''", "<|eot|>", "<|eom_id|>"]
+    [
+        "[",
+        "]",
+        "(",
+        ")",
+        "{",
+        "}",
+        '"',
+        "'",
+        "\\",
+        "=",
+        ",",
+        ":",
+        " ",
+        "\n",
+        "f",
+        "name",
+        '"name":',
+        '"parameters":',
+        "<function=",
+        "</function>",
+        ">",
+        "<|python_tag|>",
+        "<|python_start|>",
+        "<|python_end|>",
+        ".call(",
+        "query=",
+        "true",
+        "None",
+        "1",
+        "-",
+        "e5",
+        "'''",
+        "<|eot|>",
+        "<|eom_id|>",
+    ]
 )
 
 

@@ -105,7 +105,10 @@ def test_the_checker_finds_every_kind_of_reach() -> None:
         "        return self._x._y, other.__doc__, torch._grouped_mm, other._repr_html_()\n"
     )
     assert [v.split(": ", 1)[1] for v in violations(source)] == [
-        "from pkg.mod import _hidden", "from pkg._impl import thing", "import pkg._impl", "other._theirs",
+        "from pkg.mod import _hidden",
+        "from pkg._impl import thing",
+        "import pkg._impl",
+        "other._theirs",
         "self._x._y",
     ]
 

@@ -195,8 +195,18 @@ def test_fp8_format():
     assert xs[1, 0] == pytest.approx(3 / 448)
 
 
-@pytest.mark.parametrize("k,group,k_padded", [(128, 128, 128), (448, 64, 448), (224, 128, 256), (176, 64, 192),
-                                              (352, 128, 384), (64, 64, 64), (4096, 128, 4096)])
+@pytest.mark.parametrize(
+    "k,group,k_padded",
+    [
+        (128, 128, 128),
+        (448, 64, 448),
+        (224, 128, 256),
+        (176, 64, 192),
+        (352, 128, 384),
+        (64, 64, 64),
+        (4096, 128, 4096),
+    ],
+)
 def test_int4_group_size_rule(k, group, k_padded):
     layout = int4.plan_layout(40, k)
     assert (layout.group_size, layout.k_padded, layout.n_padded) == (group, k_padded, 48)
@@ -270,8 +280,10 @@ def test_scheme_memory_and_untouched_layers(dirs, family, mode):
     assert mem["weights_bytes"] == sum(t.numel() * t.element_size() for t in [*quant.parameters(), *quant.buffers()])
     label = "int4" if fmt == "int4" else "float8_e4m3fn"
     assert mem["by_dtype"][label] == mem["quantized_bytes"]
-    assert mem["weights_bytes"] < base_mem["weights_bytes"] and mem["by_kind"]["attention"] == base_mem[
-        "by_kind"]["attention"]
+    assert (
+        mem["weights_bytes"] < base_mem["weights_bytes"]
+        and mem["by_kind"]["attention"] == base_mem["by_kind"]["attention"]
+    )
     assert set(mem["by_kernel"]) == {f"{fmt}/{int4.pick_kernel('cpu') if fmt == 'int4' else 'dequant'}"}
 
 
@@ -398,8 +410,9 @@ def test_an_explicit_dtype_keeps_the_unquantized_parts_in_it(dirs):
 
 
 # --------------------------------------------------------------------------------------------- pre-quantized
-def write_prequantized(folder: Path, params: dict, *, n_shards: int, layout: str = "modules",
-                       divisor: float = 400.0) -> dict:
+def write_prequantized(
+    folder: Path, params: dict, *, n_shards: int, layout: str = "modules", divisor: float = 400.0
+) -> dict:
     """A checkpoint in Meta's pre-quantized fp8 format, written independently of workbench's quantizer.
 
     Quantized weights (Llama 3: layer 1's feed-forward; Llama 4: layer 1's routed experts) are stored as
@@ -463,8 +476,9 @@ def test_prequantized_two_shards_merged_into_one_rank(tmp_path, dirs):
     w2 = single.w2.dequantize()
     assert not torch.equal(merged.w2.scale, written[(0, "layers.1.feed_forward.w2.weight")][1])
     assert float((merged.w2.dequantize() - w2).norm() / w2.norm()) < 0.04
-    kl, top1 = kl_and_top1(cached_logits(dirs["llama3"], None),
-                           logits_of(load_model(tmp_path / "two", None), token_lists(dirs["llama3"])))
+    kl, top1 = kl_and_top1(
+        cached_logits(dirs["llama3"], None), logits_of(load_model(tmp_path / "two", None), token_lists(dirs["llama3"]))
+    )
     assert kl <= BOUNDS["fp8_mixed"][0] and top1 >= BOUNDS["fp8_mixed"][1]
 
 
@@ -484,8 +498,9 @@ def test_scale_files_that_do_not_match_the_shards_are_refused(tmp_path, dirs):
 
 
 # --------------------------------------------------------------------------------------------- model parallel
-@pytest.mark.parametrize("family,modes", [("llama3", ("fp8_mixed", "int4_mixed")),
-                                           ("llama4", ("fp8_mixed", "int4_mixed", "bf16"))])
+@pytest.mark.parametrize(
+    "family,modes", [("llama3", ("fp8_mixed", "int4_mixed")), ("llama4", ("fp8_mixed", "int4_mixed", "bf16"))]
+)
 def test_model_parallel_2_matches_1(dirs, family, modes):
     """Each rank quantizes its own slice.  Rows cut on the output dim (w1/w3) quantize exactly as in one
     process; w2 is cut on its inputs, so its row scales (fp8) and groups (int4) are a rank's own and
@@ -538,8 +553,10 @@ def test_bench_quantization_table(dirs):
     assert table.loc["none"].packed_bytes > 0 and table.loc["bf16"].packed_bytes == 0
     assert table.loc["none"].resident_ratio == 1.0
     assert table.loc["bf16"].resident_ratio < table.loc["bf16"].weights_ratio
-    assert parts.loc["output: CPU packed copy", "none"].startswith("float32") and \
-        parts.loc["output: CPU packed copy", "bf16"] == "-"
+    assert (
+        parts.loc["output: CPU packed copy", "none"].startswith("float32")
+        and parts.loc["output: CPU packed copy", "bf16"] == "-"
+    )
     assert parts.loc["weights", "none"] == human_bytes(table.loc["none"].weights_bytes)
     assert parts.loc["total", "none"] == human_bytes(table.loc["none"].resident_bytes)
     # every cell displays whole (pandas cuts cells at 50 characters by default)

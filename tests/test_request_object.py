@@ -23,8 +23,10 @@ def engine(llama3_dir):
 
 
 def _requests(engine, params: SamplingParams) -> list[Request]:
-    return [Request(i, engine.tokenizer.encode(p, bos=True, eos=False), params, row=i, item=f"q{i}",
-                    given={"prompt": p}) for i, p in enumerate(PROMPTS)]
+    return [
+        Request(i, engine.tokenizer.encode(p, bos=True, eos=False), params, row=i, item=f"q{i}", given={"prompt": p})
+        for i, p in enumerate(PROMPTS)
+    ]
 
 
 def test_a_request_carries_its_tokens_logprobs_and_finish_to_its_completion(engine):
@@ -56,5 +58,11 @@ def test_the_wire_form_carries_generation_fields_only():
     request = Request(0, [1, 2, 3], SamplingParams(max_tokens=2), row=4, item="q", given={"f": lambda: 1})
     request.result = object()
     wire = pickle.loads(pickle.dumps(request.wire()))  # the caller's objects (a lambda) never cross the pipe
-    assert (wire.prompt, wire.params, wire.row, wire.item, wire.given, wire.result) == \
-        ([1, 2, 3], request.params, 0, None, None, None)
+    assert (wire.prompt, wire.params, wire.row, wire.item, wire.given, wire.result) == (
+        [1, 2, 3],
+        request.params,
+        0,
+        None,
+        None,
+        None,
+    )

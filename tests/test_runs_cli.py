@@ -30,8 +30,13 @@ class Done:
 
 def subprocess_cli(*args: str | Path) -> Done:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    done = subprocess.run([sys.executable, "-m", "workbench", "runs", *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "workbench", "runs", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     return Done(done.returncode, done.stdout, done.stderr)
 
 
@@ -79,7 +84,7 @@ def test_reading_commands(store, tmp_path):
     assert "settings that differ:" in diff and "You are terse" in diff
     statuses = [line.split()[0] for line in diff.splitlines() if line.split()[:1] in (["regressed"], ["improved"])]
     counts = expected_counts(N_DEFAULT)
-    assert statuses[:counts["regressed"]] == ["regressed"] * counts["regressed"]  # regressions first
+    assert statuses[: counts["regressed"]] == ["regressed"] * counts["regressed"]  # regressions first
 
     summary = ok("summary", "prompt-a", "prompt-b", "--store", store)
     frame = runs.summary(["prompt-a", "prompt-b"], store=store)
@@ -109,10 +114,17 @@ def test_managing_commands(tmp_path):
 def test_bad_input_exits_2_with_one_line(store, tmp_path):
     text_file = tmp_path / "notes.txt"
     text_file.write_text("not a database\n" * 50)
-    for command in (("show", "nope"), ("diff", "prompt-a", "nope"), ("summary", "nope"), ("tag", "nope", "x"),
-                    ("note", "nope", "x"), ("rename", "nope", "x"), ("rm", "nope"),
-                    ("export", "nope", tmp_path / "n.jsonl"),
-                    ("report", "prompt-a", "nope", "-o", tmp_path / "n.html")):
+    for command in (
+        ("show", "nope"),
+        ("diff", "prompt-a", "nope"),
+        ("summary", "nope"),
+        ("tag", "nope", "x"),
+        ("note", "nope", "x"),
+        ("rename", "nope", "x"),
+        ("rm", "nope"),
+        ("export", "nope", tmp_path / "n.jsonl"),
+        ("report", "prompt-a", "nope", "-o", tmp_path / "n.html"),
+    ):
         assert "nope" in bad(*command, "--store", store), command
     assert "not a" in bad("ls", "--store", text_file) or "notes.txt" in bad("ls", "--store", text_file)
     assert "no run store" in bad("ls", "--store", tmp_path / "missing.sqlite")

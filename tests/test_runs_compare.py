@@ -81,19 +81,36 @@ def reply(text: str, tokens: list[int], calls: list[ToolCall] | None = None) -> 
     return ChatCompletion(Message("assistant", text, calls or []), tokens, "end_of_turn")
 
 
-def put_chat_run(st: runs.Store, name: str, system: str, answers: list[str], *, quantization: str | None = None,
-                 temperature: float = 0.0, items: list[str] | None = None) -> None:
+def put_chat_run(
+    st: runs.Store,
+    name: str,
+    system: str,
+    answers: list[str],
+    *,
+    quantization: str | None = None,
+    temperature: float = 0.0,
+    items: list[str] | None = None,
+) -> None:
     """A run of chat rows: one question per answer, under ``system``."""
     run = st.open_run(name, provenance(quantization))
     rows = []
     for i, answer in enumerate(answers):
         sampling = {**GREEDY, "temperature": temperature}
         key = run.key([1, len(system), i], sampling, kind="chat")
-        request = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": f"question {i}"}],
-                   "tools": [{"tool_name": "add", "description": "Add.", "parameters": {}}]}
-        rows.append({"key": key, "request": request, "prompt_ids": [1, len(system), i], "sampling": sampling,
-                     "output": reply(answer, [100 + ord(c) for c in answer]),
-                     **({"item": items[i]} if items is not None else {})})
+        request = {
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"question {i}"}],
+            "tools": [{"tool_name": "add", "description": "Add.", "parameters": {}}],
+        }
+        rows.append(
+            {
+                "key": key,
+                "request": request,
+                "prompt_ids": [1, len(system), i],
+                "sampling": sampling,
+                "output": reply(answer, [100 + ord(c) for c in answer]),
+                **({"item": items[i]} if items is not None else {}),
+            }
+        )
     assert run.put_many(rows)
 
 
@@ -113,8 +130,12 @@ def test_two_system_prompts_line_up_by_item_and_summary_shows_six_regressions(st
     assert items == runs.rows("chatty", store=st)["item"].tolist() and len(set(items)) == 10
     assert items[3] == runs.input_item([{"role": "user", "content": "question 3"}])  # the system prompt is no part
     assert items[3].startswith("question 3 #")
-    assert runs.score("terse", passed, store=st) == {"scored": 10, "failed": 0, "first_error": None,
-                                                      "names": ["passed"]}
+    assert runs.score("terse", passed, store=st) == {
+        "scored": 10,
+        "failed": 0,
+        "first_error": None,
+        "names": ["passed"],
+    }
     runs.score("chatty", passed, store=st)
     diff = runs.compare("terse", "chatty", store=st)
     assert diff.attrs["counts"] == {"both": 10, "only_a": 0, "only_b": 0, "differ": 6, "improved": 0, "regressed": 6}
@@ -161,12 +182,21 @@ def test_explicit_items_and_runs_with_no_item_in_common(st):
         runs.compare("x", "y", by="prompt", store=st)
     run = st.open_run("x", provenance())
     with pytest.warns(StoreWarning, match="item id must be a string"):  # put never raises: it warns, stores nothing
-        assert not run.put(run.key([5], GREEDY), request={"prompt": "p"}, prompt_ids=[5],
-                           output=Completion("t", [1], "end_of_turn"), item=["not", "a", "string"])
+        assert not run.put(
+            run.key([5], GREEDY),
+            request={"prompt": "p"},
+            prompt_ids=[5],
+            output=Completion("t", [1], "end_of_turn"),
+            item=["not", "a", "string"],
+        )
     with pytest.raises(InputError, match="item id"):  # what a caller checks up front
         runs.check_item(["not", "a", "string"])
-    assert run.put(run.key([6], GREEDY), request={"prompt": "Tell me a joke"}, prompt_ids=[6],
-                   output=Completion("no", [1], "end_of_turn"))
+    assert run.put(
+        run.key([6], GREEDY),
+        request={"prompt": "Tell me a joke"},
+        prompt_ids=[6],
+        output=Completion("no", [1], "end_of_turn"),
+    )
     assert runs.rows("x", store=st)["item"].iloc[-1] == runs.derive_item({"prompt": "Tell me a joke"})[0]
     copier = st.open_run("copy", provenance())  # identical keys answered from run x: the copies take our items
     keys = [copier.key([1, 2, i], GREEDY, kind="chat") for i in range(3)]
@@ -220,12 +250,24 @@ def test_a_tool_loop_item_is_its_transcript_and_transcript_reads_it_turn_by_turn
     for name, final in (("loop-a", "It is sunny."), ("loop-b", "It is raining.")):
         run = st.open_run(name, provenance())
         item = runs.input_item(dialog)
-        turns = [(dialog, reply("", [7, 8], [call])),
-                 ([*dialog, {"role": "assistant", "content": "", "tool_calls": [call]},
-                   {"role": "tool", "content": "sunny", "call_id": "c1"}], reply(final, [9, ord(final[6])]))]
+        turns = [
+            (dialog, reply("", [7, 8], [call])),
+            (
+                [
+                    *dialog,
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "content": "sunny", "call_id": "c1"},
+                ],
+                reply(final, [9, ord(final[6])]),
+            ),
+        ]
         for turn, (messages, out) in enumerate(turns):
-            run.put(run.key([turn, 1], GREEDY, kind="chat"), request={"messages": messages, "item": item,
-                                                                      "turn": turn}, prompt_ids=[turn, 1], output=out)
+            run.put(
+                run.key([turn, 1], GREEDY, kind="chat"),
+                request={"messages": messages, "item": item, "turn": turn},
+                prompt_ids=[turn, 1],
+                output=out,
+            )
         runs.put_scores(name, {item: {"answered": final == "It is sunny."}}, store=st)
     frame = runs.rows("loop-a", store=st)
     assert frame["turn"].tolist() == [0, 1] and frame["item"].nunique() == 1
@@ -246,9 +288,13 @@ def test_settings_mark_what_varies_and_diff_settings_shows_only_differences(st):
     put_chat_run(st, "cold", "S.", ["a", "b"], quantization="int4_mixed")
     put_chat_run(st, "warm", "S.", ["a", "b"], temperature=0.7)
     run = st.open_run("warm", provenance())
-    run.put(run.key([9], {**GREEDY, "temperature": 0.2, "seed": 5}, kind="chat"),
-            request={"messages": [{"role": "user", "content": "q"}]}, prompt_ids=[9],
-            output=reply("x", [1]), sampling={**GREEDY, "temperature": 0.2, "seed": 5})
+    run.put(
+        run.key([9], {**GREEDY, "temperature": 0.2, "seed": 5}, kind="chat"),
+        request={"messages": [{"role": "user", "content": "q"}]},
+        prompt_ids=[9],
+        output=reply("x", [1]),
+        sampling={**GREEDY, "temperature": 0.2, "seed": 5},
+    )
     cold, warm = runs.settings("cold", store=st), runs.settings("warm", store=st)
     assert cold["quantization"] == "int4_mixed" and cold["temperature"] == 0.0 and cold["system_prompt"] == "S."
     assert list(cold["tools"]) == ["add"] and len(cold["tools"]["add"]) == 10 and cold["checkpoint"] == "sha256:test"
@@ -272,8 +318,10 @@ def test_tag_note_rename_delete_vacuum_and_the_table(st):
     table = runs.table(store=st).set_index("run")
     assert table.loc["first", "tags"] == ["baseline", "v2"] and table.loc["first", "note"] == "the unquantized baseline"
     assert table.loc["first", "items"] == 50 and table.loc["second", "scores"] == ["ok"]
-    assert table.loc["first", "bytes"] > table.loc["second", "bytes"] > 0 and table.loc["first", "updated_at"] >= \
-        table.loc["first", "created_at"]
+    assert (
+        table.loc["first", "bytes"] > table.loc["second", "bytes"] > 0
+        and table.loc["first", "updated_at"] >= table.loc["first", "created_at"]
+    )
     with pytest.raises(InputError, match="exists already"):
         runs.rename("first", "second", store=st)
     runs.rename("first", "baseline", store=st)
@@ -312,14 +360,27 @@ def write_v1_store(path: Path) -> None:
     conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", "1"), ("created_at", "2026-01-01")])
     conn.execute("PRAGMA application_id = 1463972435")  # 0x57427253
     conn.executemany("INSERT INTO runs VALUES (?, ?, ?)", [(1, "old-a", 1.0), (2, "old-b", 2.0)])
-    conn.execute("INSERT INTO sessions VALUES (1, 1, 1.0, 2.0, 'sha256:old', '{}', ?)",
-                 (json.dumps({"model": "tiny", "load": {"quantization": None}}),))
+    conn.execute(
+        "INSERT INTO sessions VALUES (1, 1, 1.0, 2.0, 'sha256:old', '{}', ?)",
+        (json.dumps({"model": "tiny", "load": {"quantization": None}}),),
+    )
     for row_id, run_id, system in ((1, 1, "Old system."), (2, 1, None), (3, 2, "Another system.")):
         messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": "Is it old?" if row_id != 2 else "Second question"}]
-        conn.execute("INSERT INTO rows VALUES (?, ?, 1, ?, ?, 'chat', ?, ?, '{}', 0, ?, '{}', 1, ?)",
-                     (row_id, run_id, f"k{row_id}", f"m{row_id}", json.dumps({"messages": messages}),
-                      b"\x01\x00\x00\x00", runs.dumps(reply("yes", [5])), 10.0 + row_id))
+            {"role": "user", "content": "Is it old?" if row_id != 2 else "Second question"}
+        ]
+        conn.execute(
+            "INSERT INTO rows VALUES (?, ?, 1, ?, ?, 'chat', ?, ?, '{}', 0, ?, '{}', 1, ?)",
+            (
+                row_id,
+                run_id,
+                f"k{row_id}",
+                f"m{row_id}",
+                json.dumps({"messages": messages}),
+                b"\x01\x00\x00\x00",
+                runs.dumps(reply("yes", [5])),
+                10.0 + row_id,
+            ),
+        )
     conn.commit()
     conn.close()
 
@@ -371,8 +432,9 @@ DIALOGS = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(4
 
 def test_engine_rows_under_two_system_prompts_line_up_and_scoring_never_generates(engine, store, monkeypatch):
     for name, system in (("sys-a", "You are a calculator."), ("sys-b", "You answer in French.")):
-        engine.batch_chat_completion([[{"role": "system", "content": system}, *d] for d in DIALOGS], max_tokens=6,
-                                     run=name)
+        engine.batch_chat_completion(
+            [[{"role": "system", "content": system}, *d] for d in DIALOGS], max_tokens=6, run=name
+        )
     engine.batch_completion(["The capital of France is"], max_tokens=4, run="sys-a")
     diff = runs.compare("sys-a", "sys-b")
     assert diff.attrs["both"] == 4 and diff.attrs["only_a"] == 1 and diff.attrs["only_b"] == 0
@@ -395,8 +457,10 @@ def demo():
 
 
 def test_the_tool_loop_names_each_dialog_an_item_and_numbers_its_turns(demo, store):
-    dialogs = [[{"role": "user", "content": "What's the weather in Paris?"}],
-               [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What's the weather in Rome?"}]]
+    dialogs = [
+        [{"role": "user", "content": "What's the weather in Paris?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What's the weather in Rome?"}],
+    ]
     loop_tools = [tools()["get_weather"]]
     transcripts = wb.tools.run_batch(demo, dialogs, tools=loop_tools, max_tokens=48, run="loop")
     frame = runs.rows("loop")

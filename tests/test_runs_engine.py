@@ -59,15 +59,17 @@ def store(tmp_path, monkeypatch) -> runs.Store:
 
 def child(*args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen([sys.executable, str(CHILD), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def stored_count(path: Path, run: str) -> int:
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
-            return conn.execute("SELECT count(*) FROM rows r JOIN runs ON runs.id = r.run_id WHERE runs.name = ?",
-                                (run,)).fetchone()[0]
+            return conn.execute(
+                "SELECT count(*) FROM rows r JOIN runs ON runs.id = r.run_id WHERE runs.name = ?", (run,)
+            ).fetchone()[0]
     except sqlite3.Error:  # not created yet
         return 0
 
@@ -88,8 +90,11 @@ def test_a_rerun_answers_stored_rows_in_order_and_computes_only_the_rest(engine,
     again = engine.batch_completion(PROMPTS, max_tokens=8, run="sweep")
     assert again == fresh and [r.cached for r in again] == [True] * 4 + [False] * 2
     assert engine.completion(PROMPTS[5], max_tokens=8, run="sweep").cached
-    spelled = engine.batch_completion(content_batch=PROMPTS[:2], run="sweep",  # Llama Stack's spellings with run=
-                                      sampling_params={"strategy": {"type": "greedy"}, "max_tokens": 8})
+    spelled = engine.batch_completion(
+        content_batch=PROMPTS[:2],
+        run="sweep",  # Llama Stack's spellings with run=
+        sampling_params={"strategy": {"type": "greedy"}, "max_tokens": 8},
+    )
     assert spelled == fresh[:2] and all(r.cached for r in spelled)
     assert len(list(store.rows("sweep"))) == 6
 
@@ -132,8 +137,10 @@ def test_unseeded_sampled_rows_run_with_a_drawn_seed_and_come_back_the_same(engi
     assert {r.seed for r in store.rows("samples")}.isdisjoint({r.seed for r in stored})  # new draws
 
     seeded = engine.batch_completion(PROMPTS[:2], max_tokens=8, temperature=1.0, seed=[11, 12])
-    assert seeded == [engine.completion(PROMPTS[0], max_tokens=8, temperature=1.0, seed=11),
-                      engine.completion(PROMPTS[1], max_tokens=8, temperature=1.0, seed=12)]
+    assert seeded == [
+        engine.completion(PROMPTS[0], max_tokens=8, temperature=1.0, seed=11),
+        engine.completion(PROMPTS[1], max_tokens=8, temperature=1.0, seed=12),
+    ]
     with pytest.raises(wb.errors.SamplingError, match="seed has 1 entries for 2 prompts"):
         engine.batch_completion(PROMPTS[:2], max_tokens=2, seed=[1])
 
@@ -158,10 +165,12 @@ def test_streams_answered_from_the_store_send_the_stored_result_as_chunks(engine
     items = list(engine.chat_completion(DIALOGS[0], max_tokens=10, stream=True, run="streams"))
     assert items[-1] == chat and items[-1].cached
     assert list(engine.stream_chat_completion(DIALOGS[0], max_tokens=10)) == items  # the live stream's items
-    finals = {row: c.final for row, c in engine.stream_batch_chat_completion(DIALOGS[:2], max_tokens=10,
-                                                                              run="streams") if c.final is not None}
+    finals = {
+        row: c.final
+        for row, c in engine.stream_batch_chat_completion(DIALOGS[:2], max_tokens=10, run="streams")
+        if c.final is not None
+    }
     assert finals[0] == chat and finals[0].cached and not finals[1].cached
-
 
 
 def test_a_streamed_chat_row_with_a_run_is_parsed_once_and_returned_as_stored(engine, store, monkeypatch):
@@ -171,8 +180,11 @@ def test_a_streamed_chat_row_with_a_run_is_parsed_once_and_returned_as_stored(en
     original = chat_layer.finish_row
     monkeypatch.setattr(chat_layer, "finish_row", lambda *a, **k: parsed.append(1) or original(*a, **k))
     dialogs = [[{"role": "user", "content": "What is 3 + 4? Use the add tool."}], DIALOGS[1]]
-    finals = {row: c.final for row, c in engine.stream_batch_chat_completion(dialogs, [add], max_tokens=24,
-                                                                              run="stream-once") if c.final}
+    finals = {
+        row: c.final
+        for row, c in engine.stream_batch_chat_completion(dialogs, [add], max_tokens=24, run="stream-once")
+        if c.final
+    }
     assert len(parsed) == len(dialogs)  # once per row: not again for the stream's final
     again = engine.batch_chat_completion(dialogs, [add], max_tokens=24, run="stream-once")
     assert all(r.cached for r in again) and again == [finals[0], finals[1]]
@@ -190,10 +202,18 @@ def test_keys_miss_on_everything_that_changes_the_output_and_hit_on_the_same_req
         again = engine.batch_completion(PROMPTS[:2], run="keys", **{"max_tokens": 8, **changes})
         return [r.cached for r in first], [r.cached for r in again]
 
-    for changes in ({"max_tokens": 9}, {"temperature": 0.7, "seed": 1}, {"temperature": 0.7, "seed": 2},
-                    {"temperature": 0.9, "seed": 1}, {"top_p": 0.5}, {"top_k": 3}, {"stop": ["\n"]},
-                    {"logprobs": 2}, {"response_format": {"type": "regex", "regex": "[a-z ]+"}},
-                    {"response_format": {"type": "regex", "regex": "[a-z]+"}}):
+    for changes in (
+        {"max_tokens": 9},
+        {"temperature": 0.7, "seed": 1},
+        {"temperature": 0.7, "seed": 2},
+        {"temperature": 0.9, "seed": 1},
+        {"top_p": 0.5},
+        {"top_k": 3},
+        {"stop": ["\n"]},
+        {"logprobs": 2},
+        {"response_format": {"type": "regex", "regex": "[a-z ]+"}},
+        {"response_format": {"type": "regex", "regex": "[a-z]+"}},
+    ):
         assert misses_then_hits(**changes) == ([False, False], [True, True]), changes
 
     def chat(**options):
@@ -305,8 +325,11 @@ def test_browse_compare_and_export_after_real_runs(engine, store, tmp_path):
     assert table.columns[0] == "run" and set(table["run"]) == {"fp32", "bf16"}
     assert set(table.loc[table["run"] == "bf16", "quantization"]) == {"bf16"}
     rows = wb.runs.rows("fp32")
-    assert len(rows) == 3 and set(rows["kind"]) == {"chat"} and rows["prompt"].tolist() == [
-        d[0]["content"] for d in DIALOGS]
+    assert (
+        len(rows) == 3
+        and set(rows["kind"]) == {"chat"}
+        and rows["prompt"].tolist() == [d[0]["content"] for d in DIALOGS]
+    )
     assert rows["checkpoint_identity"].str.startswith("sha256:").all() and rows["model"].eq(MODEL).all()
     both = wb.runs.compare("fp32", "bf16", by="request", differing_only=False)
     assert both.attrs["both"] == 3 and len(both) == 3 and set(both["b_quantization"]) == {"bf16"}

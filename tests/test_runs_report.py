@@ -50,7 +50,7 @@ def test_report_is_one_self_contained_file_with_summary_settings_and_changes(exp
     assert "system" in text and "You are terse and call tools." in text  # the differing setting, both values
     counts = expected_counts(N_ITEMS)
     items = re.findall(r"<span class='wb-change-(\w+)'>", text)
-    assert items[:counts["regressed"]] == ["regressed"] * counts["regressed"]  # regressions first
+    assert items[: counts["regressed"]] == ["regressed"] * counts["regressed"]  # regressions first
     assert items.count("improved") == counts["improved"] and "changed" in items
     assert '<span class="wb-del">get_weather</span>' in text and '<span class="wb-ins">get_time</span>' in text
 
@@ -89,7 +89,7 @@ def test_viewer_grid_puts_regressions_first_filters_and_opens_both_transcripts(e
     assert isinstance(view, RunsView) and view.baseline.value == "prompt-a" and view.other.value == "prompt-b"
     counts = expected_counts(N_ITEMS)
     statuses = list(view.items["status"])
-    assert statuses[:counts["regressed"]] == ["regressed"] * counts["regressed"]
+    assert statuses[: counts["regressed"]] == ["regressed"] * counts["regressed"]
     assert statuses.count("improved") == counts["improved"] and len(statuses) == N_ITEMS
     assert "prompt-b" in view.summary_box.value and "p-value" in view.summary_box.value
     assert "You are terse and call tools." in view.runs_box.value

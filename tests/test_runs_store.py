@@ -37,14 +37,20 @@ GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 16, "stop"
 
 
 def provenance(quantization: str | None = None, identity: str = "sha256:test-checkpoint") -> runs.Provenance:
-    return runs.Provenance(identity=identity, load={**LOAD, "quantization": quantization}, model="tiny",
-                           checkpoint="/ckpt/tiny", device="cpu")
+    return runs.Provenance(
+        identity=identity,
+        load={**LOAD, "quantization": quantization},
+        model="tiny",
+        checkpoint="/ckpt/tiny",
+        device="cpu",
+    )
 
 
 def child(*args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen([sys.executable, str(CHILD), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def completion(text: str, tokens: list[int], **kw) -> Completion:
@@ -68,17 +74,26 @@ def test_keys_miss_on_everything_that_changes_numbers_and_hit_on_spelling():
         "checkpoint": runs.row_key("sha256:b", LOAD, runs.RowRequest(ids, GREEDY)),
         "quantization": runs.row_key("sha256:a", {**LOAD, "quantization": "int4_mixed"}, runs.RowRequest(ids, GREEDY)),
         "dtype": runs.row_key("sha256:a", {**LOAD, "dtype": "float32"}, runs.RowRequest(ids, GREEDY)),
-        "model_parallel_size": runs.row_key("sha256:a", {**LOAD, "model_parallel_size": 2},
-                                            runs.RowRequest(ids, GREEDY)),
+        "model_parallel_size": runs.row_key(
+            "sha256:a", {**LOAD, "model_parallel_size": 2}, runs.RowRequest(ids, GREEDY)
+        ),
         "device": runs.row_key("sha256:a", {**LOAD, "device_type": "cuda"}, runs.RowRequest(ids, GREEDY)),
         "prompt": runs.row_key("sha256:a", LOAD, runs.RowRequest([*ids, 13], GREEDY)),
         "kind": runs.row_key("sha256:a", LOAD, runs.RowRequest(ids, GREEDY, kind="chat")),
         "image": runs.row_key("sha256:a", LOAD, runs.RowRequest(ids, GREEDY, images=[b"png bytes"])),
         "extra": runs.row_key("sha256:a", LOAD, runs.RowRequest(ids, GREEDY, extra={"tool_prompt_format": "json"})),
     }
-    for name, value in [("temperature", 0.5), ("top_p", 0.9), ("top_k", 5), ("max_tokens", 17), ("stop", ["\n"]),
-                        ("logprobs", 3), ("seed", 1234), ("constrain_tools", True),
-                        ("response_format", {"type": "json_schema", "json_schema": {"type": "object"}})]:
+    for name, value in [
+        ("temperature", 0.5),
+        ("top_p", 0.9),
+        ("top_k", 5),
+        ("max_tokens", 17),
+        ("stop", ["\n"]),
+        ("logprobs", 3),
+        ("seed", 1234),
+        ("constrain_tools", True),
+        ("response_format", {"type": "json_schema", "json_schema": {"type": "object"}}),
+    ]:
         misses[name] = runs.row_key("sha256:a", LOAD, runs.RowRequest(ids, {**GREEDY, name: value}))
     keys = [k.key for k in misses.values()]
     assert base.key not in keys and len(set(keys)) == len(keys), "every change must give its own key"
@@ -97,19 +112,33 @@ def test_keys_miss_for_another_numerics_version(monkeypatch):
 def test_keys_of_tool_and_format_prompts_are_the_rendered_ids():
     formatter = make_formatter(Tokenizer(bundled_tokenizer_path("llama3")), "Llama3.1-8B-Instruct")
     dialog = [{"role": "user", "content": "What is the weather in Paris?"}]
-    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-                                                "parameters": {"type": "object", "properties": {
-                                                    "city": {"type": "string"}}, "required": ["city"]}}}
-    time_tool = {"type": "function", "function": {"name": "get_time", "description": "Time in a city",
-                                                  "parameters": {"type": "object", "properties": {
-                                                      "city": {"type": "string"}}, "required": ["city"]}}}
-    prompts = [formatter.encode_dialog(dialog), formatter.encode_dialog(dialog, tools=[weather]),
-               formatter.encode_dialog(dialog, tools=[time_tool]),
-               formatter.encode_dialog(dialog, tools=[weather], tool_prompt_format="function_tag")]
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+    time_tool = {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Time in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+    prompts = [
+        formatter.encode_dialog(dialog),
+        formatter.encode_dialog(dialog, tools=[weather]),
+        formatter.encode_dialog(dialog, tools=[time_tool]),
+        formatter.encode_dialog(dialog, tools=[weather], tool_prompt_format="function_tag"),
+    ]
     keys = [runs.row_key("sha256:a", LOAD, runs.RowRequest(p, GREEDY, kind="chat")).key for p in prompts]
     assert len(set(keys)) == len(keys)
-    again = runs.row_key("sha256:a", LOAD, runs.RowRequest(formatter.encode_dialog(dialog, tools=[weather]),
-                                                           GREEDY, kind="chat"))
+    again = runs.row_key(
+        "sha256:a", LOAD, runs.RowRequest(formatter.encode_dialog(dialog, tools=[weather]), GREEDY, kind="chat")
+    )
     assert again.key == keys[1]
 
 
@@ -192,19 +221,37 @@ def test_the_demo_model_is_identified_by_its_artifact(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- codec
 def test_results_round_trip_exactly():
-    logprobs = [TokenLogprob(5, "Hi", -0.25, {"Hi": -0.25, "Yo": float("-inf")}, [5, 9]),
-                TokenLogprob(6, "!", -1e-9, {}, [])]
+    logprobs = [
+        TokenLogprob(5, "Hi", -0.25, {"Hi": -0.25, "Yo": float("-inf")}, [5, 9]),
+        TokenLogprob(6, "!", -1e-9, {}, []),
+    ]
     image = Image.new("RGB", (3, 2), (1, 2, 3))
     values = [
         Completion("Hi!", [5, 6], "out_of_tokens", logprobs, 7, {"a": (1, 2), "b": [1.5, None], 3: "int key"}, None),
         Completion("{", [1], "end_of_turn", None, 3, None, "unterminated object", cached=True),
-        ChatCompletion(Message("assistant", "", [ToolCall("get_weather", {"city": "Paris", "n": 2.0}, "c1")],
-                               stop_reason="end_of_message"), [1, 2, 3], "end_of_message", None, 12),
+        ChatCompletion(
+            Message(
+                "assistant",
+                "",
+                [ToolCall("get_weather", {"city": "Paris", "n": 2.0}, "c1")],
+                stop_reason="end_of_message",
+            ),
+            [1, 2, 3],
+            "end_of_message",
+            None,
+            12,
+        ),
         ChatCompletion(Message("assistant", "bad call", parse_error="cut by max_tokens"), [4], "out_of_tokens"),
-        Transcript([Message("user", ["What is this?", image, {"type": "image", "image": b"\x89PNG"}]),
-                    {"role": "user", "content": "plain dict", "__wb": "not a tag"},
-                    Message("assistant", "", [ToolCall("f", {"x": [1, {"y": 2}]}, "c")]),
-                    Message("tool", "42", call_id="c")], stop_reason="answered", generated_tokens=17),
+        Transcript(
+            [
+                Message("user", ["What is this?", image, {"type": "image", "image": b"\x89PNG"}]),
+                {"role": "user", "content": "plain dict", "__wb": "not a tag"},
+                Message("assistant", "", [ToolCall("f", {"x": [1, {"y": 2}]}, "c")]),
+                Message("tool", "42", call_id="c"),
+            ],
+            stop_reason="answered",
+            generated_tokens=17,
+        ),
         ScoredRow([-0.5, float("-inf")], [True, False]),
         [Completion("a", [1], "end_of_turn"), Completion("b", [2], "end_of_turn")],
     ]
@@ -258,8 +305,10 @@ def test_path_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("WORKBENCH_DATA_DIR")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert runs.path() == tmp_path / "xdg" / "workbench" / "runs.sqlite"
-    assert short_path(Path.home() / ".local" / "share" / "workbench" / "runs.sqlite") == \
-        "~/.local/share/workbench/runs.sqlite"
+    assert (
+        short_path(Path.home() / ".local" / "share" / "workbench" / "runs.sqlite")
+        == "~/.local/share/workbench/runs.sqlite"
+    )
     monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path / "data"))
     assert short_path(runs.path()) == "$WORKBENCH_DATA_DIR/runs.sqlite"  # how notebooks show it
 
@@ -272,8 +321,14 @@ def test_rows_are_stored_at_once_and_answered_exactly(store_file):
     assert run.lookup(keys) == {}
     outputs = [completion(f"row {i}", [i, i + 1], prompt_tokens=2) for i in range(5)]
     for i in (0, 2, 4):
-        assert run.put(keys[i], request={"prompt": f"p{i}"}, prompt_ids=[1, i], output=outputs[i],
-                       sampling=GREEDY, timings={"seconds": 0.5})
+        assert run.put(
+            keys[i],
+            request={"prompt": f"p{i}"},
+            prompt_ids=[1, i],
+            output=outputs[i],
+            sampling=GREEDY,
+            timings={"seconds": 0.5},
+        )
         other = sqlite3.connect(store_file)  # committed: another connection sees it at once
         assert other.execute("SELECT count(*) FROM rows").fetchone()[0] == i // 2 + 1
         other.close()
@@ -314,9 +369,16 @@ def test_two_writer_processes_and_identical_keys_from_another_process(store_file
     assert st.integrity_check() == "ok"
     stored = list(st.rows("shared"))
     assert len(stored) == 120 * 2 + 10 and len({r.key for r in stored}) == len(stored)
-    run = st.open_run("shared", runs.Provenance(
-        identity="sha256:test-checkpoint", load=runs.load_fields(
-            {"dtype": "bfloat16", "quantization": None, "model_parallel_size": 1, "device": "cpu"}), model="tiny"))
+    run = st.open_run(
+        "shared",
+        runs.Provenance(
+            identity="sha256:test-checkpoint",
+            load=runs.load_fields(
+                {"dtype": "bfloat16", "quantization": None, "model_parallel_size": 1, "device": "cpu"}
+            ),
+            model="tiny",
+        ),
+    )
     mine = run.keys([runs.RowRequest([7, 7, i], {"temperature": 0.0, "max_tokens": 8}) for i in range(10)])
     assert [k.key for k in mine] == keys[0]["shared"] == keys[1]["shared"]
     assert not keys[0]["pandas_imported"], "storing rows must not import pandas (import workbench stays light)"
@@ -381,8 +443,10 @@ def test_a_read_only_store_answers_what_it_holds_warns_once_and_never_raises():
                 reader = Store(path).check()
                 again = reader.open_run("r", provenance())
                 found = again.lookup([key])
-                puts = [again.put(again.key([3], GREEDY), request={}, prompt_ids=[3], output=completion("b", [2]))
-                        for _ in range(3)]
+                puts = [
+                    again.put(again.key([3], GREEDY), request={}, prompt_ids=[3], output=completion("b", [2]))
+                    for _ in range(3)
+                ]
                 reader.close()
         finally:
             if as_nobody:
@@ -399,7 +463,10 @@ def test_a_read_only_store_answers_what_it_holds_warns_once_and_never_raises():
 def test_readonly_mode_never_writes(store_file):
     Store(store_file).open_run("r", provenance()).put(
         runs.row_key("sha256:test-checkpoint", provenance().load, runs.RowRequest([1], GREEDY)),
-        request={}, prompt_ids=[1], output=completion("a", [1]))
+        request={},
+        prompt_ids=[1],
+        output=completion("a", [1]),
+    )
     reader = Store(store_file, readonly=True)
     with pytest.warns(StoreWarning, match="could not be written"):
         run = reader.open_run("r", provenance())
@@ -448,7 +515,10 @@ def test_provenance_records_engine_and_environment(store_file):
     st = runs.store(store_file)
     st.open_run("traced", provenance("fp8_mixed")).put(
         runs.row_key("sha256:test-checkpoint", {**LOAD, "quantization": "fp8_mixed"}, runs.RowRequest([1], GREEDY)),
-        request={"prompt": "x", "tools": [len]}, prompt_ids=[1], output=completion("y", [2]))
+        request={"prompt": "x", "tools": [len]},
+        prompt_ids=[1],
+        output=completion("y", [2]),
+    )
     (prov,) = st.sessions("traced").values()
     assert prov["checkpoint_identity"] == "sha256:test-checkpoint" and prov["load"]["quantization"] == "fp8_mixed"
     assert prov["checkpoint_path"] == "/ckpt/tiny" and prov["model"] == "tiny" and prov["device"] == "cpu"
@@ -474,14 +544,31 @@ def two_runs(store_file: Path) -> Store:
             calls = [ToolCall("get_weather", {"city": "Paris" if not differs else "Lyon"}, f"c{i}")] if i == 1 else []
             message = Message("assistant", f"reply {i}{'!' if differs else ''}", calls)
             out = ChatCompletion(message, [i, 7 if differs else 8], "end_of_turn", prompt_tokens=2)
-            run.put(key, request={"messages": [{"role": "user", "content": f"question {i}"}]}, prompt_ids=[10, i],
-                    output=out, sampling=sampling, timings={"seconds": 0.25})
+            run.put(
+                key,
+                request={"messages": [{"role": "user", "content": f"question {i}"}]},
+                prompt_ids=[10, i],
+                output=out,
+                sampling=sampling,
+                timings={"seconds": 0.25},
+            )
     tool_run = st.open_run("tools", provenance())
-    transcript = Transcript([Message("user", "weather?"), Message("assistant", "", [ToolCall("w", {"c": "P"}, "1")]),
-                             Message("tool", "sunny", call_id="1"), Message("assistant", "It is sunny.")],
-                            stop_reason="answered", generated_tokens=9)
-    tool_run.put(tool_run.key([1, 2, 3], GREEDY, kind="transcript"), request={"messages": [
-        {"role": "user", "content": "weather?"}]}, prompt_ids=[1, 2, 3], output=transcript)
+    transcript = Transcript(
+        [
+            Message("user", "weather?"),
+            Message("assistant", "", [ToolCall("w", {"c": "P"}, "1")]),
+            Message("tool", "sunny", call_id="1"),
+            Message("assistant", "It is sunny."),
+        ],
+        stop_reason="answered",
+        generated_tokens=9,
+    )
+    tool_run.put(
+        tool_run.key([1, 2, 3], GREEDY, kind="transcript"),
+        request={"messages": [{"role": "user", "content": "weather?"}]},
+        prompt_ids=[1, 2, 3],
+        output=transcript,
+    )
     return st
 
 
@@ -497,7 +584,8 @@ def test_table_rows_and_delete(two_runs):
     for column in ("checkpoint_identity", "quantization", "workbench_version", "seed", "computed"):
         assert column in frame.columns
     assert set(frame["quantization"]) == {"int4_mixed"} and set(frame["checkpoint_identity"]) == {
-        "sha256:test-checkpoint"}
+        "sha256:test-checkpoint"
+    }
     tools = runs.rows("tools", store=two_runs)
     assert tools.loc[0, "output"] == "It is sunny." and tools.loc[0, "tool_calls"] == 'w({"c": "P"})'
     assert "bf16" in two_runs._repr_html_()

@@ -20,9 +20,16 @@ try:  # at collection, before any test installs the torchvision stand-in that tr
 except Exception:  # noqa: BLE001 - transformers is in the dev extra; without it the oracle tests skip
     RepetitionPenaltyLogitsProcessor = None
 
-GENERATION_METHODS = ["completion", "batch_completion", "stream_completion", "stream_batch_completion",
-                      "chat_completion", "batch_chat_completion", "stream_chat_completion",
-                      "stream_batch_chat_completion"]
+GENERATION_METHODS = [
+    "completion",
+    "batch_completion",
+    "stream_completion",
+    "stream_batch_completion",
+    "chat_completion",
+    "batch_chat_completion",
+    "stream_chat_completion",
+    "stream_batch_chat_completion",
+]
 PROMPTS = ["Hi", "The capital of France is", "1, 2, 3, 1, 2, 3, 1, 2, 3", "a b a b a b a b"]
 
 
@@ -63,17 +70,22 @@ def test_sampling_object_equals_keywords_and_keywords_override_its_fields(engine
 
 
 def test_per_row_seeds_and_the_single_methods_list_check(engine):
-    rows = engine.batch_completion(PROMPTS[:2], sampling=wb.SamplingParams(temperature=1.0, max_tokens=6),
-                                   seed=[5, 6])
+    rows = engine.batch_completion(PROMPTS[:2], sampling=wb.SamplingParams(temperature=1.0, max_tokens=6), seed=[5, 6])
     alone = [engine.completion(p, temperature=1.0, max_tokens=6, seed=s) for p, s in zip(PROMPTS[:2], (5, 6))]
     assert [r.tokens for r in rows] == [r.tokens for r in alone]
     with pytest.raises(SamplingError, match="seed has 1 entries for 2 prompts"):
         engine.batch_completion(PROMPTS[:2], seed=[1])
-    with pytest.raises(SamplingError, match=r"completion takes one seed \(a list with one per row is for "
-                                            r"batch_completion\)"):
+    with pytest.raises(
+        SamplingError,
+        match=r"completion takes one seed \(a list with one per row is for "
+        r"batch_completion\)",
+    ):
         engine.completion("x", seed=[1, 2])
-    with pytest.raises(FormatError, match=r"stream_chat_completion takes one response_format \(a list is for "
-                                          r"batch_chat_completion\)"):
+    with pytest.raises(
+        FormatError,
+        match=r"stream_chat_completion takes one response_format \(a list is for "
+        r"batch_chat_completion\)",
+    ):
         engine.stream_chat_completion([{"role": "user", "content": "x"}], response_format=[None])
 
 
@@ -81,8 +93,10 @@ def test_keys_of_default_fields_are_what_they_were():
     """A field added later is absent from the key at its default: the stores written before it still answer."""
     before = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 8, "stop": [], "logprobs": 0, "seed": None}
     assert row_sampling(wb.SamplingParams(max_tokens=8), None, None, 128) == before
-    assert row_sampling(wb.SamplingParams(max_tokens=8, repetition_penalty=1.3), None, None, 128) == \
-        {**before, "repetition_penalty": 1.3}
+    assert row_sampling(wb.SamplingParams(max_tokens=8, repetition_penalty=1.3), None, None, 128) == {
+        **before,
+        "repetition_penalty": 1.3,
+    }
 
 
 # ------------------------------------------------------------------------------------------- repetition_penalty
@@ -122,12 +136,14 @@ def test_repetition_penalty_matches_transformers_in_a_batch(engine, penalty):
 def test_repetition_penalty_is_in_the_key_only_when_set(engine, tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
     first = engine.batch_completion(PROMPTS[:2], max_tokens=6, run="penalty")
-    assert [r.cached for r in engine.batch_completion(PROMPTS[:2], max_tokens=6, repetition_penalty=1.0,
-                                                      run="penalty")] == [True, True]
+    assert [
+        r.cached for r in engine.batch_completion(PROMPTS[:2], max_tokens=6, repetition_penalty=1.0, run="penalty")
+    ] == [True, True]
     penalized = engine.batch_completion(PROMPTS[:2], max_tokens=6, repetition_penalty=1.4, run="penalty")
     assert [r.cached for r in penalized] == [False, False] and len(first) == 2
-    again = engine.batch_completion(PROMPTS[:2], sampling=wb.SamplingParams(max_tokens=6, repetition_penalty=1.4),
-                                    run="penalty")
+    again = engine.batch_completion(
+        PROMPTS[:2], sampling=wb.SamplingParams(max_tokens=6, repetition_penalty=1.4), run="penalty"
+    )
     assert [r.cached for r in again] == [True, True]
 
 
@@ -153,8 +169,9 @@ def test_item_reaches_the_store_per_row_and_a_wrong_count_says_the_fix(engine, t
     engine.batch_completion(PROMPTS[:2], max_tokens=3, item=["q1", "q2"], run="items")
     engine.completion(PROMPTS[2], max_tokens=3, item="q3", run="items")
     dialog = [{"role": "user", "content": "Hello"}]
-    engine.batch_chat_completion([dialog, dialog + [{"role": "user", "content": "again"}]], max_tokens=3,
-                                 item="case-7", run="items")
+    engine.batch_chat_completion(
+        [dialog, dialog + [{"role": "user", "content": "again"}]], max_tokens=3, item="case-7", run="items"
+    )
     list(engine.stream_batch_completion(PROMPTS[3:], max_tokens=3, item=["q4"], run="items"))
     assert sorted(seen, key=str) == ["case-7", "case-7", "q1", "q2", "q3", "q4"]
     with pytest.raises(InputError, match="batch_completion got 1 items for 2 rows; give one item for every row"):

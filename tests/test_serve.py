@@ -28,8 +28,9 @@ from workbench.serve.shapes import ContentStreamer, safe_content_end
 
 openai = pytest.importorskip("openai")
 
-TOOLS = [d.to_openai() for d in coerce_tools([DEMO_TOOLS[k] for k in ("get_weather", "get_random_joke",
-                                                                       "convert_currency")])]
+TOOLS = [
+    d.to_openai() for d in coerce_tools([DEMO_TOOLS[k] for k in ("get_weather", "get_random_joke", "convert_currency")])
+]
 WEATHER = [{"role": "user", "content": "What's the weather in Paris?"}]
 JOKE = [{"role": "user", "content": "Tell me a joke"}]
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
@@ -108,8 +109,11 @@ def test_multi_turn_tool_round_trip(srv, client, engine):
     first = client.chat.completions.create(model=srv.model, messages=WEATHER, tools=TOOLS, max_tokens=40)
     call = first.choices[0].message.tool_calls[0]
     result = DEMO_TOOLS[call.function.name](**json.loads(call.function.arguments))
-    dialog = [*WEATHER, first.choices[0].message.model_dump(exclude_none=True),
-              {"role": "tool", "tool_call_id": call.id, "content": result}]
+    dialog = [
+        *WEATHER,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": result},
+    ]
     second = client.chat.completions.create(model=srv.model, messages=dialog, tools=TOOLS, max_tokens=40)
     ref = engine.chat_completion(dialog, tools=TOOLS, max_tokens=40)
     assert second.choices[0].message.content == ref.message.content
@@ -154,32 +158,48 @@ def test_a_server_with_a_run_stores_every_row_and_answers_from_the_store(engine,
 
 
 def test_sampling_n_seed_and_logprobs(srv, client, engine):
-    reply = client.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=12, temperature=0.9,
-                                           seed=7, n=2, logprobs=True, top_logprobs=3)
+    reply = client.chat.completions.create(
+        model=srv.model, messages=HELLO, max_tokens=12, temperature=0.9, seed=7, n=2, logprobs=True, top_logprobs=3
+    )
     for i, choice in enumerate(reply.choices):  # choice i is the in-process call with seed + i
         ref = engine.chat_completion(HELLO, max_tokens=12, temperature=0.9, seed=7 + i, logprobs=3)
         assert choice.message.content == ref.message.content
         # tokens are exact; a logprob may differ in float32 rounding (a cached prefix is summed in another order)
-        assert [t.logprob for t in choice.logprobs.content] == pytest.approx([lp.logprob for lp in ref.logprobs],
-                                                                             abs=1e-4)
+        assert [t.logprob for t in choice.logprobs.content] == pytest.approx(
+            [lp.logprob for lp in ref.logprobs], abs=1e-4
+        )
         assert all(len(t.top_logprobs) <= 3 for t in choice.logprobs.content)
     assert reply.usage.completion_tokens == sum(
-        len(engine.chat_completion(HELLO, max_tokens=12, temperature=0.9, seed=7 + i).tokens) for i in range(2))
+        len(engine.chat_completion(HELLO, max_tokens=12, temperature=0.9, seed=7 + i).tokens) for i in range(2)
+    )
 
 
 def test_response_format_json_schema(srv, client):
     jsonschema = pytest.importorskip("jsonschema")
-    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "sunny": {"type": "boolean"}},
-              "required": ["city", "sunny"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
     reply = client.chat.completions.create(
-        model=srv.model, messages=WEATHER, max_tokens=60,
-        response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema}})
+        model=srv.model,
+        messages=WEATHER,
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema}},
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "stop"
     jsonschema.validate(json.loads(choice.message.content), schema)
-    streamed = _accumulate(client.chat.completions.create(
-        model=srv.model, messages=WEATHER, max_tokens=60, stream=True,
-        response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema}}))
+    streamed = _accumulate(
+        client.chat.completions.create(
+            model=srv.model,
+            messages=WEATHER,
+            max_tokens=60,
+            stream=True,
+            response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": schema}},
+        )
+    )
     assert streamed["content"] == choice.message.content
 
 
@@ -197,8 +217,7 @@ def test_completions_equal_batch_completion(srv, client, engine):
 def test_completions_echo_logprobs_score_the_prompt(srv, client, engine):
     """What lm-eval's local-completions sends for loglikelihood: token ids, echo, logprobs=1, max_tokens=1."""
     ids = engine.tokenizer.encode("The weather in Paris is sunny", bos=True)
-    reply = client.completions.create(model=srv.model, prompt=[ids], max_tokens=1, echo=True, logprobs=1,
-                                      temperature=0)
+    reply = client.completions.create(model=srv.model, prompt=[ids], max_tokens=1, echo=True, logprobs=1, temperature=0)
     lp = reply.choices[0].logprobs
     logp = engine.logits([ids])[0].log_softmax(-1)  # [len, vocab]
     expected = [None] + [float(logp[i - 1, ids[i]]) for i in range(1, len(ids))]
@@ -213,8 +232,9 @@ def test_completions_echo_logprobs_score_the_prompt(srv, client, engine):
 
 
 def test_completions_stream(srv, client, engine):
-    chunks = list(client.completions.create(model=srv.model, prompt="The capital of France is", max_tokens=10,
-                                            stream=True))
+    chunks = list(
+        client.completions.create(model=srv.model, prompt="The capital of France is", max_tokens=10, stream=True)
+    )
     ref = engine.completion("The capital of France is", max_tokens=10)
     assert "".join(c.choices[0].text for c in chunks) == ref.text
     assert chunks[-1].choices[0].finish_reason == ("length" if ref.stop_reason == "out_of_tokens" else "stop")
@@ -266,8 +286,9 @@ def test_notebook_call_while_serving_waits_its_turn(srv, client, engine):
     got: dict = {}
 
     def stream() -> None:
-        got["stream"] = _accumulate(client.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=30,
-                                                                   stream=True))
+        got["stream"] = _accumulate(
+            client.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=30, stream=True)
+        )
 
     thread = threading.Thread(target=stream)
     thread.start()
@@ -279,8 +300,17 @@ def test_notebook_call_while_serving_waits_its_turn(srv, client, engine):
 
 def test_disconnected_stream_is_cancelled(srv, client):
     cancelled = srv.stats.cancelled_streams
-    long_story = {"type": "json_schema", "json_schema": {"name": "story", "schema": {  # no early end of turn
-        "type": "object", "properties": {"story": {"type": "string", "minLength": 4000}}, "required": ["story"]}}}
+    long_story = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "story",
+            "schema": {  # no early end of turn
+                "type": "object",
+                "properties": {"story": {"type": "string", "minLength": 4000}},
+                "required": ["story"],
+            },
+        },
+    }
     body = {"messages": HELLO, "max_tokens": 1500, "stream": True, "response_format": long_story}
     with httpx.stream("POST", srv.url + "/chat/completions", timeout=60, json=body) as response:
         assert response.status_code == 200
@@ -299,8 +329,20 @@ BAD = [
     ({"messages": HELLO, "temperature": -0.5}, 400, "temperature"),
     ({"messages": HELLO, "model": "gpt-4o"}, 404, "model"),
     ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "messages"),
-    ({"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"a": {"type": "no-such-type"}}}}}}, 400, "response_format"),
+    (
+        {
+            "messages": HELLO,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}},
+                },
+            },
+        },
+        400,
+        "response_format",
+    ),
     ({"messages": "hi"}, 400, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
     ({"messages": HELLO, "tool_choice": "required"}, 400, "tool_choice"),
@@ -319,13 +361,18 @@ def test_bad_input_is_a_4xx_naming_the_field(srv, client, body, status, param):
 
 
 def test_malformed_json_oversize_and_prompt_errors(srv, client):
-    response = httpx.post(srv.url + "/chat/completions", content=b"{not json", timeout=30,
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        srv.url + "/chat/completions", content=b"{not json", timeout=30, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and "JSON" in response.json()["error"]["message"]
     response = httpx.post(srv.url + "/completions", content=b"x" * (17 * 2**20), timeout=30)
     assert response.status_code == 413
-    for body, param in (({"prompt": [10**9]}, "prompt"), ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-                        ({"prompt": [1.5]}, "prompt"), ({"prompt": "hi", "seed": "x"}, "seed")):
+    for body, param in (
+        ({"prompt": [10**9]}, "prompt"),
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": [1.5]}, "prompt"),
+        ({"prompt": "hi", "seed": "x"}, "seed"),
+    ):
         response = httpx.post(srv.url + "/completions", json=body, timeout=30)
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
     with pytest.raises(openai.BadRequestError):
@@ -334,10 +381,10 @@ def test_malformed_json_oversize_and_prompt_errors(srv, client):
     assert client.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=3).choices
 
 
-
 def _urllib_post(url: str, data, headers: dict[str, str]) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json", **headers},
-                                     method="POST")
+    request = urllib.request.Request(
+        url, data=data, headers={"content-type": "application/json", **headers}, method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -351,8 +398,11 @@ def test_an_early_answer_reaches_a_client_that_sends_its_whole_body_first(engine
     "connection reset" instead of the answer.  Bodies of several MB outlast the sockets' buffers."""
     with serve(engine, port=0, api_key="s3cret", max_body_bytes=2**20) as server:
         url, key = server.url + "/completions", {"authorization": "Bearer s3cret"}
-        over = {"just over, declared": b"x" * (2**20 + 1), "8 MiB, declared": b"x" * (8 * 2**20),
-                "8 MiB, chunked (no length)": (b"x" * 2**16 for _ in range(128))}
+        over = {
+            "just over, declared": b"x" * (2**20 + 1),
+            "8 MiB, declared": b"x" * (8 * 2**20),
+            "8 MiB, chunked (no length)": (b"x" * 2**16 for _ in range(128)),
+        }
         for what, data in over.items():
             status, body = _urllib_post(url, data, key)
             assert status == 413, what
@@ -367,16 +417,22 @@ def test_an_early_answer_reaches_a_client_that_sends_its_whole_body_first(engine
             assert refused.status == 413 and json.loads(refused.read())["error"]["type"] == "invalid_request_error"
             assert not refused.will_close
             sock = conn.sock
-            conn.request("POST", "/v1/completions", headers={**key, "content-type": "application/json"},
-                         body=json.dumps({"model": server.model, "prompt": "hi", "max_tokens": 2}))
+            conn.request(
+                "POST",
+                "/v1/completions",
+                headers={**key, "content-type": "application/json"},
+                body=json.dumps({"model": server.model, "prompt": "hi", "max_tokens": 2}),
+            )
             answered = conn.getresponse()
             assert answered.status == 200 and json.loads(answered.read())["choices"] and conn.sock is sock
         finally:
             conn.close()
         # a client that asks first (Expect: 100-continue) is answered at once, never invited to send the body
         with socket.create_connection(("127.0.0.1", server.port), timeout=60) as raw:
-            raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
-                        b"Content-Type: application/json\r\nContent-Length: 8388608\r\nExpect: 100-continue\r\n\r\n")
+            raw.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 8388608\r\nExpect: 100-continue\r\n\r\n"
+            )
             assert raw.recv(65536).startswith(b"HTTP/1.1 413 ")
 
 
@@ -415,10 +471,30 @@ def test_busy_port_and_exposed_host(engine, srv):
 
 
 # --------------------------------------------------------------------------------------------- streaming content
-_PIECES = st.sampled_from(["Sure", " ", "the", " weather", ".", "\n", "[", "get_weather(city='Paris')", "]",
-                           '{"name": "f", "parameters": {}}', 'brave_search.call(query="x")', "<|python_start|>",
-                           "<|python_end|>", "print(1)", "f(", ")", "ok", "e.g.", ",",
-                           "<function=f>{}</function>"])
+_PIECES = st.sampled_from(
+    [
+        "Sure",
+        " ",
+        "the",
+        " weather",
+        ".",
+        "\n",
+        "[",
+        "get_weather(city='Paris')",
+        "]",
+        '{"name": "f", "parameters": {}}',
+        'brave_search.call(query="x")',
+        "<|python_start|>",
+        "<|python_end|>",
+        "print(1)",
+        "f(",
+        ")",
+        "ok",
+        "e.g.",
+        ",",
+        "<function=f>{}</function>",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -438,8 +514,9 @@ def test_streamed_content_is_always_a_prefix_of_the_parsed_content(engine, piece
 # --------------------------------------------------------------------------------------------- more shapes, CLI
 def test_streamed_choices_and_completion_rows(srv, client, engine):
     got = {0: "", 1: ""}
-    for chunk in client.chat.completions.create(model=srv.model, messages=HELLO, max_tokens=10, temperature=0.8,
-                                                seed=3, n=2, stream=True):
+    for chunk in client.chat.completions.create(
+        model=srv.model, messages=HELLO, max_tokens=10, temperature=0.8, seed=3, n=2, stream=True
+    ):
         for choice in chunk.choices:
             got[choice.index] += choice.delta.content or ""
     for i in range(2):
@@ -452,18 +529,24 @@ def test_streamed_choices_and_completion_rows(srv, client, engine):
 
 
 def test_image_parts_are_translated_and_checked(srv):
-    tiny_png = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"
-                "AAAABJRU5ErkJggg==")
+    tiny_png = (
+        "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"
+        "AAAABJRU5ErkJggg=="
+    )
     parts = [{"type": "image_url", "image_url": {"url": tiny_png}}, {"type": "text", "text": "What is this?"}]
-    response = httpx.post(srv.url + "/chat/completions", timeout=60,
-                          json={"messages": [{"role": "user", "content": parts}], "max_tokens": 4})
+    response = httpx.post(
+        srv.url + "/chat/completions",
+        timeout=60,
+        json={"messages": [{"role": "user", "content": parts}], "max_tokens": 4},
+    )
     if response.status_code == 200:  # a model with a vision encoder answers
         assert response.json()["choices"][0]["message"]["content"] is not None
     else:  # the demo model has none: the engine's ImageError, as a 400 naming the messages
         assert response.status_code == 400 and response.json()["error"]["param"] == "messages", response.text
     remote = [{"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]
-    response = httpx.post(srv.url + "/chat/completions", timeout=60,
-                          json={"messages": [{"role": "user", "content": remote}]})
+    response = httpx.post(
+        srv.url + "/chat/completions", timeout=60, json={"messages": [{"role": "user", "content": remote}]}
+    )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "messages[0].content[0].image_url"
 
@@ -491,8 +574,14 @@ def test_lm_eval_local_completions_scores_through_the_endpoint(srv, engine):
     from lm_eval.api.instance import Instance
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-    lm = LocalCompletionsAPI(base_url=srv.url + "/completions", model=srv.model, tokenizer_backend="remote",
-                             num_concurrent=1, max_retries=1, batch_size=2)
+    lm = LocalCompletionsAPI(
+        base_url=srv.url + "/completions",
+        model=srv.model,
+        tokenizer_backend="remote",
+        num_concurrent=1,
+        max_retries=1,
+        batch_size=2,
+    )
     pairs = [("The capital of France is", " Paris"), ("Once upon a time", " there was a llama."), ("Hi", " you")]
     got = lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)])
     for (context, continuation), (loglikelihood, greedy) in zip(pairs, got):
@@ -507,13 +596,15 @@ def test_lm_eval_local_completions_scores_through_the_endpoint(srv, engine):
 def test_tool_choice_spellings_and_json_object(srv, client, engine):
     named = {"type": "function", "function": {"name": "get_random_joke"}}
     for choice, engine_choice in (("none", "none"), ("required", "required"), (named, "get_random_joke")):
-        reply = client.chat.completions.create(model=srv.model, messages=WEATHER, tools=TOOLS, tool_choice=choice,
-                                               max_tokens=30)
+        reply = client.chat.completions.create(
+            model=srv.model, messages=WEATHER, tools=TOOLS, tool_choice=choice, max_tokens=30
+        )
         ref = engine.chat_completion(WEATHER, tools=TOOLS, tool_choice=engine_choice, max_tokens=30)
         assert (reply.choices[0].message.content or "") == ref.message.content
         assert _calls(reply.choices[0].message) == _ref_calls(ref)
-    reply = client.chat.completions.create(model=srv.model, messages=WEATHER, max_tokens=40,
-                                           response_format={"type": "json_object"})
+    reply = client.chat.completions.create(
+        model=srv.model, messages=WEATHER, max_tokens=40, response_format={"type": "json_object"}
+    )
     ref = engine.chat_completion(WEATHER, max_tokens=40, response_format={"type": "json_object"})
     assert reply.choices[0].message.content == ref.message.content
     if ref.stop_reason != "out_of_tokens":
@@ -537,6 +628,7 @@ def test_gatherer_batches_streams_and_cancels_one_row(engine):
                     jobs["a"].cancelled.set()  # client a goes away after its third chunk
                 if event[0] != "item":
                     done[name].set()
+
             return sink
 
         kwargs = {"tools": TOOLS, "tool_choice": "auto", "max_tokens": 30}
@@ -545,12 +637,14 @@ def test_gatherer_batches_streams_and_cancels_one_row(engine):
         gatherer.submit(jobs["a"])
         gatherer.submit(jobs["b"])
         assert done["b"].wait(120)
-        finals = [chunk.final for kind, (choice, chunk) in
-                  ((k, v) for k, v in events["b"] if k == "item") if chunk.final is not None]
+        finals = [
+            chunk.final
+            for kind, (choice, chunk) in ((k, v) for k, v in events["b"] if k == "item")
+            if chunk.final is not None
+        ]
         ref = engine.chat_completion(WEATHER, tools=TOOLS, max_tokens=30)
         assert finals[0].tokens == ref.tokens
         assert gatherer.stats.largest_batch == 2 and gatherer.stats.cancelled_streams == 1
         assert not any(k == "item" and v[1].final is not None for k, v in events["a"])  # a's rows were dropped
     finally:
         gatherer.stop()
-

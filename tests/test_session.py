@@ -45,8 +45,10 @@ def test_same_effective_settings_return_the_same_engine(llama3_dir):
     loads = kernel_state().loads
     assert wb.load(llama3_dir, **SMALL) is engine
     # the same settings spelled differently: defaults made explicit, a relative path, a str
-    assert wb.load(str(llama3_dir), model_parallel_size=1, device="cpu", dtype="fp32", quantization="none",
-                   **SMALL) is engine
+    assert (
+        wb.load(str(llama3_dir), model_parallel_size=1, device="cpu", dtype="fp32", quantization="none", **SMALL)
+        is engine
+    )
     assert wb.current() is engine and kernel_state().loads == loads
 
 

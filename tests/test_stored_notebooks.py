@@ -55,16 +55,20 @@ def test_the_check_finds_a_half_bar_and_an_orphan_widget_view() -> None:
     cell = nbformat.v4.new_code_cell("run()")
     cell.outputs = [
         nbformat.v4.new_output("stream", name="stderr", text="generating:  16%|█▌        | 1/6 [00:01<00:05]"),
-        nbformat.v4.new_output("display_data", data={checks.WIDGET_VIEW: {"model_id": "abc", "version_major": 2},
-                                                     "text/plain": "HBox(children=...)"}),
+        nbformat.v4.new_output(
+            "display_data",
+            data={checks.WIDGET_VIEW: {"model_id": "abc", "version_major": 2}, "text/plain": "HBox(children=...)"},
+        ),
         nbformat.v4.new_output("stream", name="stderr", text="generating: 6 rows · 141 tokens · 6.2 s · 22.7 tok/s"),
         nbformat.v4.new_output("stream", name="stdout", text="generating: 100%|██████████| 6/6"),
         # a bar redrawn in place (carriage returns) shows only its last state: finished here
         nbformat.v4.new_output("stream", name="stderr", text="requests:  16%|█▌  | 1/6\rrequests: 100%|████| 6/6\n"),
     ]
     nb.cells.append(cell)
-    assert checks.stale_outputs(nb) == ["cell 0: a progress bar stopped part-way",
-                                       "cell 0: a widget view whose model abc is not saved"]
+    assert checks.stale_outputs(nb) == [
+        "cell 0: a progress bar stopped part-way",
+        "cell 0: a widget view whose model abc is not saved",
+    ]
     nb.metadata["widgets"] = {checks.WIDGET_STATE: {"state": {"abc": {}}}}
     assert checks.stale_outputs(nb) == ["cell 0: a progress bar stopped part-way"]
 
@@ -80,11 +84,20 @@ def test_widget_state_no_output_shows_is_stale_and_build_strips_it() -> None:
         "bar": {"model_name": "IntProgressModel", "state": {"value": 3, "layout": ref("barlayout")}},
         "barlayout": {"model_name": "LayoutModel", "state": {}},
     }
-    nb = _cell_with(nbformat.v4.new_output("display_data", data={
-        checks.WIDGET_VIEW: {"model_id": "box", "version_major": 2}, "text/html": "<b>chat</b>", "text/plain": "chat"}))
+    nb = _cell_with(
+        nbformat.v4.new_output(
+            "display_data",
+            data={
+                checks.WIDGET_VIEW: {"model_id": "box", "version_major": 2},
+                "text/html": "<b>chat</b>",
+                "text/plain": "chat",
+            },
+        )
+    )
     nb.metadata["widgets"] = {checks.WIDGET_STATE: {"state": state, "version_major": 2, "version_minor": 0}}
     assert checks.stale_outputs(nb) == [
-        "widget state saved for 2 model(s) no output shows (IntProgressModel, LayoutModel)"]
+        "widget state saved for 2 model(s) no output shows (IntProgressModel, LayoutModel)"
+    ]
     cleaned = build.clean(nb)
     assert set(cleaned.metadata["widgets"][checks.WIDGET_STATE]["state"]) == {"box", "label", "layout"}
     assert checks.stale_outputs(cleaned) == []
@@ -103,43 +116,84 @@ def _cell_with(*outputs) -> nbformat.NotebookNode:  # noqa: ANN002
 PNG = "iVBORw0KGgo="
 
 
-@pytest.mark.parametrize("output,problem", [
-    (nbformat.v4.new_output("execute_result", data={"text/plain": "checkpoint /root/.cache/workbench/demo"}),
-     "a machine path"),
-    (nbformat.v4.new_output("stream", name="stdout", text="wrote /tmp/lm-eval-tasks-x1/calls.jsonl\n"),
-     "a machine path"),
-    (nbformat.v4.new_output("stream", name="stdout", text="folder /tmp/tmpk3j_9x2a\n"), "a machine path"),
-    (nbformat.v4.new_output("display_data", data={"text/html": "<td>/home/alice/ckpts</td>", "text/plain": "x"}),
-     "a machine path"),
-    (nbformat.v4.new_output("execute_result", data={"text/plain": "ReplicaPool(model=None, replicas=2)"}),
-     "an unnamed model"),
-    (nbformat.v4.new_output("execute_result", data={"text/plain": "engine info:\n  model_id   none\n"}),
-     "an unnamed model"),
-    (nbformat.v4.new_output("stream", name="stderr", text="/x.py:3: FutureWarning: use y\n"), "a warning"),
-    # any tqdm bar, finished ones too (lm-eval's request bars), on stderr or stdout, with or without a total
-    (nbformat.v4.new_output("stream", name="stderr", text="requests: 100%|██████████| 8/8 [00:00<00:00]\n"),
-     "a progress bar"),
-    (nbformat.v4.new_output("stream", name="stderr",
-                            text="100%|██████████| 8/8 [00:00<00:00, 301.99it/s]\n"
-                                 "Tokenizing inputs: 100%|██████████| 24/24 [00:00<00:00, 19347.16it/s]\n"),
-     "a progress bar"),
-    (nbformat.v4.new_output("stream", name="stdout", text="Running loglikelihood requests: 100%|#####| 24/24\n"),
-     "a progress bar"),
-    (nbformat.v4.new_output("stream", name="stderr", text="tokens: 24it [00:01, 20.1it/s]\n"), "a progress bar"),
-    (nbformat.v4.new_output("stream", name="stderr", text="2026 WARNING worker.py:85 -- Token auth\n"), "a warning"),
-    (nbformat.v4.new_output("stream", name="stderr", text="[Task: mc] metric acc: using default aggregation\n"),
-     "log output"),
-    (nbformat.v4.new_output("error", ename="KeyError", evalue="'x'", traceback=["KeyError: 'x'"]), "an error"),
-    (nbformat.v4.new_output("display_data", data={checks.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
-                                                  "text/plain": "Output()"}), "a stray widget"),
-    (nbformat.v4.new_output("display_data", data={checks.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
-                                                  "text/plain": "Generating test split: 0 examples"}),
-     "a stray widget"),
-    (nbformat.v4.new_output("stream", name="stdout", text="\n"), "an empty output"),
-    (nbformat.v4.new_output("execute_result", data={"text/plain": ""}), "an empty output"),
-    (nbformat.v4.new_output("execute_result", data={"text/plain": "<Figure size 700x350 with 1 Axes>"}),
-     "a figure shown as text"),
-])
+@pytest.mark.parametrize(
+    "output,problem",
+    [
+        (
+            nbformat.v4.new_output("execute_result", data={"text/plain": "checkpoint /root/.cache/workbench/demo"}),
+            "a machine path",
+        ),
+        (
+            nbformat.v4.new_output("stream", name="stdout", text="wrote /tmp/lm-eval-tasks-x1/calls.jsonl\n"),
+            "a machine path",
+        ),
+        (nbformat.v4.new_output("stream", name="stdout", text="folder /tmp/tmpk3j_9x2a\n"), "a machine path"),
+        (
+            nbformat.v4.new_output("display_data", data={"text/html": "<td>/home/alice/ckpts</td>", "text/plain": "x"}),
+            "a machine path",
+        ),
+        (
+            nbformat.v4.new_output("execute_result", data={"text/plain": "ReplicaPool(model=None, replicas=2)"}),
+            "an unnamed model",
+        ),
+        (
+            nbformat.v4.new_output("execute_result", data={"text/plain": "engine info:\n  model_id   none\n"}),
+            "an unnamed model",
+        ),
+        (nbformat.v4.new_output("stream", name="stderr", text="/x.py:3: FutureWarning: use y\n"), "a warning"),
+        # any tqdm bar, finished ones too (lm-eval's request bars), on stderr or stdout, with or without a total
+        (
+            nbformat.v4.new_output("stream", name="stderr", text="requests: 100%|██████████| 8/8 [00:00<00:00]\n"),
+            "a progress bar",
+        ),
+        (
+            nbformat.v4.new_output(
+                "stream",
+                name="stderr",
+                text="100%|██████████| 8/8 [00:00<00:00, 301.99it/s]\n"
+                "Tokenizing inputs: 100%|██████████| 24/24 [00:00<00:00, 19347.16it/s]\n",
+            ),
+            "a progress bar",
+        ),
+        (
+            nbformat.v4.new_output("stream", name="stdout", text="Running loglikelihood requests: 100%|#####| 24/24\n"),
+            "a progress bar",
+        ),
+        (nbformat.v4.new_output("stream", name="stderr", text="tokens: 24it [00:01, 20.1it/s]\n"), "a progress bar"),
+        (
+            nbformat.v4.new_output("stream", name="stderr", text="2026 WARNING worker.py:85 -- Token auth\n"),
+            "a warning",
+        ),
+        (
+            nbformat.v4.new_output("stream", name="stderr", text="[Task: mc] metric acc: using default aggregation\n"),
+            "log output",
+        ),
+        (nbformat.v4.new_output("error", ename="KeyError", evalue="'x'", traceback=["KeyError: 'x'"]), "an error"),
+        (
+            nbformat.v4.new_output(
+                "display_data",
+                data={checks.WIDGET_VIEW: {"model_id": "m", "version_major": 2}, "text/plain": "Output()"},
+            ),
+            "a stray widget",
+        ),
+        (
+            nbformat.v4.new_output(
+                "display_data",
+                data={
+                    checks.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
+                    "text/plain": "Generating test split: 0 examples",
+                },
+            ),
+            "a stray widget",
+        ),
+        (nbformat.v4.new_output("stream", name="stdout", text="\n"), "an empty output"),
+        (nbformat.v4.new_output("execute_result", data={"text/plain": ""}), "an empty output"),
+        (
+            nbformat.v4.new_output("execute_result", data={"text/plain": "<Figure size 700x350 with 1 Axes>"}),
+            "a figure shown as text",
+        ),
+    ],
+)
 def test_each_output_check_fires_on_a_bad_sample(output, problem) -> None:
     found = checks.output_problems(_cell_with(output))
     assert len(found) == 1 and found[0].startswith(f"cell 0: {problem}"), found
@@ -151,12 +205,19 @@ def test_the_same_figure_twice_and_clean_outputs() -> None:
     fine = [
         figure,
         # workbench's own bars end as one summary line; a rate of 100% in words is no bar either
-        nbformat.v4.new_output("display_data", data={"text/plain": "generating: 25 rows · 555 tokens · 2.7 s · "
-                                                                   "207.2 tok/s"}),
+        nbformat.v4.new_output(
+            "display_data", data={"text/plain": "generating: 25 rows · 555 tokens · 2.7 s · 207.2 tok/s"}
+        ),
         nbformat.v4.new_output("stream", name="stdout", text="same reply: 100% of 4 | 4/4 rows [01:02 wall]\n"),
         nbformat.v4.new_output("execute_result", data={"text/plain": "checkpoint ~/.cache/workbench/demo-llama4"}),
-        nbformat.v4.new_output("display_data", data={checks.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
-                                                     "text/html": "<b>playground</b>", "text/plain": "playground"}),
+        nbformat.v4.new_output(
+            "display_data",
+            data={
+                checks.WIDGET_VIEW: {"model_id": "m", "version_major": 2},
+                "text/html": "<b>playground</b>",
+                "text/plain": "playground",
+            },
+        ),
     ]
     assert checks.output_problems(_cell_with(*fine)) == []
 
@@ -166,9 +227,13 @@ def test_the_structure_check_wants_the_extra_first_and_a_next_step_last() -> Non
     nb.cells = [nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("import workbench as wb")]
     found = checks.structure_problems(nb)
     assert [p.split(" must")[0] for p in found] == ["the first cell", "the extra check", "the last cell"]
-    nb.cells = [nbformat.v4.new_code_cell('# needs: pip install -e ".[cluster]"\nimport workbench as wb\n\n'
-                                          'wb.require("cluster")'),
-                nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_markdown_cell("## Next\n\nnotebook 06")]
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            '# needs: pip install -e ".[cluster]"\nimport workbench as wb\n\nwb.require("cluster")'
+        ),
+        nbformat.v4.new_markdown_cell("# Title"),
+        nbformat.v4.new_markdown_cell("## Next\n\nnotebook 06"),
+    ]
     assert checks.structure_problems(nb) == []
 
 

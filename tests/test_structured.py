@@ -153,8 +153,9 @@ def test_pydantic_model_result_carries_the_parsed_object(llama4_engine):
     for row in rows:
         assert row.stop_reason == "end_of_turn"
         assert isinstance(row.parsed, Pet) and row.parsed == Pet.model_validate_json(row.text)
-    wrapped = llama4_engine.completion("My pet:", response_format={"type": "json_schema", "json_schema": Pet},
-                                       max_tokens=80)
+    wrapped = llama4_engine.completion(
+        "My pet:", response_format={"type": "json_schema", "json_schema": Pet}, max_tokens=80
+    )
     assert wrapped.tokens == rows[0].tokens and isinstance(wrapped.parsed, Pet)
 
 
@@ -162,8 +163,7 @@ def test_llama_stack_request_objects_are_accepted(llama3_engine):
     from llama_stack.apis.inference import JsonSchemaResponseFormat
 
     schema = SCHEMAS["bounded_numbers"]
-    row = llama3_engine.completion("Ages:", response_format=JsonSchemaResponseFormat(json_schema=schema),
-                                   max_tokens=60)
+    row = llama3_engine.completion("Ages:", response_format=JsonSchemaResponseFormat(json_schema=schema), max_tokens=60)
     assert_valid_json(row, schema)
     openai_style = {"type": "json_schema", "json_schema": {"name": "ages", "schema": schema, "strict": True}}
     assert llama3_engine.completion("Ages:", response_format=openai_style, max_tokens=60).tokens == row.tokens
@@ -182,11 +182,21 @@ def test_grammar_and_regex_rows_match(llama4_engine):
         {"type": "grammar", "bnf": {"root": '"(" item ("," item)? ("," item)? ")"', "item": "[xyz]"}},
         {"type": "grammar", "bnf": lark},
     ]
-    checks = [r"(yes|no|maybe) [0-9][0-9]?", r"[a-z]{3,6}-\d{2}", r"(cat|dog)s? [0-9]{1,3}", None,
-              r"\([xyz](,[xyz]){0,2}\)", r"[AB]{1,3}!"]
+    checks = [
+        r"(yes|no|maybe) [0-9][0-9]?",
+        r"[a-z]{3,6}-\d{2}",
+        r"(cat|dog)s? [0-9]{1,3}",
+        None,
+        r"\([xyz](,[xyz]){0,2}\)",
+        r"[AB]{1,3}!",
+    ]
     for sampling in ({}, {"temperature": 1.2, "seed": 3}):
-        rows = llama4_engine.batch_completion(["Q:", "Code:", "Pets:", "Free text", "Tuple:", "Letters:"],
-                                              response_format=formats, max_tokens=60, **sampling)
+        rows = llama4_engine.batch_completion(
+            ["Q:", "Code:", "Pets:", "Free text", "Tuple:", "Letters:"],
+            response_format=formats,
+            max_tokens=60,
+            **sampling,
+        )
         for pattern, row in zip(checks, rows):
             if pattern is None:
                 continue
@@ -200,8 +210,11 @@ def test_greedy_rows_whose_argmax_satisfies_the_constraint_are_token_identical(l
         free = engine.batch_completion(PROMPTS, max_tokens=24)
         # Random weights may write invalid UTF-8 (decoded as U+FFFD) or special tokens, which no text grammar
         # accepts: skip such rows.
-        rows = [(p, r) for p, r in zip(PROMPTS, free)
-                if "\ufffd" not in r.text and not any(engine.tokenizer.is_special(t) for t in r.tokens)]
+        rows = [
+            (p, r)
+            for p, r in zip(PROMPTS, free)
+            if "\ufffd" not in r.text and not any(engine.tokenizer.is_special(t) for t in r.tokens)
+        ]
         assert len(rows) >= 2
         prompts, free = [p for p, _ in rows], [r for _, r in rows]
         # A regex that accepts the unconstrained text, each character or a BEL: the argmax is always allowed.
@@ -215,8 +228,9 @@ def test_greedy_rows_whose_argmax_satisfies_the_constraint_are_token_identical(l
         with_lp = engine.batch_completion(prompts, response_format=formats, max_tokens=24, logprobs=2)
         assert [r.tokens for r in with_lp] == [r.tokens for r in free]
         # A permissive grammar (any text) never changes a greedy row.
-        anything = engine.batch_completion(prompts, response_format={"type": "regex", "regex": r"(?s:.*)"},
-                                           max_tokens=24)
+        anything = engine.batch_completion(
+            prompts, response_format={"type": "regex", "regex": r"(?s:.*)"}, max_tokens=24
+        )
         assert [r.tokens for r in anything] == [r.tokens for r in free]
 
 
@@ -247,8 +261,11 @@ def test_streaming_completion_and_chat_follow_the_format(llama3_engine):
     assert "".join(c.text for c in chunks) == final.text
     assert_valid_json(final, schema)
     assert final.tokens == llama3_engine.completion("User:", response_format=json_format(schema), max_tokens=120).tokens
-    items = list(llama3_engine.chat_completion([{"role": "user", "content": "A user?"}], stream=True,
-                                               response_format=json_format(schema), max_tokens=120))
+    items = list(
+        llama3_engine.chat_completion(
+            [{"role": "user", "content": "A user?"}], stream=True, response_format=json_format(schema), max_tokens=120
+        )
+    )
     reply = items[-1]
     jsonschema.validate(json.loads(reply.message.content), schema)
     assert reply.parsed == json.loads(reply.message.content)
@@ -257,9 +274,15 @@ def test_streaming_completion_and_chat_follow_the_format(llama3_engine):
 # --------------------------------------------------------------------------------------------- chat
 def test_chat_json_replies_use_llama_stacks_instruction_and_stay_content(llama4_engine):
     # A schema whose values look like a JSON tool call: the reply must stay content, not become a call.
-    schema = {"type": "object", "properties": {"name": {"enum": ["get_weather"]}, "parameters": {"type": "object",
-              "properties": {}, "additionalProperties": False}}, "required": ["name", "parameters"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"enum": ["get_weather"]},
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+        },
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
     dialogs = [[{"role": "user", "content": "Call it"}], "Say hi"]
     replies = llama4_engine.batch_chat_completion(dialogs, response_format=[json_format(schema), None], max_tokens=60)
     assert replies[0].message.tool_calls == [] and json.loads(replies[0].message.content) == replies[0].parsed
@@ -274,8 +297,9 @@ def test_chat_json_replies_use_llama_stacks_instruction_and_stay_content(llama4_
 
 
 # --------------------------------------------------------------------------------------------- tool calls
-def get_weather(city: Literal["Paris", "Oslo", "Lima"], unit: Literal["celsius", "fahrenheit"] = "celsius",
-                days: int = 1) -> str:
+def get_weather(
+    city: Literal["Paris", "Oslo", "Lima"], unit: Literal["celsius", "fahrenheit"] = "celsius", days: int = 1
+) -> str:
     """Weather forecast for a city.
 
     Args:
@@ -286,11 +310,22 @@ def get_weather(city: Literal["Paris", "Oslo", "Lima"], unit: Literal["celsius",
     return f"sunny in {city}"
 
 
-LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look items up.", "parameters": {
-    "type": "object", "properties": {
-        "ids": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 3},
-        "exact": {"type": "boolean"}, "tag": {"type": "string", "maxLength": 6}},
-    "required": ["ids"]}}}
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look items up.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "ids": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 3},
+                "exact": {"type": "boolean"},
+                "tag": {"type": "string", "maxLength": 6},
+            },
+            "required": ["ids"],
+        },
+    },
+}
 # get_weather's `days` is an unbounded integer: bound it for random weights, as the other values are
 TOOLS = [get_weather, LOOKUP]
 
@@ -310,16 +345,27 @@ def llama31_engine(llama3_dir):
 
 @pytest.mark.parametrize(
     "which,syntax",
-    [("llama31_engine", "json"), ("llama31_engine", "function_tag"), ("llama3_engine", "python_list"),
-     ("llama4_engine", "python_list")],
+    [
+        ("llama31_engine", "json"),
+        ("llama31_engine", "function_tag"),
+        ("llama3_engine", "python_list"),
+        ("llama4_engine", "python_list"),
+    ],
 )
 def test_constrained_tool_calls_parse_into_offered_tools_with_valid_arguments(which, syntax, tool_defs, request):
     engine = request.getfixturevalue(which)
     defs = list(tool_defs.values())
     dialogs = [[{"role": "user", "content": q}] for q in ("Weather in Paris?", "Find item 3", "Hi", "Lookup 7")]
     for sampling in ({}, {"temperature": 1.0, "top_k": 100}):
-        replies = engine.batch_chat_completion(dialogs, tools=defs, tool_choice="required", tool_prompt_format=syntax,
-                                               constrain_tools=True, max_tokens=120, **sampling)
+        replies = engine.batch_chat_completion(
+            dialogs,
+            tools=defs,
+            tool_choice="required",
+            tool_prompt_format=syntax,
+            constrain_tools=True,
+            max_tokens=120,
+            **sampling,
+        )
         for reply in replies:
             message = reply.message
             assert message.parse_error is None and message.tool_calls, engine.tokenizer.decode(reply.tokens)
@@ -330,8 +376,15 @@ def test_constrained_tool_calls_parse_into_offered_tools_with_valid_arguments(wh
             assert reply.stop_reason == expected
             if syntax != "python_list":
                 assert len(message.tool_calls) == 1
-    named = engine.chat_completion(dialogs[2], tools=defs, tool_choice="lookup", tool_prompt_format=syntax,
-                                   constrain_tools=True, max_tokens=120, temperature=1.0)
+    named = engine.chat_completion(
+        dialogs[2],
+        tools=defs,
+        tool_choice="lookup",
+        tool_prompt_format=syntax,
+        constrain_tools=True,
+        max_tokens=120,
+        temperature=1.0,
+    )
     assert {c.tool_name for c in named.message.tool_calls} == {"lookup"}
 
 
@@ -344,8 +397,15 @@ def test_tool_loop_with_constrained_first_call(llama4_engine, tool_defs):
 
     defs = [tool_defs["get_weather"], coerce_tools([LOOKUP])[0]]
     defs[1].function = lookup
-    transcript = wb_tools.run(llama4_engine, [{"role": "user", "content": "Find things"}], tools=defs,
-                              tool_choice="lookup", constrain_tools=True, max_turns=2, max_tokens=40)
+    transcript = wb_tools.run(
+        llama4_engine,
+        [{"role": "user", "content": "Find things"}],
+        tools=defs,
+        tool_choice="lookup",
+        constrain_tools=True,
+        max_turns=2,
+        max_tokens=40,
+    )
     assert transcript[1].role == "assistant" and transcript[1].tool_calls
     assert all(c.tool_name == "lookup" for c in transcript[1].tool_calls)
     assert transcript[2].role == "tool" and transcript[2].content.startswith("found ")
@@ -393,14 +453,18 @@ def test_request_shape_errors(llama3_engine, tool_defs):
     with pytest.raises(FormatError, match="code_interpreter"):
         llama3_engine.chat_completion("hi", tools=["code_interpreter"], tool_choice="required", constrain_tools=True)
     with pytest.raises(FormatError, match="not both"):
-        llama3_engine.chat_completion("hi", tools=defs, tool_choice="required", constrain_tools=True,
-                                      response_format={"type": "json_object"})
+        llama3_engine.chat_completion(
+            "hi", tools=defs, tool_choice="required", constrain_tools=True, response_format={"type": "json_object"}
+        )
 
 
 def test_unsatisfiable_schema_ends_the_row_instead_of_hanging(make_checkpoint):
     engine = engine_for(make_checkpoint(TINY_LLAMA3))
-    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 5, "maxLength": 2}},
-              "required": ["s"]}
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string", "minLength": 5, "maxLength": 2}},
+        "required": ["s"],
+    }
     try:
         row = engine.completion("x", response_format=json_format(schema), max_tokens=30)
     except FormatError:  # rejected up front: just as good

@@ -83,8 +83,14 @@ def test_nested_prefixes_and_prompt_that_is_a_prefix(engines, family):
     rng = random.Random(7)
     system = [engine.tokenizer.bos_id] + _ids(rng, 35)
     few_shot = system + _ids(rng, 30)
-    prompts = [system, system + [rng.randrange(1000, 60000)], few_shot, few_shot + _ids(rng, 3),
-               few_shot + _ids(rng, 45), system + _ids(rng, 20)]
+    prompts = [
+        system,
+        system + [rng.randrange(1000, 60000)],
+        few_shot,
+        few_shot + _ids(rng, 3),
+        few_shot + _ids(rng, 45),
+        system + _ids(rng, 20),
+    ]
     rows, reused = _shared(engine, prompts)
     assert reused > 0
     assert rows == _alone(engine, prompts)
@@ -142,8 +148,14 @@ def test_shared_prefixes_respect_sampling_seeds(engines):
 
 @pytest.mark.parametrize(
     ("a", "b", "limit", "expected"),
-    [([1, 2, 3], [1, 2, 4], None, 2), ([1, 2, 3], [1, 2, 3], None, 3), ([1, 2, 3], [1, 2, 3], 2, 2),
-     ([5], [1], None, 0), ([], [1], None, 0), (list(range(100)), list(range(57)) + [0], None, 57)],
+    [
+        ([1, 2, 3], [1, 2, 4], None, 2),
+        ([1, 2, 3], [1, 2, 3], None, 3),
+        ([1, 2, 3], [1, 2, 3], 2, 2),
+        ([5], [1], None, 0),
+        ([], [1], None, 0),
+        (list(range(100)), list(range(57)) + [0], None, 57),
+    ],
 )
 def test_common_prefix(a, b, limit, expected):
     assert common_prefix(a, b, limit) == expected
@@ -169,7 +181,6 @@ def test_grouped_experts_equal_per_expert_loop(num_experts, top_k):
         looped = moe(x)
         del moe.experts.grouped
         torch.testing.assert_close(grouped, looped, rtol=1e-5, atol=1e-5)
-
 
 
 # --------------------------------------------------------------------------------------------- packed output
@@ -227,6 +238,7 @@ def test_a_failed_compile_leaves_the_engine_eager_and_usable(llama3_dir, monkeyp
     def broken(fn, **kwargs):
         def step(*args, **kw):
             raise RuntimeError("inductor: no C++ compiler")
+
         return step
 
     monkeypatch.setattr(torch, "compile", broken)

@@ -33,7 +33,12 @@ def test_encode_decode_match_reference(family):
     assert ours.n_words == ref.n_words
     assert ours.special_tokens == ref.special_tokens
     assert (ours.bos_id, ours.eos_id, ours.eot_id, ours.eom_id, ours.pad_id) == (
-        ref.bos_id, ref.eos_id, ref.eot_id, ref.eom_id, ref.pad_id)
+        ref.bos_id,
+        ref.eos_id,
+        ref.eot_id,
+        ref.eom_id,
+        ref.pad_id,
+    )
     assert ours.stop_tokens == ref.stop_tokens
     for text in TEXTS:
         for bos, eos in ((True, False), (False, True), (False, False)):

@@ -57,6 +57,7 @@ def test_prompt_too_long_ends_only_the_dialog_that_no_longer_fits(demo) -> None:
     huge = _Recorder(result="snow " * demo.max_seq_len)  # the tool's answer alone exceeds max_seq_len
     small = _Recorder()
     dialogs = [PARIS, [{"role": "user", "content": "What's the weather in Oslo?"}]]
+
     # one toolbox for both dialogs: the huge result goes to Paris only
     def get_weather(city: str) -> str:  # noqa: ANN202
         """Current weather for a city.

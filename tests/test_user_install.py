@@ -34,13 +34,30 @@ def test_user_install_has_jupyterlab_and_no_test_tools(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     # The first command's install, as written in the README (torch pinned in the same command).
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                              "torch==2.13.0", "-e", f"{ROOT}[lab]"], capture_output=True, text=True)
+    install = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "torch==2.13.0",
+            "-e",
+            f"{ROOT}[lab]",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert install.returncode == 0, install.stderr[-3000:]
-    probe = ("import importlib.util, json, workbench, jupyterlab, ipykernel; "
-             "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in "
-             "('pytest', 'llama_stack', 'selenium', 'ruff', 'nbval')}))")
+    probe = (
+        "import importlib.util, json, workbench, jupyterlab, ipykernel; "
+        "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in "
+        "('pytest', 'llama_stack', 'selenium', 'ruff', 'nbval')}))"
+    )
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == '{"pytest": false, "llama_stack": false, "selenium": false, "ruff": false, ' \
+    assert (
+        done.stdout.strip() == '{"pytest": false, "llama_stack": false, "selenium": false, "ruff": false, '
         '"nbval": false}'
+    )

@@ -21,8 +21,17 @@ from workbench.models.cross_attention import (
 )
 from workbench.models.distributed import ensure_model_parallel
 
-PARAMS = {"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "multiple_of": 32,
-          "norm_eps": 1e-5, "vision_chunk_size": 28, "vision_num_cross_attention_layers": 2}
+PARAMS = {
+    "dim": 64,
+    "n_layers": 4,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "vocab_size": 256,
+    "multiple_of": 32,
+    "norm_eps": 1e-5,
+    "vision_chunk_size": 28,
+    "vision_num_cross_attention_layers": 2,
+}
 IMG = 99  # stand-in <|image|> id
 
 torchvision_standin.install()  # the reference multimodal module imports torchvision
@@ -53,8 +62,9 @@ def test_fusion_schedule_matches_the_reference(n_layers, n_cross):
     assert fusion_schedule(n_layers, n_cross) == CrossAttentionTransformerText._init_fusion_schedule(Stub(), n_cross)
 
 
-@pytest.mark.parametrize("tokens", [[1, IMG, 2, 3], [1, IMG, 2, IMG, 3, 4], [IMG, IMG, 5, 6, IMG, 2],
-                                    [1, IMG, IMG, IMG, 9], [1, 2, 3]])
+@pytest.mark.parametrize(
+    "tokens", [[1, IMG, 2, 3], [1, IMG, 2, IMG, 3, 4], [IMG, IMG, 5, 6, IMG, 2], [1, IMG, IMG, IMG, 9], [1, 2, 3]]
+)
 def test_image_spans_match_the_reference_vision_mask(tokens):
     from llama_models.llama3.chat_format import create_vision_mask
 
@@ -64,11 +74,14 @@ def test_image_spans_match_the_reference_vision_mask(tokens):
     assert image_spans(tokens, IMG) == want
 
 
-@pytest.mark.parametrize("tokens,aspects", [
-    ([1, 2, IMG, 3, 4, 5, 6, 7], [(2, 1)]),
-    ([1, IMG, 3, 4, IMG, 5, 6, 8, 9], [(1, 1), (2, 2)]),
-    ([1, IMG, IMG, 4, 5, 6], [(1, 3), (1, 1)]),
-])
+@pytest.mark.parametrize(
+    "tokens,aspects",
+    [
+        ([1, 2, IMG, 3, 4, 5, 6, 7], [(2, 1)]),
+        ([1, IMG, 3, 4, IMG, 5, 6, 8, 9], [(1, 1), (2, 2)]),
+        ([1, IMG, IMG, 4, 5, 6], [(1, 3), (1, 1)]),
+    ],
+)
 def test_block_matches_the_reference(tokens, aspects):
     from llama_models.llama3.multimodal.model import CrossAttentionTransformerText, _pad_masks
 
@@ -84,11 +97,13 @@ def test_block_matches_the_reference(tokens, aspects):
         spans = [[a, b] for a, b in image_spans(tokens, IMG)]
         spans = [[a, -1 if b is None else b] for a, b in spans]
         masks = _pad_masks([spans], [[r * c for r, c in aspects]], len(tokens), chunks)
-        xmask, full_row = CrossAttentionTransformerText._get_xattn_mask(None, len(tokens), "cpu", torch.float32,
-                                                                        vision, masks)
+        xmask, full_row = CrossAttentionTransformerText._get_xattn_mask(
+            None, len(tokens), "cpu", torch.float32, vision, masks
+        )
         want = ref(x, xmask, full_row, cache)
-        state = image_state([ours], vision[0], ImageSet([torch.empty(0)] * len(aspects), aspects,
-                                                         image_spans(tokens, IMG)))
+        state = image_state(
+            [ours], vision[0], ImageSet([torch.empty(0)] * len(aspects), aspects, image_spans(tokens, IMG))
+        )
         visible = state.visible(torch.arange(len(tokens)))
         got = ours(x, state.keys[0], state.values[0], visible)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -40,8 +40,15 @@ def _reference_encoder(n_global: int = 2, max_tiles: int = 4, seed: int = 0) -> 
 
     ensure_model_parallel(1)
     torch.manual_seed(seed)
-    enc = RefEncoder(max_num_tiles=max_tiles, image_size=28, patch_size=14, width=WIDTH, n_global_layers=n_global,
-                     global_model=True, return_intermediate=[3, 7, 15, 23, 30])
+    enc = RefEncoder(
+        max_num_tiles=max_tiles,
+        image_size=28,
+        patch_size=14,
+        width=WIDTH,
+        n_global_layers=n_global,
+        global_model=True,
+        return_intermediate=[3, 7, 15, 23, 30],
+    )
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in enc.named_parameters():  # fairscale leaves some weights uninitialised; gates start at 0
@@ -67,8 +74,12 @@ def test_dims_are_read_from_tensor_shapes():
 
 def test_too_few_local_layers_is_a_checkpoint_error():
     ref = _reference_encoder()
-    shapes = {ENCODER_PREFIX + k: v.shape for k, v in ref.state_dict().items() if "transformer.resblocks.31" not in k
-              and not any(f"transformer.resblocks.{i}." in k and "global" not in k for i in range(16, 32))}
+    shapes = {
+        ENCODER_PREFIX + k: v.shape
+        for k, v in ref.state_dict().items()
+        if "transformer.resblocks.31" not in k
+        and not any(f"transformer.resblocks.{i}." in k and "global" not in k for i in range(16, 32))
+    }
     with pytest.raises(CheckpointError, match="at least 31"):
         VisionDims.from_shapes(shapes)
 

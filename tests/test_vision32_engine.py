@@ -80,8 +80,12 @@ def reference_prompt(dialog: list[dict]) -> tuple[list[int], list[Image.Image]]:
     for m in dialog:
         content = m["content"]
         if isinstance(content, list):
-            content = [dt.RawMediaItem(data=png(c) if isinstance(c, Image.Image) else c)
-                       if not isinstance(c, str) else dt.RawTextItem(text=c) for c in content]
+            content = [
+                dt.RawMediaItem(data=png(c) if isinstance(c, Image.Image) else c)
+                if not isinstance(c, str)
+                else dt.RawTextItem(text=c)
+                for c in content
+            ]
         messages.append(dt.RawMessage(role=m["role"], content=content))
     out = ChatFormat(tokenizer).encode_dialog_prompt(messages)
     image = tokenizer.special_tokens["<|image|>"]
@@ -157,8 +161,9 @@ def test_tool_loop_with_images(engine):
         return "sunny"
 
     dialog = [{"role": "user", "content": [pattern_image(60, 25, 1), "What is the weather where this was taken?"]}]
-    transcript = wb.tools.run(engine, dialog, [get_weather], tool_choice="required", constrain_tools=True,
-                              max_turns=2, max_tokens=40)
+    transcript = wb.tools.run(
+        engine, dialog, [get_weather], tool_choice="required", constrain_tools=True, max_turns=2, max_tokens=40
+    )
     assert transcript[1].role == "assistant" and transcript[1].tool_calls
     assert transcript[2].role == "tool" and transcript[2].content == "sunny"
 
@@ -205,7 +210,6 @@ def test_model_parallel_2_equals_1(engine, vision32_dir, make_checkpoint):
         mp2 = build_engine(resolve_settings(folder, model_parallel_size=2, **SETTINGS))
         try:
             assert [r.tokens for r in mp2.batch_chat_completion(rows, max_tokens=6)] == expected
-            torch.testing.assert_close(mp2.logits([mp2.formatter.encode_prompt(rows[2])])[0], logits,
-                                       atol=1e-4, rtol=0)
+            torch.testing.assert_close(mp2.logits([mp2.formatter.encode_prompt(rows[2])])[0], logits, atol=1e-4, rtol=0)
         finally:
             mp2.close()

@@ -50,8 +50,7 @@ def ours(ckpt: Path) -> CrossAttentionTextModel:
         ensure_model_parallel(1)
         args = ModelArgs.from_checkpoint(ckpt)
         model = build_model(ckpt, args, device=torch.device("cpu"), dtype=torch.float32, max_seq_len=256)
-        model.vision_loader = lambda: vision32.build_vision(ckpt, args, device=torch.device("cpu"),
-                                                            dtype=torch.float32)
+        model.vision_loader = lambda: vision32.build_vision(ckpt, args, device=torch.device("cpu"), dtype=torch.float32)
         _CACHE["ours"] = model
     return _CACHE["ours"]
 
@@ -111,9 +110,20 @@ def test_logits_match_the_reference(vision32_dir, case):
 
 @pytest.mark.parametrize("nested", [False, True])
 def test_metas_11b_params_json_parses(nested):
-    params = {"dim": 4096, "ffn_dim_multiplier": 1.3, "multiple_of": 1024, "n_heads": 32, "n_kv_heads": 8,
-              "n_layers": 32, "norm_eps": 1e-05, "rope_theta": 500000.0, "use_scaled_rope": True,
-              "vision_chunk_size": 560, "vision_max_num_chunks": 4, "vocab_size": 128256}
+    params = {
+        "dim": 4096,
+        "ffn_dim_multiplier": 1.3,
+        "multiple_of": 1024,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "n_layers": 32,
+        "norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "use_scaled_rope": True,
+        "vision_chunk_size": 560,
+        "vision_max_num_chunks": 4,
+        "vocab_size": 128256,
+    }
     if nested:
         params["vision_model"] = {"cross_attention_adapter": {"num_layers": 8}}
     else:

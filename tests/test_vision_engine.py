@@ -48,8 +48,12 @@ def dialogs() -> list[list[dict]]:
     return [
         [{"role": "user", "content": [wide, "Describe the picture."]}],
         [{"role": "user", "content": "Tell me about llamas."}],
-        [{"role": "user", "content": ["Compare", {"type": "image", "image": {"url": {"uri": url}}}, "with",
-                                      png(small)]}],
+        [
+            {
+                "role": "user",
+                "content": ["Compare", {"type": "image", "image": {"url": {"uri": url}}}, "with", png(small)],
+            }
+        ],
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
         [{"role": "user", "content": [small]}],
     ]

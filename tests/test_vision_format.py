@@ -36,26 +36,36 @@ def reference_prompt(dialog: list[dict], vision: VisionArgs, max_tiles: int = 16
     from llama_models.llama4.chat_format import ChatFormat
     from llama_models.llama4.tokenizer import Tokenizer
 
-    ref_args = RefVisionArgs(image_size={"height": vision.image_size.height, "width": vision.image_size.width},
-                             patch_size={"height": vision.patch_size.height, "width": vision.patch_size.width},
-                             dim=vision.dim, n_layers=vision.n_layers, n_heads=vision.n_heads,
-                             mlp_ratio=vision.mlp_ratio, output_dim=vision.output_dim,
-                             pixel_shuffle_ratio=vision.pixel_shuffle_ratio)
+    ref_args = RefVisionArgs(
+        image_size={"height": vision.image_size.height, "width": vision.image_size.width},
+        patch_size={"height": vision.patch_size.height, "width": vision.patch_size.width},
+        dim=vision.dim,
+        n_layers=vision.n_layers,
+        n_heads=vision.n_heads,
+        mlp_ratio=vision.mlp_ratio,
+        output_dim=vision.output_dim,
+        pixel_shuffle_ratio=vision.pixel_shuffle_ratio,
+    )
     fmt = ChatFormat(Tokenizer.get_instance(), vision_args=ref_args, max_num_chunks=max_tiles)
     messages = []
     for m in dialog:
         content = m["content"]
         if isinstance(content, list):
-            content = [dt.RawMediaItem(data=_png(c)) if isinstance(c, Image.Image) else dt.RawTextItem(text=c)
-                       for c in content]
+            content = [
+                dt.RawMediaItem(data=_png(c)) if isinstance(c, Image.Image) else dt.RawTextItem(text=c) for c in content
+            ]
         messages.append(dt.RawMessage(role=m["role"], content=content))
     out = fmt.encode_dialog_prompt(messages)
     return out.tokens, out.images or []
 
 
 def dialogs() -> dict[str, list[dict]]:
-    wide, tall, small, square = pattern_image(300, 120, 1), pattern_image(90, 400, 2), pattern_image(30, 20, 3), \
-        pattern_image(112, 112, 4)
+    wide, tall, small, square = (
+        pattern_image(300, 120, 1),
+        pattern_image(90, 400, 2),
+        pattern_image(30, 20, 3),
+        pattern_image(112, 112, 4),
+    )
     return {
         "one_image": [{"role": "user", "content": [wide, "What is in this picture?"]}],
         "text_first": [{"role": "user", "content": ["Compare", small, "and", tall]}],
@@ -123,8 +133,9 @@ def test_llama_stack_and_llama_models_message_objects():
     data = _png(image)
     formatter = make_formatter(our_tokenizer("llama4"), vision_args=TINY_VISION)
     expected = formatter.encode_prompt([{"role": "user", "content": [image, "hi"]}]).tokens
-    stack = UserMessage(content=[ImageContentItem(image=_URLOrData(data=base64.b64encode(data).decode())),
-                                 TextContentItem(text="hi")])
+    stack = UserMessage(
+        content=[ImageContentItem(image=_URLOrData(data=base64.b64encode(data).decode())), TextContentItem(text="hi")]
+    )
     assert formatter.encode_prompt([stack]).tokens == expected
     raw = dt.RawMessage(role="user", content=[dt.RawMediaItem(data=data), dt.RawTextItem(text="hi")])
     assert formatter.encode_prompt([raw]).tokens == expected
@@ -162,14 +173,17 @@ def test_raw_content_prompt_matches_reference_encode_content(vision):
     from llama_models.llama4.chat_format import ChatFormat
     from llama_models.llama4.tokenizer import Tokenizer
 
-    ref_args = RefVisionArgs(**{**vision.__dict__, "image_size": vision.image_size.__dict__,
-                                "patch_size": vision.patch_size.__dict__})
+    ref_args = RefVisionArgs(
+        **{**vision.__dict__, "image_size": vision.image_size.__dict__, "patch_size": vision.patch_size.__dict__}
+    )
     ref = ChatFormat(Tokenizer.get_instance(), vision_args=ref_args)
     formatter = make_formatter(our_tokenizer("llama4"), vision_args=vision)
     image = pattern_image(300, 120)
     for ours_items, ref_items in (
-        (["A picture:", image, "shows"], [dt.RawTextItem(text="A picture:"), dt.RawMediaItem(data=_png(image)),
-                                          dt.RawTextItem(text="shows")]),
+        (
+            ["A picture:", image, "shows"],
+            [dt.RawTextItem(text="A picture:"), dt.RawMediaItem(data=_png(image)), dt.RawTextItem(text="shows")],
+        ),
         ([image, "shows"], [dt.RawMediaItem(data=_png(image)), dt.RawTextItem(text="shows")]),
     ):
         prompt = formatter.encode_content(ours_items)

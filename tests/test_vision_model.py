@@ -58,8 +58,9 @@ def ours(ckpt_dir: Path) -> torch.nn.Module:
     return model
 
 
-def reference_image_logits(model: torch.nn.Module, tokens: list[int], tiles: list[torch.Tensor],
-                           patch: int) -> torch.Tensor:
+def reference_image_logits(
+    model: torch.nn.Module, tokens: list[int], tiles: list[torch.Tensor], patch: int
+) -> torch.Tensor:
     from llama_models.llama4.datatypes import MaskedEmbedding, TransformerInput
 
     ids = torch.tensor([tokens])
@@ -79,8 +80,9 @@ def test_encoder_and_projection_match_the_reference(vision_dir):
     gen = torch.Generator().manual_seed(0)
     tiles = torch.rand(5, 3, 56, 56, generator=gen) * 2 - 1
     with torch.inference_mode():
-        expected = ref.vision_projection(ref.vision_embeddings.vision_adapter(
-            ref.vision_embeddings.vision_encoder(tiles[:, None])))
+        expected = ref.vision_projection(
+            ref.vision_embeddings.vision_adapter(ref.vision_embeddings.vision_encoder(tiles[:, None]))
+        )
         encoder_ref = ref.vision_embeddings.vision_encoder(tiles[:, None])
     got = model.encode_images(tiles)
     assert model.vision_loaded

@@ -25,8 +25,21 @@ from workbench.vision.preprocess import prepare_image
 TILE_ATOL = 1e-5
 
 # (width, height): tiny, square, wide, tall, extreme aspect ratios, exact tile multiples, odd sizes.
-SIZES = [(1, 1), (20, 33), (56, 56), (57, 20), (300, 120), (120, 300), (113, 449), (448, 56), (56, 900),
-         (224, 224), (225, 223), (640, 480), (37, 512)]
+SIZES = [
+    (1, 1),
+    (20, 33),
+    (56, 56),
+    (57, 20),
+    (300, 120),
+    (120, 300),
+    (113, 449),
+    (448, 56),
+    (56, 900),
+    (224, 224),
+    (225, 223),
+    (640, 480),
+    (37, 512),
+]
 
 
 def reference_tiles(image: Image.Image, tile: int, max_tiles: int) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -112,8 +125,11 @@ def test_standin_resize_follows_torchvision_semantics():
     assert torch.equal(out, expected)
     as_uint8 = (tensor * 255).to(torch.uint8)
     out8 = tv_f.resize(as_uint8, [12, 20])
-    direct = F.interpolate(as_uint8[None].float(), size=[12, 20], mode="bilinear", align_corners=False,
-                           antialias=True)[0].round().to(torch.uint8)
+    direct = (
+        F.interpolate(as_uint8[None].float(), size=[12, 20], mode="bilinear", align_corners=False, antialias=True)[0]
+        .round()
+        .to(torch.uint8)
+    )
     assert out8.dtype == torch.uint8 and torch.equal(out8, direct)
 
 
@@ -142,11 +158,20 @@ def test_every_image_form_opens_to_the_same_pixels(tmp_path: Path):
     path.write_bytes(data)
     b64 = base64.b64encode(data).decode()
     url = "data:image/png;base64," + b64
-    forms = [image, path, data, bytearray(data), url, {"type": "image", "image": image},
-             {"type": "image", "image": {"data": b64}}, {"type": "image", "image": {"url": {"uri": url}}},
-             {"type": "image", "image": {"url": {"uri": str(path)}}}, {"type": "image", "data": data},
-             {"type": "image", "image": {"path": str(path)}},
-             {"type": "image_url", "image_url": {"url": url}}]
+    forms = [
+        image,
+        path,
+        data,
+        bytearray(data),
+        url,
+        {"type": "image", "image": image},
+        {"type": "image", "image": {"data": b64}},
+        {"type": "image", "image": {"url": {"uri": url}}},
+        {"type": "image", "image": {"url": {"uri": str(path)}}},
+        {"type": "image", "data": data},
+        {"type": "image", "image": {"path": str(path)}},
+        {"type": "image_url", "image_url": {"url": url}},
+    ]
     for form in forms:
         opened = open_image(form)
         assert opened.mode == "RGB" and opened.tobytes() == image.tobytes(), type(form)
@@ -166,9 +191,13 @@ def test_rgba_is_composited_on_white_like_the_reference():
 
 @pytest.mark.parametrize(
     "item,needle",
-    [(b"not an image", "could not read"), ({"type": "image", "image": {"data": "!!!"}}, "base64"),
-     (Path("/nonexistent/pic.png"), "does not exist"), ({"type": "image", "image": {}}, "needs its pixels"),
-     ({"type": "image", "image": {"url": {"uri": "https://example.com/x.png"}}}, "does not download")],
+    [
+        (b"not an image", "could not read"),
+        ({"type": "image", "image": {"data": "!!!"}}, "base64"),
+        (Path("/nonexistent/pic.png"), "does not exist"),
+        ({"type": "image", "image": {}}, "needs its pixels"),
+        ({"type": "image", "image": {"url": {"uri": "https://example.com/x.png"}}}, "does not download"),
+    ],
 )
 def test_unreadable_images_raise_image_error(item, needle):
     with pytest.raises(ImageError, match=needle):

@@ -141,8 +141,9 @@ def test_old_turns_are_trimmed_to_fit_max_seq_len(llama4_dir):
 
 def test_tool_calls_and_results_are_linked_cards(llama4_dir):
     scripted = build_engine(resolve_settings(llama4_dir, max_batch_size=1, max_seq_len=512))
-    runner = ScriptedRunner(scripted, [('[get_weather(city="Paris")]', "<|eom|>"),
-                                       ("It is sunny in Paris.", "<|eot|>")])
+    runner = ScriptedRunner(
+        scripted, [('[get_weather(city="Paris")]', "<|eom|>"), ("It is sunny in Paris.", "<|eot|>")]
+    )
     scripted._runner = runner
     pg = widgets.ChatPlayground(scripted, [get_weather], max_tokens=64)
     new = pg.send("Weather in Paris?")

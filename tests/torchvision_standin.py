@@ -76,8 +76,13 @@ def _output_size(height: int, width: int, size: Sequence[int], max_size: int | N
     return [new_h, new_w]
 
 
-def resize(img: Any, size: int | Sequence[int], interpolation: InterpolationMode = InterpolationMode.BILINEAR,
-           max_size: int | None = None, antialias: bool | None = True) -> Any:
+def resize(
+    img: Any,
+    size: int | Sequence[int],
+    interpolation: InterpolationMode = InterpolationMode.BILINEAR,
+    max_size: int | None = None,
+    antialias: bool | None = True,
+) -> Any:
     if isinstance(size, int):
         size = [size]
     if len(size) not in (1, 2):
@@ -118,8 +123,9 @@ def to_tensor(pic: Any) -> torch.Tensor:
     if pic.mode not in ("L", "RGB", "RGBA", "1"):
         raise TypeError(f"the stand-in ToTensor handles 8-bit modes only, got {pic.mode}")
     channels = len(pic.getbands())
-    raw = torch.frombuffer(bytearray(pic.convert("L").tobytes() if pic.mode == "1" else pic.tobytes()),
-                           dtype=torch.uint8)
+    raw = torch.frombuffer(
+        bytearray(pic.convert("L").tobytes() if pic.mode == "1" else pic.tobytes()), dtype=torch.uint8
+    )
     img = raw.view(pic.size[1], pic.size[0], channels).permute(2, 0, 1).contiguous()
     return img.to(dtype=torch.get_default_dtype()).div(255)
 
@@ -145,8 +151,13 @@ class Compose:
 
 
 class Resize:
-    def __init__(self, size: int | Sequence[int], interpolation: InterpolationMode = InterpolationMode.BILINEAR,
-                 max_size: int | None = None, antialias: bool | None = True) -> None:
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        interpolation: InterpolationMode = InterpolationMode.BILINEAR,
+        max_size: int | None = None,
+        antialias: bool | None = True,
+    ) -> None:
         self.size = size
         self.interpolation = interpolation
         self.max_size = max_size
@@ -186,8 +197,14 @@ def install() -> None:
     functional.to_tensor = to_tensor  # type: ignore[attr-defined]
     functional.normalize = normalize  # type: ignore[attr-defined]
     functional.InterpolationMode = InterpolationMode  # type: ignore[attr-defined]
-    for name, value in (("Compose", Compose), ("Resize", Resize), ("ToTensor", ToTensor), ("Normalize", Normalize),
-                        ("InterpolationMode", InterpolationMode), ("functional", functional)):
+    for name, value in (
+        ("Compose", Compose),
+        ("Resize", Resize),
+        ("ToTensor", ToTensor),
+        ("Normalize", Normalize),
+        ("InterpolationMode", InterpolationMode),
+        ("functional", functional),
+    ):
         setattr(transforms, name, value)
     tv.transforms = transforms  # type: ignore[attr-defined]
     sys.modules.update(

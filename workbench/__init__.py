@@ -16,8 +16,12 @@ from workbench import face
 from workbench.face import *  # noqa: F403 (the eager names: workbench/face.py lists them)
 
 # name -> (module, attribute or None for the module itself), imported on first access
-_LAZY = {"serve": ("workbench.serve", "serve"), "cluster": ("workbench.cluster", None),
-         "bench": ("workbench.notebook.bench", None), "plots": ("workbench.notebook.plots", None)}
+_LAZY = {
+    "serve": ("workbench.serve", "serve"),
+    "cluster": ("workbench.cluster", None),
+    "bench": ("workbench.notebook.bench", None),
+    "plots": ("workbench.notebook.plots", None),
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -59,20 +59,34 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m workbench", description=DESCRIPTION)
-    parser.add_argument("checkpoint", nargs="?", default=None,
-                        help="checkpoint folder (params.json, consolidated.NN.pth, tokenizer.model) or the name of a "
-                             "checkpoints.toml entry; default: the embedded default model")
-    parser.add_argument("--model", default=None,
-                        help="model id that selects the prompt format, e.g. Llama3.2-3B-Instruct or "
-                             "Llama-4-Scout-17B-16E-Instruct (default: inferred from params.json)")
+    parser.add_argument(
+        "checkpoint",
+        nargs="?",
+        default=None,
+        help="checkpoint folder (params.json, consolidated.NN.pth, tokenizer.model) or the name of a "
+        "checkpoints.toml entry; default: the embedded default model",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="model id that selects the prompt format, e.g. Llama3.2-3B-Instruct or "
+        "Llama-4-Scout-17B-16E-Instruct (default: inferred from params.json)",
+    )
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per reply (default 64)")
     parser.add_argument("--max-turns", type=int, default=3, help="replies per dialog at most (default 3)")
     parser.add_argument("--device", default=None, help="cpu or cuda / cuda:N (default: cpu)")
-    parser.add_argument("--model-parallel-size", type=int, default=None,
-                        help="ranks to shard the model over (one worker process each; 0 = one per checkpoint "
-                             "shard; default 1)")
-    parser.add_argument("--quantization", default=None, choices=["bf16", "fp8_mixed", "int4_mixed"],
-                        help="load the weights quantized (default: unquantized)")
+    parser.add_argument(
+        "--model-parallel-size",
+        type=int,
+        default=None,
+        help="ranks to shard the model over (one worker process each; 0 = one per checkpoint shard; default 1)",
+    )
+    parser.add_argument(
+        "--quantization",
+        default=None,
+        choices=["bf16", "fp8_mixed", "int4_mixed"],
+        help="load the weights quantized (default: unquantized)",
+    )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     return parser
 
@@ -129,6 +143,7 @@ def _print_transcripts(transcripts: list[Transcript]) -> None:
 
 def _same(a: list[Any], b: list[Any]) -> bool:
     """Transcripts agree when every message does (call ids are fresh per run, so they are not compared)."""
+
     def key(m: Any) -> tuple[Any, ...]:
         m = Message.coerce(m)
         return m.role, m.content, [(c.tool_name, c.arguments) for c in m.tool_calls]
@@ -165,9 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_turns < 1:
         return _fail(f"--max-turns must be at least 1, got {args.max_turns}", args.debug)
     try:
-
-        engine = load(args.checkpoint, model=args.model, device=args.device,
-                      model_parallel_size=args.model_parallel_size, quantization=args.quantization)
+        engine = load(
+            args.checkpoint,
+            model=args.model,
+            device=args.device,
+            model_parallel_size=args.model_parallel_size,
+            quantization=args.quantization,
+        )
     except WorkbenchError as exc:
         return _fail(str(exc), args.debug)
     except KeyboardInterrupt:
@@ -189,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         single_s = time.perf_counter() - start
     except GenerationCancelled as exc:
         if batched:  # already printed: Ctrl-C came during the one-at-a-time run
-            print("interrupted (Ctrl-C) during the one-at-a-time run; the batched transcripts are above",
-                  file=sys.stderr)
+            print(
+                "interrupted (Ctrl-C) during the one-at-a-time run; the batched transcripts are above", file=sys.stderr
+            )
         else:
             print("interrupted (Ctrl-C); the transcripts so far:", file=sys.stderr)
             _print_transcripts(exc.transcripts)
@@ -201,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, previous)
     agree = all(_same(a, b) for a, b in zip(batched, single))
     n_tokens = sum(t.generated_tokens for t in batched)
-    print(f"\nbatched: {n_tokens} tokens in {batch_s:.2f} s ({n_tokens / batch_s:.1f} tok/s); one dialog at a time: "
-          f"{single_s:.2f} s ({n_tokens / single_s:.1f} tok/s); transcripts agree: {agree}")
+    print(
+        f"\nbatched: {n_tokens} tokens in {batch_s:.2f} s ({n_tokens / batch_s:.1f} tok/s); one dialog at a time: "
+        f"{single_s:.2f} s ({n_tokens / single_s:.1f} tok/s); transcripts agree: {agree}"
+    )
     summary = {
         "model": engine.model_id or model_label(engine),
         "prompts": len(dialogs),

@@ -80,6 +80,7 @@ ENTRY_KEYS: dict[str, type] = {
 }
 _ENTRY_TO_ARG = {"path": "checkpoint"}
 
+
 def check_model_id(model_id: str, source: Source = ARGUMENT) -> str:
     """The model name must tell the prompt format (checked at load, not at the first chat call)."""
     try:
@@ -104,11 +105,14 @@ class ConfigFile:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML ({exc}); fix the syntax (see checkpoints.example.toml)") \
-                from exc
+            raise ConfigError(
+                f"{path} is not valid TOML ({exc}); fix the syntax (see checkpoints.example.toml)"
+            ) from exc
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path} is not a UTF-8 text file ({exc.reason} at byte {exc.start}); a checkpoints.toml "
-                              "must be TOML text (see checkpoints.example.toml)") from exc
+            raise ConfigError(
+                f"{path} is not a UTF-8 text file ({exc.reason} at byte {exc.start}); a checkpoints.toml "
+                "must be TOML text (see checkpoints.example.toml)"
+            ) from exc
         except OSError as exc:
             raise ConfigError(f"cannot read {path} ({exc}); check its permissions") from exc
         entries: dict[str, dict[str, Any]] = {}
@@ -116,8 +120,10 @@ class ConfigFile:
         for key, value in data.items():
             if key == "default":
                 if not isinstance(value, str):
-                    raise ConfigError(f"{path}: top-level `default` must be the name of an entry, e.g. default = "
-                                      f"\"scout\", got {value!r}")
+                    raise ConfigError(
+                        f"{path}: top-level `default` must be the name of an entry, e.g. default = "
+                        f'"scout", got {value!r}'
+                    )
                 default = value
             elif isinstance(value, dict):
                 entries[key] = value
@@ -186,8 +192,10 @@ class Catalog:
 
     def where(self) -> str:
         if not self.files:
-            return ("no checkpoints.toml was found (looked at $WORKBENCH_CHECKPOINTS, ./checkpoints.toml and "
-                    "~/.config/workbench/checkpoints.toml)")
+            return (
+                "no checkpoints.toml was found (looked at $WORKBENCH_CHECKPOINTS, ./checkpoints.toml and "
+                "~/.config/workbench/checkpoints.toml)"
+            )
         return "checkpoints.toml files read: " + ", ".join(str(f.path) for f in self.files)
 
 
@@ -200,11 +208,12 @@ def check_entry(name: str, entry: dict[str, Any], path: Path) -> dict[str, tuple
             close = difflib.get_close_matches(key, ENTRY_KEYS, n=1)
             hint = f"did you mean `{close[0]}`? " if close else ""
             if isinstance(value, dict):
-                hint += (f"(a dotted header like [{name}.{key}] makes a nested table: quote the entry name, "
-                         f"[\"{name}.{key}\"]) ")
+                hint += (
+                    f"(a dotted header like [{name}.{key}] makes a nested table: quote the entry name, "
+                    f'["{name}.{key}"]) '
+                )
             raise ConfigError(
-                f"checkpoints.toml entry {where}: unknown key {key!r}; {hint}allowed keys are "
-                f"{', '.join(ENTRY_KEYS)}"
+                f"checkpoints.toml entry {where}: unknown key {key!r}; {hint}allowed keys are {', '.join(ENTRY_KEYS)}"
             )
         want = ENTRY_KEYS[key]
         if isinstance(value, bool) or not isinstance(value, want):
@@ -219,21 +228,30 @@ def check_entry(name: str, entry: dict[str, Any], path: Path) -> dict[str, tuple
             value = folder if folder.is_absolute() else path.parent / folder  # relative to the toml file
         out[_ENTRY_TO_ARG.get(key, key)] = (value, source)
     if "checkpoint" not in out:
-        raise ConfigError(f"checkpoints.toml entry {where} has no `path`; add path = \"/folder/with/params.json\"")
+        raise ConfigError(f'checkpoints.toml entry {where} has no `path`; add path = "/folder/with/params.json"')
     return out
 
 
 # --------------------------------------------------------------------------------------------- resolution
-LOAD_SETTINGS = ("checkpoint", "model", "device", "dtype", "max_batch_size", "max_seq_len", "model_parallel_size",
-                 "quantization")
+LOAD_SETTINGS = (
+    "checkpoint",
+    "model",
+    "device",
+    "dtype",
+    "max_batch_size",
+    "max_seq_len",
+    "model_parallel_size",
+    "quantization",
+)
 
 
 def unknown_setting_error(name: str) -> ConfigError:
     """A ``load()`` keyword that is not a setting: name the closest one (a typo would otherwise be ignored)."""
     close = difflib.get_close_matches(name, LOAD_SETTINGS, n=1)
     hint = f"did you mean {close[0]}=? " if close else ""
-    return ConfigError(f"{name}= (from argument) is not a setting of workbench.load(); {hint}settings are "
-                       f"{', '.join(LOAD_SETTINGS)}")
+    return ConfigError(
+        f"{name}= (from argument) is not a setting of workbench.load(); {hint}settings are {', '.join(LOAD_SETTINGS)}"
+    )
 
 
 def _env_value(environ: Mapping[str, str], name: str) -> str | None:
@@ -249,11 +267,18 @@ def _looks_like_path(text: str) -> bool:
     return any(sep in text for sep in ("/", "\\", os.sep)) or text.startswith((".", "~"))
 
 
-def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None = None,
-                     device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-                     max_batch_size: int | None = None, max_seq_len: int | None = None,
-                     model_parallel_size: int | None = None, quantization: str | None = None,
-                     environ: Mapping[str, str] | None = None) -> Settings:
+def resolve_settings(
+    checkpoint: str | Path | None = None,
+    *,
+    model: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    max_batch_size: int | None = None,
+    max_seq_len: int | None = None,
+    model_parallel_size: int | None = None,
+    quantization: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
     """Turn ``load`` arguments into concrete Settings: arguments, then environment, then checkpoints.toml,
     then defaults.  ``checkpoint`` is a folder or the name of a checkpoints.toml entry.
 
@@ -263,8 +288,13 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
     """
     environ = os.environ if environ is None else environ
     args: dict[str, Any] = {
-        "model": model, "device": device, "dtype": dtype, "max_batch_size": max_batch_size,
-        "max_seq_len": max_seq_len, "model_parallel_size": model_parallel_size, "quantization": quantization,
+        "model": model,
+        "device": device,
+        "dtype": dtype,
+        "max_batch_size": max_batch_size,
+        "max_seq_len": max_seq_len,
+        "model_parallel_size": model_parallel_size,
+        "quantization": quantization,
     }
     chosen, entry = _choose_checkpoint(checkpoint, environ)
 
@@ -277,19 +307,26 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
     folder, sources["checkpoint"] = chosen
     model_id, sources["model"] = pick("model")
     if model_id is not None and (not isinstance(model_id, str) or not model_id.strip()):
-        raise setting_problem("model", model_id, sources["model"],
-                              "must be a model name such as 'Llama3.2-3B-Instruct'")
+        raise setting_problem(
+            "model", model_id, sources["model"], "must be a model name such as 'Llama3.2-3B-Instruct'"
+        )
     if model_id is not None:
         check_model_id(model_id, sources["model"])
     raw_device, sources["device"] = pick("device")
     dev = resolve_device(raw_device, sources["device"])
     raw_dtype, sources["dtype"] = pick("dtype")
     ints: dict[str, int] = {}
-    for name, fallback in (("max_batch_size", DEFAULT_MAX_BATCH_SIZE), ("max_seq_len", DEFAULT_MAX_SEQ_LEN),
-                           ("model_parallel_size", DEFAULT_MODEL_PARALLEL_SIZE)):
+    for name, fallback in (
+        ("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
+        ("max_seq_len", DEFAULT_MAX_SEQ_LEN),
+        ("model_parallel_size", DEFAULT_MODEL_PARALLEL_SIZE),
+    ):
         value, sources[name] = pick(name)
-        ints[name] = fallback if value is None else check_positive_int(
-            value, name, sources[name], allow_zero=name == "model_parallel_size")
+        ints[name] = (
+            fallback
+            if value is None
+            else check_positive_int(value, name, sources[name], allow_zero=name == "model_parallel_size")
+        )
     raw_quant, sources["quantization"] = pick("quantization")
     quant = check_quantization(raw_quant, "quantization", sources["quantization"])
     return Settings(
@@ -305,8 +342,9 @@ def resolve_settings(checkpoint: str | Path | None = None, *, model: str | None 
     )
 
 
-def _choose_checkpoint(checkpoint: str | Path | None, environ: Mapping[str, str]
-                       ) -> tuple[tuple[Any, Source] | None, dict[str, tuple[Any, Source]]]:
+def _choose_checkpoint(
+    checkpoint: str | Path | None, environ: Mapping[str, str]
+) -> tuple[tuple[Any, Source] | None, dict[str, tuple[Any, Source]]]:
     """The checkpoint folder asked for and where it came from (None: the embedded default), and the settings of
     its checkpoints.toml entry when it is one."""
     entry: dict[str, tuple[Any, Source]] = {}
@@ -333,8 +371,7 @@ def _choose_checkpoint(checkpoint: str | Path | None, environ: Mapping[str, str]
         else:
             chosen = (checkpoint, ARGUMENT)
     elif checkpoint is not None:
-        raise setting_problem("checkpoint", checkpoint, ARGUMENT,
-                              "must be a folder path or an entry name (a string)")
+        raise setting_problem("checkpoint", checkpoint, ARGUMENT, "must be a folder path or an entry name (a string)")
     elif (env_dir := _env_value(environ, "checkpoint")) is not None:
         chosen = (env_dir, Source("environment", ENV_VARS["checkpoint"]))
     else:
@@ -346,8 +383,9 @@ def _choose_checkpoint(checkpoint: str | Path | None, environ: Mapping[str, str]
     return chosen, entry
 
 
-def _pick(name: str, argument: Any, environ: Mapping[str, str],
-          entry: dict[str, tuple[Any, Source]]) -> tuple[Any, Source]:
+def _pick(
+    name: str, argument: Any, environ: Mapping[str, str], entry: dict[str, tuple[Any, Source]]
+) -> tuple[Any, Source]:
     """A setting's value and source: the argument, else the environment, else the entry, else (None, default)."""
     if argument is not None:
         return argument, ARGUMENT
@@ -358,22 +396,33 @@ def _pick(name: str, argument: Any, environ: Mapping[str, str],
     return None, DEFAULT
 
 
-def resolve_model_parallel_size(checkpoint: str | Path | None = None, model_parallel_size: int | None = None, *,
-                                environ: Mapping[str, str] | None = None) -> int:
+def resolve_model_parallel_size(
+    checkpoint: str | Path | None = None,
+    model_parallel_size: int | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> int:
     """The model-parallel size ``workbench.load(checkpoint, model_parallel_size=...)`` resolves to (argument,
     then ``MODEL_PARALLEL_SIZE``, then the checkpoints.toml entry, then 1; 0 means one rank per shard of the
     checkpoint), for whoever places the ranks before anything loads (the Ray pool reserves GPUs per replica)."""
     environ = os.environ if environ is None else environ
     chosen, entry = _choose_checkpoint(checkpoint, environ)
     value, source = _pick("model_parallel_size", model_parallel_size, environ, entry)
-    mp = DEFAULT_MODEL_PARALLEL_SIZE if value is None else check_positive_int(
-        value, "model_parallel_size", source, allow_zero=True)
+    mp = (
+        DEFAULT_MODEL_PARALLEL_SIZE
+        if value is None
+        else check_positive_int(value, "model_parallel_size", source, allow_zero=True)
+    )
     if mp == 0:  # one rank per saved shard
         folder = Path(chosen[0] if chosen is not None else default_checkpoint_dir()).expanduser()
         mp = len(list(folder.glob("consolidated.*.pth")))
         if mp == 0:
-            raise setting_problem("model_parallel_size", 0, source,
-                                  f"means one rank per shard, and {str(folder)!r} holds no consolidated.NN.pth")
+            raise setting_problem(
+                "model_parallel_size",
+                0,
+                source,
+                f"means one rank per shard, and {str(folder)!r} holds no consolidated.NN.pth",
+            )
     return mp
 
 
@@ -383,8 +432,10 @@ def check_folder(folder: Path) -> None:
     if folder.is_dir():
         return
     if folder.exists():
-        raise CheckpointError("this path is a file, not a folder; give the folder that holds params.json, "
-                              "consolidated.NN.pth and tokenizer.model")
+        raise CheckpointError(
+            "this path is a file, not a folder; give the folder that holds params.json, "
+            "consolidated.NN.pth and tokenizer.model"
+        )
     raise MissingCheckpointFileError("the folder does not exist")
 
 
@@ -409,8 +460,9 @@ def check_settings(settings: Settings, *, reclaimable_bytes: int = 0) -> Setting
         args = ModelArgs.from_checkpoint(settings.checkpoint_dir)
         n_shards = len(shard_paths(settings.checkpoint_dir))
     except WorkbenchError as exc:
-        raise type(exc)(f"{where}: {_relative(str(exc), settings.checkpoint_dir)}; {ckpt_src.fix('checkpoint')}") \
-            from exc
+        raise type(exc)(
+            f"{where}: {_relative(str(exc), settings.checkpoint_dir)}; {ckpt_src.fix('checkpoint')}"
+        ) from exc
 
     mp = settings.model_parallel_size or n_shards
     if settings.model_parallel_size == 0:
@@ -439,9 +491,13 @@ def check_settings(settings: Settings, *, reclaimable_bytes: int = 0) -> Setting
             raise misfit(f"the {label} {size} is not divisible by it")
     if settings.device.startswith("cuda") and mp > 1:
         if settings.device != "cuda":
-            raise setting_problem("device", settings.device, settings.source("device"),
-                           f"names one GPU but model_parallel_size={mp} uses GPUs 0..{mp - 1} (one per rank): "
-                           "use device='cuda' and CUDA_VISIBLE_DEVICES to choose the GPUs")
+            raise setting_problem(
+                "device",
+                settings.device,
+                settings.source("device"),
+                f"names one GPU but model_parallel_size={mp} uses GPUs 0..{mp - 1} (one per rank): "
+                "use device='cuda' and CUDA_VISIBLE_DEVICES to choose the GPUs",
+            )
         if torch.cuda.device_count() < mp:
             raise misfit(f"only {torch.cuda.device_count()} GPU(s) are visible and each rank needs its own")
     try:

@@ -32,7 +32,24 @@ def view_runs(*names: str, baseline: str | None = None, store: Any = None) -> An
 runs.view = view_runs
 
 __all__ = [
-    "ChatCompletion", "Completion", "Engine", "Message", "SamplingParams", "StreamChunk", "TokenLogprob", "ToolCall",
-    "Transcript", "WorkbenchError", "chat", "current", "display", "load", "require",
-    "runs", "show_prompt", "to_frame", "tools", "unload",
+    "ChatCompletion",
+    "Completion",
+    "Engine",
+    "Message",
+    "SamplingParams",
+    "StreamChunk",
+    "TokenLogprob",
+    "ToolCall",
+    "Transcript",
+    "WorkbenchError",
+    "chat",
+    "current",
+    "display",
+    "load",
+    "require",
+    "runs",
+    "show_prompt",
+    "to_frame",
+    "tools",
+    "unload",
 ]

@@ -61,8 +61,9 @@ def check_progress(progress: Any) -> bool | None:
     return progress
 
 
-def progress_bar(total: int | None, *, desc: str, unit: str, progress: bool | None = None,
-                 rate: TokenRate | None = None) -> Any:
+def progress_bar(
+    total: int | None, *, desc: str, unit: str, progress: bool | None = None, rate: TokenRate | None = None
+) -> Any:
     """A bar (or a silent stand-in) for ``total`` steps of ``unit``; ``rate`` adds tokens to its summary line."""
     progress = check_progress(progress)
     if progress is False or (progress is None and os.environ.get("WORKBENCH_PROGRESS", "1") == "0"):
@@ -156,8 +157,15 @@ class _TerminalBar(_Bar):
     """A ``tqdm`` text bar that is erased at the end and replaced by the summary line (on stderr)."""
 
     def _show(self) -> None:
-        self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, initial=self.n, leave=False,
-                         dynamic_ncols=True, file=sys.stderr)
+        self._bar = tqdm(
+            total=self.total,
+            desc=self.desc,
+            unit=self.unit,
+            initial=self.n,
+            leave=False,
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
 
     def _refresh(self) -> None:
         self._bar.n = self.n
@@ -186,8 +194,10 @@ class _NotebookBar(_Bar):
         if self.total is not None:
             self._progress.value = min(self.n, self.total)
         elapsed = time.perf_counter() - self.start
-        self._label.value = f"{self.n}/{self.total if self.total is not None else '?'} {self.unit}s · " \
+        self._label.value = (
+            f"{self.n}/{self.total if self.total is not None else '?'} {self.unit}s · "
             f"{elapsed:.1f} s" + (f" · {self.postfix}" if self.postfix else "")
+        )
 
     def _finish(self, line: str) -> None:
         from IPython.display import Pretty

@@ -74,13 +74,16 @@ def short_path(path: Any) -> str:
     (``~/.cache/workbench/demo-llama4-v1-...``, ``$WORKBENCH_DATA_DIR/runs.sqlite``), so a stored output names no
     machine's user folder; other paths are shown as they are."""
     text = str(path)
-    roots = [(str(Path(os.environ[name]).expanduser()), f"${name}")
-             for name in (STORE_ENV, CACHE_ENV, DATA_DIR_ENV) if os.environ.get(name, "").strip()]
+    roots = [
+        (str(Path(os.environ[name]).expanduser()), f"${name}")
+        for name in (STORE_ENV, CACHE_ENV, DATA_DIR_ENV)
+        if os.environ.get(name, "").strip()
+    ]
     roots.append((str(Path.home()), "~"))
     for root, name in roots:
         root = root.rstrip(os.sep)
         if root and (text == root or text.startswith(root + os.sep)):
-            return name + text[len(root):]
+            return name + text[len(root) :]
     return text
 
 
@@ -123,9 +126,11 @@ class Report(dict):
         p.text(repr(self))
 
     def _repr_html_(self) -> str:
-        cells = "".join(f'<tr><td style="color:#777;padding:0 10px 0 0;text-align:left">{esc(k)}</td>'
-                        f'<td style="text-align:left">{esc(v)}</td></tr>'
-                        for k, v in self.readable().items())
+        cells = "".join(
+            f'<tr><td style="color:#777;padding:0 10px 0 0;text-align:left">{esc(k)}</td>'
+            f'<td style="text-align:left">{esc(v)}</td></tr>'
+            for k, v in self.readable().items()
+        )
         return f'<div style="{BOX}"><b>{esc(self.title)}</b><table>{cells}</table></div>'
 
 

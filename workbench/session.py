@@ -89,22 +89,36 @@ def build_engine(settings: Settings) -> Engine:
     check_vocab(args, tokenizer.n_words, str(settings.checkpoint_dir / "params.json"))
     runner: Runner
     if settings.model_parallel_size == 1:
-
         ensure_model_parallel(1)
         model = load_model_for_rank(settings, args, progress=None)
         runner = LocalRunner(model, tokenizer, settings=settings, args=args)
     else:
-
         runner = ParallelRunner(settings, args, tokenizer)
-    return Engine(runner=runner, tokenizer=tokenizer, args=args, settings=settings, model_id=settings.model_id,
-                  load_seconds=time.perf_counter() - start)
+    return Engine(
+        runner=runner,
+        tokenizer=tokenizer,
+        args=args,
+        settings=settings,
+        model_id=settings.model_id,
+        load_seconds=time.perf_counter() - start,
+    )
 
 
-def load(checkpoint: str | Path | None = None, *, model: str | None = None,
-         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-         max_batch_size: int | None = None, max_seq_len: int | None = None, model_parallel_size: int | None = None,
-         quantization: str | None = None, load_vision: bool = False, compile: bool = False, cuda_graphs: bool = False,
-         **unknown: Any) -> Engine:
+def load(
+    checkpoint: str | Path | None = None,
+    *,
+    model: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    max_batch_size: int | None = None,
+    max_seq_len: int | None = None,
+    model_parallel_size: int | None = None,
+    quantization: str | None = None,
+    load_vision: bool = False,
+    compile: bool = False,
+    cuda_graphs: bool = False,
+    **unknown: Any,
+) -> Engine:
     """Load the engine, or return the loaded one when the effective settings are the same.
 
     ``checkpoint`` is a folder or the name of a checkpoints.toml entry; unset keywords come from the
@@ -121,8 +135,16 @@ def load(checkpoint: str | Path | None = None, *, model: str | None = None,
     """
     if unknown:
         raise unknown_setting_error(next(iter(unknown)))
-    engine = _load(checkpoint, model=model, device=device, dtype=dtype, max_batch_size=max_batch_size,
-                   max_seq_len=max_seq_len, model_parallel_size=model_parallel_size, quantization=quantization)
+    engine = _load(
+        checkpoint,
+        model=model,
+        device=device,
+        dtype=dtype,
+        max_batch_size=max_batch_size,
+        max_seq_len=max_seq_len,
+        model_parallel_size=model_parallel_size,
+        quantization=quantization,
+    )
     if load_vision:
         engine.load_vision()
     if compile and engine.compile_seconds is None:

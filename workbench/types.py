@@ -47,8 +47,10 @@ def present(kind: str, *args: Any) -> Any:
     """Render through the registered notebook renderer of ``kind``."""
     render = _PRESENTERS.get(kind)
     if render is None:
-        raise WorkbenchError(f"no notebook renderer for {kind!r} is registered; import workbench (its package face "
-                             "installs them) before displaying results")
+        raise WorkbenchError(
+            f"no notebook renderer for {kind!r} is registered; import workbench (its package face "
+            "installs them) before displaying results"
+        )
     return render(*args)
 
 
@@ -91,8 +93,10 @@ def check_json_value(value: Any, where: str = "value", depth: int = 0) -> Any:
                 raise InputError(f"{where} has the key {key!r} ({type(key).__name__}); JSON object keys are strings")
             check_json_value(item, f"{where}[{key!r}]", depth + 1)
         return value
-    raise InputError(f"{where} is a {type(value).__name__} ({value!r:.80}); tool-call arguments must be JSON values "
-                     "(str, int, float, bool, None, lists and dicts of them)")
+    raise InputError(
+        f"{where} is a {type(value).__name__} ({value!r:.80}); tool-call arguments must be JSON values "
+        "(str, int, float, bool, None, lists and dicts of them)"
+    )
 
 
 def check_arguments(arguments: Any, name: str) -> dict[str, Any]:
@@ -103,11 +107,15 @@ def check_arguments(arguments: Any, name: str) -> dict[str, Any]:
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except (json.JSONDecodeError, RecursionError, ValueError) as exc:
-            raise InputError(f"arguments of tool call {name!r} are a string that is not valid JSON ({exc}); give a "
-                             "dict or a JSON object string") from None
+            raise InputError(
+                f"arguments of tool call {name!r} are a string that is not valid JSON ({exc}); give a "
+                "dict or a JSON object string"
+            ) from None
     if not isinstance(arguments, dict):
-        raise InputError(f"arguments of tool call {name!r} must be a dict (JSON object), got "
-                         f"{type(arguments).__name__} {arguments!r:.80}")
+        raise InputError(
+            f"arguments of tool call {name!r} must be a dict (JSON object), got "
+            f"{type(arguments).__name__} {arguments!r:.80}"
+        )
     return check_json_value(arguments, "arguments")
 
 
@@ -153,8 +161,11 @@ class Completion:
         """This result as Llama Stack's ``CompletionResponse`` (``content``, ``stop_reason``, ``logprobs``): the
         llama-stack pydantic object when llama-stack is installed, else (or with ``plain=True``) a dict of the
         same fields.  A cancelled row's stop reason is ``out_of_tokens`` (Llama Stack has no other)."""
-        fields = {"content": self.text, "stop_reason": _stack_stop(self.stop_reason),
-                  "logprobs": _stack_logprobs(self.logprobs)}
+        fields = {
+            "content": self.text,
+            "stop_reason": _stack_stop(self.stop_reason),
+            "logprobs": _stack_logprobs(self.logprobs),
+        }
         return _stack_object("CompletionResponse", fields, plain)
 
     def to_pandas(self) -> Any:
@@ -191,8 +202,10 @@ class ToolCall:
             if "function" in value:  # OpenAI style
                 fn = value["function"]
                 if not isinstance(fn, dict):
-                    raise InputError(f"'function' of an OpenAI-style tool call must be a dict with 'name' and "
-                                     f"'arguments', got {fn!r:.80}")
+                    raise InputError(
+                        f"'function' of an OpenAI-style tool call must be a dict with 'name' and "
+                        f"'arguments', got {fn!r:.80}"
+                    )
                 name = check_tool_name(fn.get("name"), "function.name")
                 call_id = value.get("id", "")
                 args = fn.get("arguments", {})
@@ -230,8 +243,13 @@ class Message:
         is trusted no more than a dict; errors name the field (the caller adds the message index).
         """
         if isinstance(value, Message):
-            fields_ = {"role": value.role, "content": value.content, "tool_calls": value.tool_calls,
-                       "call_id": value.call_id, "stop_reason": value.stop_reason}
+            fields_ = {
+                "role": value.role,
+                "content": value.content,
+                "tool_calls": value.tool_calls,
+                "call_id": value.call_id,
+                "stop_reason": value.stop_reason,
+            }
             checked = cls._checked(fields_)
             keys = ("role", "tool_calls", "call_id", "stop_reason")
             if all(getattr(checked, k) == getattr(value, k) for k in keys):
@@ -260,8 +278,9 @@ class Message:
             raise InputError(f"field 'content' is a {type(content).__name__}; give a string or a list of content items")
         raw_calls = value.get("tool_calls") or []
         if not isinstance(raw_calls, (list, tuple)):
-            raise InputError(f"field 'tool_calls' must be a list of tool calls, got {type(raw_calls).__name__} "
-                             f"{raw_calls!r:.80}")
+            raise InputError(
+                f"field 'tool_calls' must be a list of tool calls, got {type(raw_calls).__name__} {raw_calls!r:.80}"
+            )
         calls = []
         for j, call in enumerate(raw_calls):
             try:
@@ -348,8 +367,10 @@ def llama_stack_batch(results: list[Completion] | list[ChatCompletion], plain: b
         name = "BatchChatCompletionResponse"
     else:
         kinds = sorted({type(r).__name__ for r in results})
-        raise InputError(f"llama_stack_batch takes the list of one batch call (all Completion or all ChatCompletion), "
-                         f"got {', '.join(kinds)}")
+        raise InputError(
+            f"llama_stack_batch takes the list of one batch call (all Completion or all ChatCompletion), "
+            f"got {', '.join(kinds)}"
+        )
     return _stack_object(name, {"batch": [r.to_llama_stack(plain=True) for r in results]}, plain)
 
 
@@ -359,8 +380,12 @@ def _stack_stop(stop_reason: str) -> str:
 
 def _stack_call(call: ToolCall) -> dict[str, Any]:
     arguments = json.dumps(call.arguments, ensure_ascii=False)
-    return {"call_id": call.call_id, "tool_name": call.tool_name, "arguments": call.arguments,
-            "arguments_json": arguments}
+    return {
+        "call_id": call.call_id,
+        "tool_name": call.tool_name,
+        "arguments": call.arguments,
+        "arguments_json": arguments,
+    }
 
 
 def _stack_logprobs(logprobs: list[TokenLogprob] | None) -> list[dict[str, Any]] | None:
@@ -386,8 +411,10 @@ def _stack_object(name: str, fields: dict[str, Any], plain: bool) -> Any:
 def message_text(message: Message) -> str:
     """One transcript line in plain text (the fallback where HTML is not shown)."""
     content = message.content if isinstance(message.content, str) else str(message.content)
-    calls = "".join(f"\n    -> {c.tool_name}({json.dumps(c.arguments, ensure_ascii=False, default=str)})"
-                    for c in message.tool_calls)
+    calls = "".join(
+        f"\n    -> {c.tool_name}({json.dumps(c.arguments, ensure_ascii=False, default=str)})"
+        for c in message.tool_calls
+    )
     suffix = f" (answers {message.call_id})" if message.role == "tool" and message.call_id else ""
     return f"[{message.role}]{suffix} {content}{calls}"
 
@@ -431,8 +458,9 @@ class Transcript(list):
     ``cached`` is True when a run store answered it whole.
     """
 
-    def __init__(self, messages: Any = (), *, stop_reason: str | None = None, generated_tokens: int = 0,
-                 cached: bool = False) -> None:
+    def __init__(
+        self, messages: Any = (), *, stop_reason: str | None = None, generated_tokens: int = 0, cached: bool = False
+    ) -> None:
         super().__init__(messages)
         self.stop_reason = stop_reason
         self.generated_tokens = generated_tokens

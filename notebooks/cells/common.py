@@ -11,17 +11,20 @@ def requires(extra: str, why: str) -> tuple:
     without it at this cell, with that line (wb.require raises MissingExtraError, shown as one line)."""
     from workbench.notebook.extras import EXTRAS
 
-    return ("code", f'''# {why}
+    return (
+        "code",
+        f'''# {why}
 #   {EXTRAS[extra][1]}
 import workbench as wb
 
-wb.require("{extra}")''')
+wb.require("{extra}")''',
+    )
 
 
 LAB = requires("lab", "Needs the lab extra, which the README quick start's first command installs:")
 
-LOAD = '''import os
+LOAD = """import os
 
 # None -> the embedded default model; set WORKBENCH_NOTEBOOK_CHECKPOINT to a Meta checkpoint folder
 # (or a checkpoints.toml name) to run these cells on a real model.
-CHECKPOINT = os.environ.get("WORKBENCH_NOTEBOOK_CHECKPOINT")'''
+CHECKPOINT = os.environ.get("WORKBENCH_NOTEBOOK_CHECKPOINT")"""

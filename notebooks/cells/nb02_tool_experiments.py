@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from cells.common import CHECK, IGNORE, LAB, LOAD
 
-TOOLS = '''from workbench import tools
+TOOLS = """from workbench import tools
 from workbench.demo.tools import convert_currency, get_capital, get_local_time, get_weather
 
 # Plain Python functions: the demo model was trained to call these (see docs/demo-model.md),
 # with one to four of its 14 tools offered at a time, as here.
-demo_tools = [get_weather, get_local_time, convert_currency, get_capital]'''
+demo_tools = [get_weather, get_local_time, convert_currency, get_capital]"""
 
 TOOL_EXPERIMENTS = [
     LAB,
-    ("md", """# Multi-turn tool experiments
+    (
+        "md",
+        """# Multi-turn tool experiments
 
 Tools are plain Python functions: their schema comes from the signature, type hints and docstring.
 `tools.run` lets the model call them until it answers, feeding each result back as a tool message.
@@ -23,51 +25,91 @@ tools in `workbench.demo.tools`, was offered one to four of them at a time, and 
 results. Those results are **made up**: a hash of the arguments picks them ("29 C and snowy" for Paris,
 every run), so transcripts are reproducible and an answer can be checked against its tool's result, but the
 values are not real. Where the model goes wrong, this notebook says so and why; its accuracy on questions it
-never saw is measured at the end. Under a minute on a 2-core CPU."""),
-    ("code", "%matplotlib inline\n" + LOAD + "\nengine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)\n\n"
-     + TOOLS + "\n\nengine", IGNORE),
-    ("md", """## The playground
+never saw is measured at the end. Under a minute on a 2-core CPU.""",
+    ),
+    (
+        "code",
+        "%matplotlib inline\n"
+        + LOAD
+        + "\nengine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)\n\n"
+        + TOOLS
+        + "\n\nengine",
+        IGNORE,
+    ),
+    (
+        "md",
+        """## The playground
 
 Type a question and press **Enter** (Shift+Enter for a new line). Tokens stream in; tool calls and
 their results appear as linked cards; each reply has a *prompt* toggle with the exact prompt and its
 token count. **Stop** ends generation within one decode step, **Clear** starts over, and the controls
-choose the tools, `tool_choice` and sampling. The first question below was sent from code."""),
-    ("code", '''from workbench.widgets import ChatPlayground
+choose the tools, `tool_choice` and sampling. The first question below was sent from code.""",
+    ),
+    (
+        "code",
+        """from workbench.widgets import ChatPlayground
 
 playground = ChatPlayground(engine, demo_tools, max_tokens=200)
 playground.send("What's the weather in Paris?")
-playground''', IGNORE),
+playground""",
+        IGNORE,
+    ),
     ("md", "## The exact prompt\n\nThe tool definitions go into the prompt in the model's official wording:"),
-    ("code", '''dialog = [{"role": "user", "content": "What's the weather in Paris? Convert 20 EUR to USD."}]
-wb.show_prompt(dialog, tools=demo_tools, engine=engine)''', IGNORE),
+    (
+        "code",
+        """dialog = [{"role": "user", "content": "What's the weather in Paris? Convert 20 EUR to USD."}]
+wb.show_prompt(dialog, tools=demo_tools, engine=engine)""",
+        IGNORE,
+    ),
     ("md", "Replies are parsed into tool calls — several calls per reply, in every official call syntax:"),
-    ("code", '''for reply in [
+    (
+        "code",
+        """for reply in [
     '[get_weather(city="Paris"), convert_currency(amount=20, from_currency="EUR", to_currency="USD")]',
     '{"type": "function", "name": "get_weather", "parameters": {"city": "Tokyo"}}',
     '<function=get_local_time>{"city": "Oslo"}</function>',
 ]:
     message = engine.formatter.decode_assistant(reply)
-    print([(c.tool_name, c.arguments) for c in message.tool_calls])''', CHECK),
-    ("md", """## One dialog through the tool loop
+    print([(c.tool_name, c.arguments) for c in message.tool_calls])""",
+        CHECK,
+    ),
+    (
+        "md",
+        """## One dialog through the tool loop
 
 Each turn is one chat completion. The transcript displays as cards: every call is numbered and its
-result says which call it answers."""),
-    ("code", '''transcript = tools.run(engine, dialog, tools=demo_tools, max_turns=3, max_tokens=64)
-transcript''', IGNORE),
+result says which call it answers.""",
+    ),
+    (
+        "code",
+        """transcript = tools.run(engine, dialog, tools=demo_tools, max_turns=3, max_tokens=64)
+transcript""",
+        IGNORE,
+    ),
     ("md", "The same transcript as text (greedy decoding, so it is reproducible: CI compares it):"),
-    ("code", '''def show(transcript):
+    (
+        "code",
+        """def show(transcript):
     for message in transcript:
         calls = [(c.tool_name, c.arguments) for c in message.tool_calls]
         print(f"{message.role:>9}: {message.content!r}" + (f" calls={calls}" if calls else ""))
 
 
-show(transcript)''', CHECK),
+show(transcript)""",
+        CHECK,
+    ),
     ("md", "A second question in the same dialog: the model sees the whole first exchange."),
-    ("code", '''follow_up = list(transcript) + [{"role": "user", "content": "What time is it in Paris?"}]
+    (
+        "code",
+        """follow_up = list(transcript) + [{"role": "user", "content": "What time is it in Paris?"}]
 second = tools.run(engine, follow_up, tools=demo_tools, max_tokens=64)
-show(second[len(transcript):])''', CHECK),
+show(second[len(transcript):])""",
+        CHECK,
+    ),
     ("md", "### Turn by turn: the prompt, its tokens and the parsed calls of every reply"),
-    ("code", '''from IPython.display import display
+    (
+        "code",
+        """from IPython.display import display
 
 for i, message in enumerate(transcript):
     if message.role != "assistant":
@@ -75,14 +117,21 @@ for i, message in enumerate(transcript):
     view = wb.show_prompt(transcript[:i], tools=demo_tools, engine=engine)
     calls = [(c.tool_name, c.arguments) for c in message.tool_calls]
     print(f"reply {i}: {len(view)} prompt tokens -> {message.content!r} calls={calls} ({message.stop_reason})")
-    display(view)''', IGNORE),
-    ("md", """## Many dialogs at once
+    display(view)""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """## Many dialogs at once
 
 Each turn is batched across the dialogs still running. Below, questions the model should answer with a
 call (the tool it needs is offered), one whose tool is not offered, and one no tool answers. Each transcript
 is checked against what a right answer needs: the expected tool, every argument value copied from the
-question, and the answer restating the tool's result with those values."""),
-    ("code", '''asked = [  # (question, the tool a right answer calls; None: no offered tool fits, answer directly)
+question, and the answer restating the tool's result with those values.""",
+    ),
+    (
+        "code",
+        """asked = [  # (question, the tool a right answer calls; None: no offered tool fits, answer directly)
     ("What's the weather in Tokyo?", "get_weather"), ("What time is it in Berlin?", "get_local_time"),
     ("What is the capital of Norway?", "get_capital"), ("What's the weather in Lima?", "get_weather"),
     ("Convert 250 EUR to JPY.", "convert_currency"), ("What time is it in Pune?", "get_local_time"),
@@ -90,8 +139,12 @@ question, and the answer restating the tool's result with those values."""),
 ]
 dialogs = [[{"role": "user", "content": q}] for q, _ in asked]
 transcripts = tools.run_batch(engine, dialogs, tools=demo_tools, max_turns=3, max_tokens=64)
-wb.to_frame(transcripts)[["dialog", "role", "content", "tool_calls", "dialog_ended"]]''', IGNORE),
-    ("code", '''def check(question, expected, transcript):
+wb.to_frame(transcripts)[["dialog", "role", "content", "tool_calls", "dialog_ended"]]""",
+        IGNORE,
+    ),
+    (
+        "code",
+        '''def check(question, expected, transcript):
     """What is wrong with a transcript, in words ("" when nothing is)."""
     calls = [c for m in transcript for c in m.tool_calls]
     if expected is None:
@@ -113,23 +166,36 @@ wb.to_frame(transcripts)[["dialog", "role", "content", "tool_calls", "dialog_end
 for (question, expected), transcript in zip(asked, transcripts):
     problem = check(question, expected, transcript)
     print(f"{'✗' if problem else '✓'} {question:<34} {transcript[-1].content!r}" + (f"\\n    {problem}" if problem else ""))''',
-     CHECK),
-    ("md", """**Where it goes wrong, and why.** The failures are values the demo model never saw in training: *Lima*
+        CHECK,
+    ),
+    (
+        "md",
+        """**Where it goes wrong, and why.** The failures are values the demo model never saw in training: *Lima*
 and *JPY* are in its held-out value pools and *Pune* in none (`docs/demo-model.md`: every value pool is split
 3:1 so that these questions test copying, not memory). An 82M-parameter model trained for minutes copies an
 unseen value into a call, or from the call into its answer, only part of the time — so a call can be right
 and the answer still name another city. It was also trained to decline when no offered tool fits, and does.
-The rates below measure this on 25 held-out cases."""),
-    ("md", """## When a call is malformed
+The rates below measure this on 25 held-out cases.""",
+    ),
+    (
+        "md",
+        """## When a call is malformed
 
 A reply that cannot be parsed keeps its text and says why in `parse_error`; a call to an unknown tool or
-with bad arguments becomes a tool message the model can read — the loop never crashes."""),
-    ("code", '''broken = engine.formatter.decode_assistant("[get_weather(city=Paris)]")  # a bare name, not a string
+with bad arguments becomes a tool message the model can read — the loop never crashes.""",
+    ),
+    (
+        "code",
+        """broken = engine.formatter.decode_assistant("[get_weather(city=Paris)]")  # a bare name, not a string
 print("calls:", broken.tool_calls, "| parse_error:", broken.parse_error)
 toolbox = tools.Toolbox.create([get_weather])
 print(toolbox.execute(wb.ToolCall("get_wether", {"city": "Paris"})).content)
-print(toolbox.execute(wb.ToolCall("get_weather", {"town": "Paris"})).content)''', CHECK),
-    ("md", """## Measuring tool calling
+print(toolbox.execute(wb.ToolCall("get_weather", {"town": "Paris"})).content)""",
+        CHECK,
+    ),
+    (
+        "md",
+        """## Measuring tool calling
 
 `workbench.evals` runs cases (a documented JSONL format, or synthetic held-out ones: question phrasings
 and argument values the demo model never saw) batched through the engine, each dialog with its own one to
@@ -138,8 +204,11 @@ parse failures, and whether the final answer restates the tool result. Below, th
 baseline (the first row), a system prompt the model never saw in training, a sampling temperature, and
 int4 quantization. Every rate comes with the number of cases it counts and its 95% Wilson interval. (Llama 4
 takes custom tools in the python-list format only; on a Llama 3.1 checkpoint `{"tool_prompt_format": "json"}`
-and `"function_tag"` compare the call syntaxes the same way.)"""),
-    ("code", '''import pandas as pd
+and `"function_tag"` compare the call syntaxes the same way.)""",
+    ),
+    (
+        "code",
+        """import pandas as pd
 from workbench import evals
 from workbench.places import data_dir
 
@@ -155,14 +224,21 @@ settings = {"baseline": {}, "answer-briefly": {"system_prompt": ("answer briefly
 results = pd.concat([evals.compare(engine, cases, [setting], run=name) for name, setting in settings.items()],
                     ignore_index=True)
 summary = evals.summarize(results)
-evals.rate_table(summary)''', IGNORE),
+evals.rate_table(summary)""",
+        IGNORE,
+    ),
     ("code", "evals.plot_summary(summary)", IGNORE),
-    ("md", """**Reading it.** Of the 25 cases, 15 expect a call and 10 a direct answer, so one case moves a rate by
+    (
+        "md",
+        """**Reading it.** Of the 25 cases, 15 expect a call and 10 a direct answer, so one case moves a rate by
 0.07 or 0.10. Every setting ran the same cases, so each compares with the baseline case by case:
 `wb.runs.summary` gives the paired difference with its 95 % interval, McNemar's exact p-value (only the cases
 that changed count) and how many cases improved and regressed. Where the interval covers 0, the cases do not
-show that the setting differs — each line below says which:"""),
-    ("code", '''paired = wb.runs.summary(list(settings), baseline="baseline")  # every stored score
+show that the setting differs — each line below says which:""",
+    ),
+    (
+        "code",
+        """paired = wb.runs.summary(list(settings), baseline="baseline")  # every stored score
 for row in paired[paired["run"] != "baseline"].itertuples():
     verdict = ("higher" if row.diff_low > 0 else "lower") if row.shown else "not shown to differ"
     print(f"{row.run:<16} {row.score:<21} {row.diff:+.2f} [{row.diff_low:+.2f}, {row.diff_high:+.2f}], "
@@ -170,17 +246,29 @@ for row in paired[paired["run"] != "baseline"].itertuples():
 if previous_store is None:
     os.environ.pop("WORKBENCH_STORE", None)
 else:
-    os.environ["WORKBENCH_STORE"] = previous_store''', IGNORE),
-    ("md", """To tell settings apart, run more cases (`python -m workbench.evals --cases 200`): the interval narrows with
+    os.environ["WORKBENCH_STORE"] = previous_store""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """To tell settings apart, run more cases (`python -m workbench.evals --cases 200`): the interval narrows with
 the number of cases. `08_experiments.ipynb` takes one such comparison further (the viewer, a report file);
 the demo model's accuracy on its held-out split is in `docs/demo-model.md`.
 
-One row per case: what was expected and what the model did (the baseline)."""),
-    ("code", '''columns = ["kind", "expected_calls", "calls_made", "exact_match", "answer_has_result", "direct_answer"]
-results.head(len(cases))[columns].head(10)  # the baseline's rows come first''', IGNORE),
-    ("md", """## Where to go next
+One row per case: what was expected and what the model did (the baseline).""",
+    ),
+    (
+        "code",
+        """columns = ["kind", "expected_calls", "calls_made", "exact_match", "answer_has_result", "direct_answer"]
+results.head(len(cases))[columns].head(10)  # the baseline's rows come first""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """## Where to go next
 
 - `04_quantization.ipynb`: what each quantization mode does to memory, speed and these tool dialogs.
 - `06_evaluations.ipynb`: lm-evaluation-harness, BFCL and Inspect on the same engine.
-- `python -m workbench.evals --help`: the same measurements from a shell, with more cases and settings."""),
+- `python -m workbench.evals --help`: the same measurements from a shell, with more cases and settings.""",
+    ),
 ]

@@ -6,7 +6,9 @@ from cells.common import CHECK, IGNORE, LAB, LOAD
 
 THROUGHPUT = [
     LAB,
-    ("md", """# Throughput: batch size, prompt length and quantization
+    (
+        "md",
+        """# Throughput: batch size, prompt length and quantization
 
 `bench.throughput` times batched generation for every batch size, prompt length and quantization mode after
 a warm-up, several times (medians, min–max spread). Every row generates exactly the same number of tokens
@@ -16,8 +18,13 @@ token (a call that generates one token per row); **decode** = the tokens after e
 the call's time. Three modes: `none` (the checkpoint's float32), `bf16`, and `int4_mixed` (int4 experts, the
 rest in bfloat16 — so `bf16` is its baseline as much as `none`). Numbers depend on the machine and its load,
 and on the thread count and CPU kernels printed below; `bench/` holds the scripted versions. About a minute on
-a 2-core CPU."""),
-    ("code", "%matplotlib inline\n" + LOAD + '''
+a 2-core CPU.""",
+    ),
+    (
+        "code",
+        "%matplotlib inline\n"
+        + LOAD
+        + """
 import pandas as pd
 import torch
 
@@ -25,12 +32,20 @@ from workbench import bench, plots
 
 engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512)
 print("torch threads:", torch.get_num_threads(), "| CPU kernels:", torch.backends.cpu.get_cpu_capability())
-engine''', IGNORE),
-    ("code", '''table = bench.throughput(engine, batch_sizes=(1, 2, 4, 8), prompt_lens=(32, 256), max_tokens=12, repeats=3,
+engine""",
+        IGNORE,
+    ),
+    (
+        "code",
+        """table = bench.throughput(engine, batch_sizes=(1, 2, 4, 8), prompt_lens=(32, 256), max_tokens=12, repeats=3,
                          modes=[None, "bf16", "int4_mixed"])
 table[["mode", "prompt_len", "batch_size", "generated_tokens", "tok_s", "tok_s_min", "tok_s_max", "prefill_tok_s",
-       "decode_tok_s", "total_s", "speedup_vs_batch1"]].round(2)''', IGNORE),
-    ("md", """**What to look at:** every cell generated the same 12 tokens per row (`generated_tokens` = batch size ×
+       "decode_tok_s", "total_s", "speedup_vs_batch1"]].round(2)""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """**What to look at:** every cell generated the same 12 tokens per row (`generated_tokens` = batch size ×
 12), so the rates compare equal work. `tok_s` is the median of 3 runs, `tok_s_min`–`tok_s_max` their spread,
 `total_s` the median wall time of one call. Tokens/s should grow with the batch size (left) — the speed-up over
 running the prompts one by one (right); longer prompts cost more prefill per call. Error bars show the spread
@@ -39,11 +54,14 @@ over the repeats; one line per quantization mode and prompt length.
 `decode_tok_s` is the call's time minus a prefill measured in a separate call, so its noise is both calls'
 noise: where it comes out *higher* after 256-token prompts than after 32 that is noise, not a speed-up. Per
 step, decode here barely depends on the prompt length — each step's cost is the 202k-row output projection,
-not attention over 32 or 256 keys."""),
+not attention over 32 or 256 keys.""",
+    ),
     ("code", 'plots.throughput(table)  # save="throughput.png" writes a PNG too', IGNORE),
     ("code", "plots.latency(table)", IGNORE),
     ("md", "What the modes do to the rate here, cell by cell (the same work in every mode):"),
-    ("code", '''pivot = table.pivot_table(index=["prompt_len", "batch_size"], columns="mode", values="tok_s")
+    (
+        "code",
+        """pivot = table.pivot_table(index=["prompt_len", "batch_size"], columns="mode", values="tok_s")
 ratios = pd.DataFrame({"bf16 ÷ none": pivot["bf16"] / pivot["none"],
                        "int4_mixed ÷ none": pivot["int4_mixed"] / pivot["none"],
                        "int4_mixed ÷ bf16": pivot["int4_mixed"] / pivot["bf16"]})
@@ -54,8 +72,12 @@ for name, ratio in ratios.items():
     verdict = "not shown to differ" if abs(median - 1) <= spread else "faster" if median > 1 else "slower"
     print(f"{name:<18} median {median:.2f} (from {ratio.min():.2f} to {ratio.max():.2f} over {len(ratio)} cells): "
           f"{verdict}")
-ratios.round(2)''', IGNORE),
-    ("md", """Read each ratio against the spread: a median ratio within one cell's typical min–max spread of 1 is not
+ratios.round(2)""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """Read each ratio against the spread: a median ratio within one cell's typical min–max spread of 1 is not
 shown by this run to differ (the verdicts above apply that rule). What the modes change on a CPU: `none` runs
 float32 products, with a packed copy of the output matrix for batched decode (`packed_bytes`,
 `01_quickstart.ipynb`); `bf16` runs the same products in bfloat16 — half the bytes, no packed copy, and native
@@ -65,20 +87,30 @@ that both store alike, so `int4_mixed ÷ bf16` is the ratio that isolates int4: 
 range over the cells and the verdict that range supports, is all this run says about int4's speed.
 What bf16 and int4 surely buy here is memory (`04_quantization.ipynb`).
 
-Batching never changes results: every row equals the prompt run alone."""),
-    ("code", '''prompts = [f"Tell me about topic number {i}. " * (1 + i % 5) for i in range(8)]
+Batching never changes results: every row equals the prompt run alone.""",
+    ),
+    (
+        "code",
+        """prompts = [f"Tell me about topic number {i}. " * (1 + i % 5) for i in range(8)]
 batched = engine.batch_completion(prompts, max_tokens=12, progress=False)
 alone = [engine.completion(p, max_tokens=12) for p in prompts]
-print("rows identical to single runs:", [b.tokens for b in batched] == [a.tokens for a in alone])''', CHECK),
-    ("md", """## Why this and not the others
+print("rows identical to single runs:", [b.tokens for b in batched] == [a.tokens for a in alone])""",
+        CHECK,
+    ),
+    (
+        "md",
+        """## Why this and not the others
 
 The same prompts through workbench, Meta's reference generator (`llama-models`, the engine workbench
 reproduces) and — when installed — transformers `generate`, on the same weights: a small Llama 3 with the
 real 128k vocabulary and random weights, written in Meta's layout (and converted for transformers by
 `bench/contenders.py`). Greedy, float32, stop tokens ignored so every contender generates exactly the
 same tokens per prompt; the rows must agree. This replaces the demo engine in this kernel (one model at
-a time). `bench/peers.py` runs the full comparison (more workloads, repeats, three models)."""),
-    ("code", '''import importlib.util
+a time). `bench/peers.py` runs the full comparison (more workloads, repeats, three models).""",
+    ),
+    (
+        "code",
+        """import importlib.util
 import os
 import sys
 from functools import partial
@@ -103,14 +135,22 @@ else:
 for run, rows in runs.values():  # warm-up: first calls allocate and pick kernels
     run(rows[:2], 2)
 results = peers.measure(runs, max_tokens=16, repeats=1)
-{name: {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for name, r in results.items()}''',
-     IGNORE),
-    ("code", '''print("rows equal:", {name: r["rows_equal_workbench"] for name, r in results.items()})
+{name: {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for name, r in results.items()}""",
+        IGNORE,
+    ),
+    (
+        "code",
+        """print("rows equal:", {name: r["rows_equal_workbench"] for name, r in results.items()})
 plots.peers(results, title=f"{len(prompts)} prompts × 16 generated tokens, the same weights, greedy, "
-                          f"{torch.get_num_threads()} thread(s)")''', IGNORE),
-    ("md", """## Where to go next
+                          f"{torch.get_num_threads()} thread(s)")""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """## Where to go next
 
 - `04_quantization.ipynb`: memory, speed and fidelity of every quantization mode.
 - `05_scale_out.ipynb`: more throughput from engine replicas on Ray.
-- `bench/peers.py`, `bench/roofline.py` and `docs/benchmarks.md`: the scripted measurements and their numbers."""),
+- `bench/peers.py`, `bench/roofline.py` and `docs/benchmarks.md`: the scripted measurements and their numbers.""",
+    ),
 ]

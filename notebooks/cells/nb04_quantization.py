@@ -6,7 +6,9 @@ from cells.common import CHECK, IGNORE, LAB, LOAD
 
 QUANTIZATION = [
     LAB,
-    ("md", """# Quantization: memory, speed and fidelity
+    (
+        "md",
+        """# Quantization: memory, speed and fidelity
 
 `engine.set_quantization(mode)` re-loads the weights under another mode (one model resident at a time).
 The modes are Meta's meta-reference scheme: `bf16` stores every weight in bfloat16; `fp8_mixed` stores the
@@ -16,17 +18,25 @@ as in Llama Stack, **every part a mode leaves unquantized
 is stored in bfloat16** unless `wb.load(..., dtype=...)` asks for another type, so memory falls from bf16 to
 fp8_mixed to int4_mixed on every device. `bench.quantization` measures every mode against the unquantized
 model on the prompts you give it: here, tool dialogs as the demo model was trained on them (one or two tools
-offered). Under a minute on a 2-core CPU."""),
-    ("code", "%matplotlib inline\n" + LOAD + '''
+offered). Under a minute on a 2-core CPU.""",
+    ),
+    (
+        "code",
+        "%matplotlib inline\n"
+        + LOAD
+        + """
 from workbench import bench, plots
 from workbench.demo.tools import convert_currency, get_capital, get_local_time, get_weather
 
 engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=1024)
 dialogs = [("What's the weather in Paris?", [get_weather]), ("Convert 20 EUR to USD.", [convert_currency, get_weather]),
            ("What is the capital of Peru?", [get_capital, get_local_time]), ("Tell me a joke.", [get_capital])]
-prompts = [engine.formatter.encode_dialog([{"role": "user", "content": q}], tools=t) for q, t in dialogs]''',
-     IGNORE),
-    ("code", '''import pandas as pd
+prompts = [engine.formatter.encode_dialog([{"role": "user", "content": q}], tools=t) for q, t in dialogs]""",
+        IGNORE,
+    ),
+    (
+        "code",
+        '''import pandas as pd
 
 table = bench.quantization(engine, prompts, max_tokens=16, repeats=5)
 
@@ -56,8 +66,12 @@ for column in ("prefill_tok_s", "decode_tok_s"):
 pd.DataFrame({"weights MiB": mib("weights_bytes"), "+ packed copy MiB": mib("packed_bytes"),
               "= resident MiB": mib("resident_bytes"), "resident ÷ none": table["resident_ratio"].round(3),
               "kernels": table["kernels"], "prefill tok/s (min–max)": speed("prefill_tok_s"),
-              "decode tok/s (min–max)": speed("decode_tok_s")}, index=table.index)''', IGNORE),
-    ("md", """**What to look at:** the memory the weights really occupy (`resident`): the weights, plus — for the
+              "decode tok/s (min–max)": speed("decode_tok_s")}, index=table.index)''',
+        IGNORE,
+    ),
+    (
+        "md",
+        """**What to look at:** the memory the weights really occupy (`resident`): the weights, plus — for the
 unquantized float32 model on a CPU — the packed float32 copy of the output matrix its batched-decode kernel
 keeps (`packed_bytes`, see `01_quickstart.ipynb`; bf16 and the quantized modes keep none). Against the weights
 alone bf16 looks like a halving; counted whole it is about a third. Then the speeds: the same definitions as
@@ -67,14 +81,21 @@ median of 5 runs with their spread.
 How closely each mode follows the unquantized model on the replies to these dialogs: `top1_agreement` and
 `mean_kl` (nats) over the reply positions, `greedy_match` (reference tokens reproduced before the first
 divergence) and `same_reply` — the share of dialogs whose whole reply (the call and its arguments) is
-unchanged, with its 95% Wilson interval over the `rows` dialogs:"""),
-    ("code", '''fidelity = table[["positions", "top1_agreement", "mean_kl", "greedy_match", "same_reply",
+unchanged, with its 95% Wilson interval over the `rows` dialogs:""",
+    ),
+    (
+        "code",
+        """fidelity = table[["positions", "top1_agreement", "mean_kl", "greedy_match", "same_reply",
                   "same_reply_low", "same_reply_high", "rows"]].round(3)
 fidelity["mean_kl"] = table["mean_kl"].map("{:.1e}".format)  # small numbers, shown whole
-fidelity''', IGNORE),
+fidelity""",
+        IGNORE,
+    ),
     ("md", "What each part of the model is stored as, per mode (every type a part is stored in):"),
     ("code", "bench.memory_table(table)", IGNORE),
-    ("md", """The demo model is 82M parameters, 77.6M of them its 202k-row embedding and output matrices, which no
+    (
+        "md",
+        """The demo model is 82M parameters, 77.6M of them its 202k-row embedding and output matrices, which no
 mode quantizes: bf16 halves them (and drops the packed copy), and fp8/int4 then shrink only the few MiB of
 experts. Under `fp8_mixed` the routed experts are stored in **two** types: fp8 for the MoE layers in the
 middle, bfloat16 for the first and last layer's — here the demo model's six layers hold MoE at layers 1, 3 and
@@ -98,26 +119,40 @@ timed prefill. On top of that, a CPU has no fp8 matmul, so `fp8/dequant` widens 
 product (on a CPU fp8_mixed checks numerics and saves memory; it is not built to save time), and `int4/cpu`
 is torch's int4 kernel, which reads a quarter of bfloat16's bytes for the experts and runs everything else
 in bfloat16: its ratio above, with its range, says whether that paid on this machine. On GPUs with fp8 tensor cores the
-kernel is `fp8/scaled_mm`."""),
+kernel is `fp8/scaled_mm`.""",
+    ),
     ("code", 'plots.quantization(table)  # save="quantization.png" writes a PNG too', IGNORE),
-    ("code", '''print("mode after the comparison:", engine.settings.quantization or "none")
+    (
+        "code",
+        """print("mode after the comparison:", engine.settings.quantization or "none")
 print("memory falls bf16 > fp8_mixed > int4_mixed:",
       table.loc["bf16", "weights_bytes"] > table.loc["fp8_mixed", "weights_bytes"] > table.loc["int4_mixed", "weights_bytes"])
 print("quantized layers at most 0.55x (fp8) / 0.30x (int4) of bf16:",
-      table.loc["fp8_mixed", "quantized_vs_bf16"] <= 0.55 and table.loc["int4_mixed", "quantized_vs_bf16"] <= 0.30)''',
-     CHECK),
-    ("md", """## Toggle interactively
+      table.loc["fp8_mixed", "quantized_vs_bf16"] <= 0.55 and table.loc["int4_mixed", "quantized_vs_bf16"] <= 0.30)""",
+        CHECK,
+    ),
+    (
+        "md",
+        """## Toggle interactively
 
 The dropdown re-loads the weights (it says "loading…", then the mode, weights size and time; an error
-is shown here and the previous mode stays). The cells after it run on the chosen mode."""),
-    ("code", '''from workbench.widgets import QuantizationToggle
+is shown here and the previous mode stays). The cells after it run on the chosen mode.""",
+    ),
+    (
+        "code",
+        """from workbench.widgets import QuantizationToggle
 
-QuantizationToggle(engine)''', IGNORE),
+QuantizationToggle(engine)""",
+        IGNORE,
+    ),
     ("code", "engine.memory()", IGNORE),
-    ("md", """## Where to go next
+    (
+        "md",
+        """## Where to go next
 
 - `02_tool_experiments.ipynb`: the tool-calling rates of the baseline and int4 on 25 held-out cases.
 - `05_scale_out.ipynb`: a quantization sweep over engine replicas on Ray.
 - On a GPU (README, "Your own checkpoint"): `wb.load(..., quantization="fp8_mixed")` uses fp8 matmuls
-  (`torch._scaled_mm`) where the GPU has them, and the same cells measure a real checkpoint."""),
+  (`torch._scaled_mm`) where the GPU has them, and the same cells measure a real checkpoint.""",
+    ),
 ]

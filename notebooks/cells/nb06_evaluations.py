@@ -6,23 +6,34 @@ from cells.common import IGNORE, LOAD, requires
 
 EVALUATIONS_INTRO = [
     requires("evals", "Needs lm-evaluation-harness, Inspect and BFCL, which the README quick start does not install:"),
-    ("md", """# The evaluations researchers already run
+    (
+        "md",
+        """# The evaluations researchers already run
 
 lm-evaluation-harness, BFCL and Inspect on the kernel's engine: each harness's own tasks, data and scoring,
 with workbench's batch APIs underneath (requests gathered into engine batches, the model's official prompt
 formats). Everything here runs offline on the embedded demo model; set `WORKBENCH_NOTEBOOK_CHECKPOINT` to
 run the same cells on a real checkpoint. Every score comes with the number of items it counts and its 95%
-Wilson interval: these tasks are tiny. Under a minute on a 2-core CPU."""),
-    ("code", "%matplotlib inline\n" + LOAD + '''
+Wilson interval: these tasks are tiny. Under a minute on a 2-core CPU.""",
+    ),
+    (
+        "code",
+        "%matplotlib inline\n"
+        + LOAD
+        + """
 from workbench.demo.tools import convert_currency, get_local_time, get_weather
 from workbench.reports import rate_text
 
 engine = wb.load(CHECKPOINT, max_batch_size=16, max_seq_len=2048)
-engine''', IGNORE),
+engine""",
+        IGNORE,
+    ),
 ]
 
 LM_EVAL_CELLS = [
-    ("md", """## lm-evaluation-harness: `WorkbenchLM`
+    (
+        "md",
+        """## lm-evaluation-harness: `WorkbenchLM`
 
 lm-evaluation-harness runs on the loaded engine through `WorkbenchLM` (importing it registers lm-eval's
 `"workbench"` model; `python -m workbench.evals.lm_eval --model_args checkpoint=...,model=... --tasks ...`
@@ -34,8 +45,11 @@ names (`tasks=["arc_easy", "hellaswag"]`). Here: which call does the model rank 
 does it write that call? The demo model answers with calls of the tools its prompt offers — it was trained
 on nothing else — so the chat prompt must offer them, as `chat_completion(..., tools=...)` does:
 `WorkbenchLM(engine, tools=...)` puts them in every chat-template prompt. The same tasks without tools in the
-prompt are the second run."""),
-    ("code", '''import json
+prompt are the second run.""",
+    ),
+    (
+        "code",
+        """import json
 import tempfile
 from pathlib import Path
 
@@ -71,13 +85,20 @@ for label, offered in (("the three tools", [get_weather, get_local_time, convert
 pd.DataFrame({label: {"calls_mc acc": rate_text(r["results"]["calls_mc"]["acc,none"] * len(docs), len(docs)),
                       "calls_gen exact_match": rate_text(r["results"]["calls_gen"]["exact_match,none"] * len(docs),
                                                          len(docs))}
-              for label, r in runs.items()}).T.rename_axis("tools in the prompt")''', IGNORE),
-    ("md", """With the tools in its prompt the model ranks the right call first and writes it; a miss in the generated
+              for label, r in runs.items()}).T.rename_axis("tools in the prompt")""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """With the tools in its prompt the model ranks the right call first and writes it; a miss in the generated
 calls is a city it miscopies (Cairo, a held-out value it never saw in training). Without tools it
 has nothing to call: it was trained to call only offered tools, never to answer these questions in words.
 Each answer below is one `engine.score` row: the log-probability of its tokens after the question, in the
-model's chat format with the tools offered."""),
-    ("code", '''from matplotlib.figure import Figure
+model's chat format with the tools offered.""",
+    ),
+    (
+        "code",
+        """from matplotlib.figure import Figure
 
 samples = runs["the three tools"]["samples"]["calls_mc"]
 scores = pd.DataFrame([[r[0][0] for r in s["resps"]] for s in samples], index=[s["doc"]["q"] for s in samples],
@@ -92,11 +113,15 @@ ax.set_title("calls_mc: each candidate call, scored after the question")
 ax.grid(axis="x", alpha=0.3)
 ax.legend(title="candidate call", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 fig.tight_layout()
-fig''', IGNORE),
+fig""",
+        IGNORE,
+    ),
 ]
 
 BFCL_INSPECT_CELLS = [
-    ("md", """## BFCL: the Berkeley Function Calling Leaderboard, batched
+    (
+        "md",
+        """## BFCL: the Berkeley Function Calling Leaderboard, batched
 
 `bfcl.run` answers BFCL's own questions (read from the installed `bfcl-eval` package) with the engine — every
 entry with its own function set, all of them in one batch — and scores each reply with **BFCL's own AST
@@ -109,8 +134,11 @@ not parse, or writes no call at all — the count below says which, per category
 prompt, which it never saw in training, it writes no call). BFCL's checker rejects every one of them ("Function
 name ... not found", the wrong number of functions, no call), so it scores 0 on the four AST categories under
 both prompts; on `irrelevance` (where no function fits and the right answer is no call) it scores where it
-writes no call."""),
-    ("code", '''from IPython.display import display
+writes no call.""",
+    ),
+    (
+        "code",
+        """from IPython.display import display
 
 from workbench.demo.tools import DEMO_TOOLS
 from workbench.evals import bfcl
@@ -130,13 +158,20 @@ def what_it_wrote(row):
 
 kinds = results.apply(what_it_wrote, axis=1).rename("the reply")
 order = {"prompt": ["official", "bfcl"], "category": categories}
-pd.crosstab([results[k].astype(pd.CategoricalDtype(v)) for k, v in order.items()], kinds)  # entries per kind''',
-     IGNORE),
-    ("code", '''summary = bfcl.summarize(results)     # accuracy per category, as BFCL counts it
+pd.crosstab([results[k].astype(pd.CategoricalDtype(v)) for k, v in order.items()], kinds)  # entries per kind""",
+        IGNORE,
+    ),
+    (
+        "code",
+        """summary = bfcl.summarize(results)     # accuracy per category, as BFCL counts it
 summary["accuracy (95% interval)"] = [rate_text(k, n) for k, n in zip(summary["correct"], summary["entries"])]
-summary''', IGNORE),
+summary""",
+        IGNORE,
+    ),
     ("code", "bfcl.plot(summary)", IGNORE),
-    ("md", """## Inspect: the `workbench` model provider
+    (
+        "md",
+        """## Inspect: the `workbench` model provider
 
 Installing workbench registers a `workbench` provider with [Inspect](https://inspect.aisi.org.uk), so
 `inspect eval task.py --model workbench/<checkpoints.toml name or folder>` works from a shell; in a notebook
@@ -144,8 +179,11 @@ pass the loaded engine. Tools reach the model in its official format, and the sa
 concurrently are gathered into engine batches (the plot: rows per engine call). The tool below returns what
 the demo tool of the same name returns — a made-up value that a hash of the city picks, the kind of result
 the model was trained to restate — and the scorer checks what a tool-using answer must get right: the call
-went to the asked city, and the answer names that city and restates the tool's result."""),
-    ("code", '''from inspect_ai import Task, eval
+went to the asked city, and the answer names that city and restates the tool's result.""",
+    ),
+    (
+        "code",
+        '''from inspect_ai import Task, eval
 from inspect_ai.dataset import Sample
 from inspect_ai.model import get_model
 from inspect_ai.scorer import CORRECT, INCORRECT, Score, accuracy, scorer
@@ -197,14 +235,21 @@ pd.DataFrame({
     "tool calls": [[(c.function, c.arguments) for c in (s.messages[1].tool_calls or [])] for s in log.samples],
     "answer": [s.output.completion for s in log.samples],
     "score": [next(iter(s.scores.values())).value for s in log.samples],
-})''', IGNORE),
-    ("md", """A sample the scorer marks incorrect (`I`) is one where the model wrote another city into the call — for
+})''',
+        IGNORE,
+    ),
+    (
+        "md",
+        """A sample the scorer marks incorrect (`I`) is one where the model wrote another city into the call — for
 *Cairo*, a held-out value, as in the lm-eval task above — and then restated that city's weather. Inspect's
 built-in `includes()` would look only for the target city's name in the answer, and so pass an answer that
 names the city but garbles the weather; a check of the call and the result alone would pass a right call
 whose answer names another city (`02_tool_experiments.ipynb`: "The weather in tiger is 0 C and windy." after
-a correct call for Lima). This scorer asks for all three."""),
-    ("code", '''sizes = model.api.batcher.stats.sizes
+a correct call for Lima). This scorer asks for all three.""",
+    ),
+    (
+        "code",
+        """sizes = model.api.batcher.stats.sizes
 fig = Figure(figsize=(4.6, 2.8))
 ax = fig.subplots()
 ax.bar(range(1, len(sizes) + 1), sizes)
@@ -213,12 +258,17 @@ ax.set_ylabel("rows in the batch")
 ax.set_xticks(range(1, len(sizes) + 1))
 ax.set_title(f"{len(cities)} Inspect samples: rows per engine call")
 fig.tight_layout()
-fig''', IGNORE),
-    ("md", """## Where to go next
+fig""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """## Where to go next
 
 - Your own checkpoint (README, "Your own checkpoint"): set `WORKBENCH_NOTEBOOK_CHECKPOINT` and run these
   cells again, with real task names (`tasks=["arc_easy"]`) and BFCL's full categories (`limit=None`).
 - `python -m workbench.evals.lm_eval`, `python -m workbench.evals.bfcl` and `inspect eval ... --model
   workbench/...`: the same harnesses from a shell.
-- `02_tool_experiments.ipynb`: workbench's own tool-calling cases, with the settings that move them."""),
+- `02_tool_experiments.ipynb`: workbench's own tool-calling cases, with the settings that move them.""",
+    ),
 ]

@@ -39,8 +39,15 @@ def done_ids(path: Path) -> tuple[set[str], set[str]]:
     return ids, anonymous
 
 
-def run_file(backend: Backend, input_path: str | Path, output_path: str | Path, *, run: str | None = None,
-             progress: bool | None = None, tokens: Callable[[Answer], int] | None = None) -> dict[str, Any]:
+def run_file(
+    backend: Backend,
+    input_path: str | Path,
+    output_path: str | Path,
+    *,
+    run: str | None = None,
+    progress: bool | None = None,
+    tokens: Callable[[Answer], int] | None = None,
+) -> dict[str, Any]:
     """Answer every request of ``input_path`` not yet in ``output_path`` (appending); returns the summary.
 
     tokens: how many tokens an answer generated (for the summary's tokens/s); default: the body's
@@ -67,8 +74,14 @@ def run_file(backend: Backend, input_path: str | Path, output_path: str | Path, 
             skipped += 1
             continue
         if request.custom_id in seen:
-            refused.append(vllm_line(request.custom_id, 400, None, f"line {number}: custom_id "
-                                     f"{request.custom_id!r:.80} was used by an earlier line"))
+            refused.append(
+                vllm_line(
+                    request.custom_id,
+                    400,
+                    None,
+                    f"line {number}: custom_id {request.custom_id!r:.80} was used by an earlier line",
+                )
+            )
             continue
         seen.add(request.custom_id)
         work = prepare(backend, request)
@@ -82,6 +95,7 @@ def run_file(backend: Backend, input_path: str | Path, output_path: str | Path, 
     bar = progress_bar(len(refused) + len(works), desc="batch", unit="request", progress=progress)
     interrupted = False
     with open(output_path, "a", encoding="utf-8") as out:
+
         def write(lines: list[dict[str, Any]]) -> None:
             out.writelines(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
             out.flush()
@@ -109,11 +123,17 @@ def run_file(backend: Backend, input_path: str | Path, output_path: str | Path, 
             bar.close()
     seconds = time.perf_counter() - started
     return {
-        "input": str(input_path), "output": str(output_path), "requests": total, "skipped_done": skipped,
-        "succeeded": counts["succeeded"], "failed": counts["failed"],
-        "remaining": total - skipped - counts["succeeded"] - counts["failed"], "generated_tokens": counts["tokens"],
-        "seconds": round(seconds, 2), "requests_per_s": round((counts["succeeded"] + counts["failed"]) / seconds, 2)
-        if seconds else 0.0, "interrupted": interrupted,
+        "input": str(input_path),
+        "output": str(output_path),
+        "requests": total,
+        "skipped_done": skipped,
+        "succeeded": counts["succeeded"],
+        "failed": counts["failed"],
+        "remaining": total - skipped - counts["succeeded"] - counts["failed"],
+        "generated_tokens": counts["tokens"],
+        "seconds": round(seconds, 2),
+        "requests_per_s": round((counts["succeeded"] + counts["failed"]) / seconds, 2) if seconds else 0.0,
+        "interrupted": interrupted,
     }
 
 

@@ -22,11 +22,16 @@ class BatchAPIError(InputError):
         self.code = code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": "invalid_request_error", "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {"message": self.message, "type": "invalid_request_error", "param": self.param, "code": self.code}
+        }
 
 
 def not_found(kind: str, ident: str) -> BatchAPIError:
     route = {"file": "files", "batch": "batches"}.get(kind, kind + "s")
-    return BatchAPIError(f"no {kind} with id {ident!r:.80} here (list them with GET /v1/{route})", status=404,
-                         param=f"{kind}_id", code=f"{kind}_not_found")
+    return BatchAPIError(
+        f"no {kind} with id {ident!r:.80} here (list them with GET /v1/{route})",
+        status=404,
+        param=f"{kind}_id",
+        code=f"{kind}_not_found",
+    )

@@ -62,8 +62,9 @@ def parse_line(text: str, line: int, endpoint: str | None = None) -> Request:
     except (ValueError, RecursionError) as exc:
         raise LineError("invalid_json", f"line {line} is not valid JSON ({str(exc)[:120]})", line) from None
     if not isinstance(value, dict):
-        raise LineError("invalid_request", f"line {line} must be a JSON object with custom_id, method, url and "
-                        "body", line)
+        raise LineError(
+            "invalid_request", f"line {line} must be a JSON object with custom_id, method, url and body", line
+        )
     custom_id = value.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise LineError("missing_custom_id", f"line {line} has no custom_id (a non-empty string)", line)
@@ -73,14 +74,16 @@ def parse_line(text: str, line: int, endpoint: str | None = None) -> Request:
     url = value.get("url")
     allowed = (endpoint,) if endpoint else ENDPOINTS
     if url not in allowed:
-        raise LineError("invalid_url", f"line {line}: url is {url!r:.60}; this batch runs {' or '.join(allowed)}",
-                        line, custom_id)
+        raise LineError(
+            "invalid_url", f"line {line}: url is {url!r:.60}; this batch runs {' or '.join(allowed)}", line, custom_id
+        )
     body = value.get("body")
     if not isinstance(body, dict):
         raise LineError("invalid_body", f"line {line}: body must be a JSON object (the request)", line, custom_id)
     if body.get("stream"):
-        raise LineError("invalid_body", f"line {line}: \"stream\": true has no meaning in a batch; leave it out",
-                        line, custom_id)
+        raise LineError(
+            "invalid_body", f'line {line}: "stream": true has no meaning in a batch; leave it out', line, custom_id
+        )
     return Request(line, custom_id, url, body)
 
 
@@ -91,8 +94,12 @@ def _ids() -> tuple[str, str]:
 def output_line(custom_id: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
     """An answered request (2xx, or a 4xx with OpenAI's error body)."""
     line_id, request_id = _ids()
-    return {"id": line_id, "custom_id": custom_id,
-            "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None}
+    return {
+        "id": line_id,
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": request_id, "body": body},
+        "error": None,
+    }
 
 
 def error_line(custom_id: str | None, code: str, message: str) -> dict[str, Any]:
@@ -100,12 +107,17 @@ def error_line(custom_id: str | None, code: str, message: str) -> dict[str, Any]
     return {"id": _ids()[0], "custom_id": custom_id, "response": None, "error": {"code": code, "message": message}}
 
 
-def vllm_line(custom_id: str | None, status: int, body: dict[str, Any] | None,
-              error: str | None = None) -> dict[str, Any]:
+def vllm_line(
+    custom_id: str | None, status: int, body: dict[str, Any] | None, error: str | None = None
+) -> dict[str, Any]:
     """vLLM ``run-batch``'s output line: a response body, or ``body: null`` and the error message."""
     line_id, request_id = _ids()
-    return {"id": line_id, "custom_id": custom_id,
-            "response": {"status_code": status, "request_id": request_id, "body": body}, "error": error}
+    return {
+        "id": line_id,
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": request_id, "body": body},
+        "error": error,
+    }
 
 
 def error_message(body: dict[str, Any]) -> str:

@@ -27,12 +27,18 @@ def _limit(request: Any, default: int, high: int) -> int:
 
 
 def _page(items: list[dict[str, Any]], more: bool) -> dict[str, Any]:
-    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-            "last_id": items[-1]["id"] if items else None, "has_more": more}
+    return {
+        "object": "list",
+        "data": items,
+        "first_id": items[0]["id"] if items else None,
+        "last_id": items[-1]["id"] if items else None,
+        "has_more": more,
+    }
 
 
-def mount(app: Any, service: BatchService, *, authorize: Callable, body_of: Callable,
-          max_file_bytes: int = DEFAULT_MAX_FILE) -> None:
+def mount(
+    app: Any, service: BatchService, *, authorize: Callable, body_of: Callable, max_file_bytes: int = DEFAULT_MAX_FILE
+) -> None:
     """Add the file and batch routes to ``app`` (``service`` holds the state and runs the batches)."""
     from fastapi import Request
     from fastapi.responses import FileResponse
@@ -42,11 +48,17 @@ def mount(app: Any, service: BatchService, *, authorize: Callable, body_of: Call
         """The multipart form, read through a receive that refuses more than ``max_file_bytes``."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_file_bytes + 2**16:
-            raise BatchAPIError(f"the upload has {declared} bytes; this server accepts files up to {max_file_bytes}",
-                                status=413, code="file_too_large")
+            raise BatchAPIError(
+                f"the upload has {declared} bytes; this server accepts files up to {max_file_bytes}",
+                status=413,
+                code="file_too_large",
+            )
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-            raise BatchAPIError("upload the file as multipart/form-data with the fields 'file' and 'purpose' (what "
-                                "client.files.create sends)", param="file")
+            raise BatchAPIError(
+                "upload the file as multipart/form-data with the fields 'file' and 'purpose' (what "
+                "client.files.create sends)",
+                param="file",
+            )
         seen = 0
 
         async def receive() -> Any:
@@ -74,17 +86,21 @@ def mount(app: Any, service: BatchService, *, authorize: Callable, body_of: Call
                 raise BatchAPIError("the form has no file: send it in the field 'file'", param="file")
             if not isinstance(purpose, str):
                 raise BatchAPIError("the form has no 'purpose' (use 'batch')", param="purpose")
-            return await run_in_threadpool(service.files.create, file.file, filename=file.filename or "",
-                                           purpose=purpose)
+            return await run_in_threadpool(
+                service.files.create, file.file, filename=file.filename or "", purpose=purpose
+            )
         finally:
             await form.close()
 
     @app.get("/v1/files")
     async def list_files(request: Request) -> dict[str, Any]:
         authorize(request)
-        items, more = service.files.list(purpose=request.query_params.get("purpose"),
-                                         limit=_limit(request, 10000, 10000), after=request.query_params.get("after"),
-                                         order=request.query_params.get("order", "desc"))
+        items, more = service.files.list(
+            purpose=request.query_params.get("purpose"),
+            limit=_limit(request, 10000, 10000),
+            after=request.query_params.get("after"),
+            order=request.query_params.get("order", "desc"),
+        )
         return _page(items, more)
 
     @app.get("/v1/files/{file_id}")

@@ -73,9 +73,18 @@ def refusal(exc: BaseException) -> Answer:
     """The answer of a request ``prepare`` refused: its status and error body (400 and a plain body when the
     error carries none)."""
     status = getattr(exc, "status", 400 if isinstance(exc, InputError) else 500)
-    body = exc.body() if callable(getattr(exc, "body", None)) else {
-        "error": {"message": str(exc) or type(exc).__name__, "type": "invalid_request_error", "param": None,
-                  "code": None}}
+    body = (
+        exc.body()
+        if callable(getattr(exc, "body", None))
+        else {
+            "error": {
+                "message": str(exc) or type(exc).__name__,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+    )
     return Answer(int(status), body)
 
 
@@ -95,8 +104,14 @@ def in_key_order(works: Sequence[Work]) -> list[Work]:
     return [work for group in groups.values() for work in group]
 
 
-def run_chunks(backend: Backend, works: Sequence[Work], *, run: str | None,
-               emit: Callable[[list[tuple[Work, Answer]]], None], stop: Callable[[], bool] = lambda: False) -> bool:
+def run_chunks(
+    backend: Backend,
+    works: Sequence[Work],
+    *,
+    run: str | None,
+    emit: Callable[[list[tuple[Work, Answer]]], None],
+    stop: Callable[[], bool] = lambda: False,
+) -> bool:
     """Answer ``works`` chunk by chunk (see the module docstring); True when all were answered, False when
     ``stop()`` said so between chunks.  :class:`Interrupted` propagates (the chunk in flight is not emitted)."""
     order = in_key_order(works)

@@ -53,8 +53,9 @@ class BatchService:
     left by another process.
     """
 
-    def __init__(self, backend: Backend, *, model: str, data_dir: str | Path | None = None,
-                 poll_s: float = 2.0) -> None:
+    def __init__(
+        self, backend: Backend, *, model: str, data_dir: str | Path | None = None, poll_s: float = 2.0
+    ) -> None:
         self.backend = backend
         self.model = model
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
@@ -95,36 +96,68 @@ class BatchService:
         except BatchAPIError:
             info = None
         if info is None:
-            raise BatchAPIError("'input_file_id' must name an uploaded file (POST /v1/files, purpose 'batch')",
-                                param="input_file_id")
+            raise BatchAPIError(
+                "'input_file_id' must name an uploaded file (POST /v1/files, purpose 'batch')", param="input_file_id"
+            )
         if info["purpose"] != "batch":
-            raise BatchAPIError(f"file {file_id} has purpose {info['purpose']!r}; a batch reads a file uploaded with "
-                                "purpose 'batch'", param="input_file_id")
+            raise BatchAPIError(
+                f"file {file_id} has purpose {info['purpose']!r}; a batch reads a file uploaded with purpose 'batch'",
+                param="input_file_id",
+            )
         endpoint = body.get("endpoint")
         if endpoint not in ENDPOINTS:
-            raise BatchAPIError(f"'endpoint' is {endpoint!r:.60}; this server runs {' or '.join(ENDPOINTS)}",
-                                param="endpoint")
+            raise BatchAPIError(
+                f"'endpoint' is {endpoint!r:.60}; this server runs {' or '.join(ENDPOINTS)}", param="endpoint"
+            )
         window = body.get("completion_window")
         if window not in WINDOWS:
-            raise BatchAPIError(f"'completion_window' is {window!r:.20}; the only window is '24h'",
-                                param="completion_window")
+            raise BatchAPIError(
+                f"'completion_window' is {window!r:.20}; the only window is '24h'", param="completion_window"
+            )
         metadata = body.get("metadata")
-        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16 or not all(
+        if metadata is not None and (
+            not isinstance(metadata, dict)
+            or len(metadata) > 16
+            or not all(
                 isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
-                for k, v in metadata.items())):
-            raise BatchAPIError("'metadata' must be an object of at most 16 string values (keys up to 64 "
-                                "characters, values up to 512)", param="metadata")
+                for k, v in metadata.items()
+            )
+        ):
+            raise BatchAPIError(
+                "'metadata' must be an object of at most 16 string values (keys up to 64 characters, values up to 512)",
+                param="metadata",
+            )
         now = int(time.time())
         batch_id = new_id("batch")
         record = {
-            "id": batch_id, "object": "batch", "endpoint": endpoint, "errors": None, "input_file_id": file_id,
-            "completion_window": window, "status": "validating", "output_file_id": None, "error_file_id": None,
-            "created_at": now, "in_progress_at": None, "expires_at": now + WINDOWS[window], "finalizing_at": None,
-            "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
-            "cancelled_at": None, "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "id": batch_id,
+            "object": "batch",
+            "endpoint": endpoint,
+            "errors": None,
+            "input_file_id": file_id,
+            "completion_window": window,
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "in_progress_at": None,
+            "expires_at": now + WINDOWS[window],
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},
             "metadata": metadata,
-            "workbench": {"model": self.model, "run": run_name(batch_id), "restarts": 0, "recovered": 0,
-                          "computed": 0, "started": False},
+            "workbench": {
+                "model": self.model,
+                "run": run_name(batch_id),
+                "restarts": 0,
+                "recovered": 0,
+                "computed": 0,
+                "started": False,
+            },
         }
         self.records.save(record)
         self._notify()
@@ -138,7 +171,7 @@ class BatchService:
         records = self.records.all()[::-1]
         if after is not None:
             ids = [r["id"] for r in records]
-            records = records[ids.index(after) + 1:] if after in ids else []
+            records = records[ids.index(after) + 1 :] if after in ids else []
         return records[:limit], len(records) > limit
 
     def cancel(self, batch_id: Any) -> dict[str, Any]:
@@ -148,9 +181,13 @@ class BatchService:
             if record["status"] in ("cancelling", "cancelled"):
                 return record
             if record["status"] not in ("validating", "in_progress"):
-                raise BatchAPIError(f"batch {record['id']} is {record['status']}; only a validating or in_progress "
-                                    "batch can be cancelled", status=409, param="batch_id",
-                                    code="batch_not_cancellable")
+                raise BatchAPIError(
+                    f"batch {record['id']} is {record['status']}; only a validating or in_progress "
+                    "batch can be cancelled",
+                    status=409,
+                    param="batch_id",
+                    code="batch_not_cancellable",
+                )
             record.update(status="cancelling", cancelling_at=int(time.time()))
             self.records.save(record)
         self._notify()
@@ -215,16 +252,25 @@ class BatchService:
             now = int(time.time())
             ok = sum(1 for entry in done.values() if entry["ok"])  # the counts of what is on disk (a kill may have
             counts = {"total": total, "completed": ok, "failed": len(done) - ok}  # come between line and record)
-            record = self._update(batch_id, status="in_progress", in_progress_at=record["in_progress_at"] or now,
-                                  request_counts=counts, workbench=extra)
+            record = self._update(
+                batch_id,
+                status="in_progress",
+                in_progress_at=record["in_progress_at"] or now,
+                request_counts=counts,
+                workbench=extra,
+            )
             fresh = [(line, custom_id, answer) for line, custom_id, answer in refused if line not in done]
             self._append(batch_id, done_path, [(line, cid, ans, False) for line, cid, ans in fresh])
             works = [w for w in works if w.request.line not in done]
             finished = run_chunks(
-                self.backend, works, run=record["workbench"]["run"],
-                emit=lambda pairs: self._append(batch_id, done_path, [
-                    (w.request.line, w.request.custom_id, a, True) for w, a in pairs]),
-                stop=lambda: self._stopping.is_set() or self._ending(batch_id) is not None)
+                self.backend,
+                works,
+                run=record["workbench"]["run"],
+                emit=lambda pairs: self._append(
+                    batch_id, done_path, [(w.request.line, w.request.custom_id, a, True) for w, a in pairs]
+                ),
+                stop=lambda: self._stopping.is_set() or self._ending(batch_id) is not None,
+            )
             if not finished and self._ending(batch_id) is None:
                 return  # stopping: the rest runs after the next start
         self._finalize(batch_id, done_path)
@@ -235,8 +281,9 @@ class BatchService:
         try:
             path = self.files.path(record["input_file_id"])
         except BatchAPIError:
-            raise BatchAPIError(f"the input file {record['input_file_id']} was deleted before the batch ran",
-                                code="file_not_found") from None
+            raise BatchAPIError(
+                f"the input file {record['input_file_id']} was deleted before the batch ran", code="file_not_found"
+            ) from None
         works: list[Work] = []
         refused: list[tuple[int, str | None, Any]] = []
         seen: set[str] = set()
@@ -250,8 +297,9 @@ class BatchService:
                 continue
             if request.custom_id in seen:
                 message = f"line {number}: custom_id {request.custom_id!r:.80} was used by an earlier line"
-                refused.append((number, request.custom_id, error_line(request.custom_id, "duplicate_custom_id",
-                                                                      message)))
+                refused.append(
+                    (number, request.custom_id, error_line(request.custom_id, "duplicate_custom_id", message))
+                )
                 continue
             seen.add(request.custom_id)
             work = prepare(self.backend, request)
@@ -271,8 +319,11 @@ class BatchService:
         with open(done_path, "a", encoding="utf-8") as f:
             for line, custom_id, answer, _computed in entries:
                 if isinstance(answer, Answer):
-                    entry = {"line": line, "ok": answer.ok, "out": output_line(custom_id or "", answer.status,
-                                                                                answer.body)}
+                    entry = {
+                        "line": line,
+                        "ok": answer.ok,
+                        "out": output_line(custom_id or "", answer.status, answer.body),
+                    }
                 else:
                     entry = {"line": line, "ok": False, "out": answer}
                 ok += entry["ok"]
@@ -308,8 +359,9 @@ class BatchService:
             ending = "expired"
         else:
             ending = "completed"
-            record = self._update(batch_id, status="finalizing",
-                                  finalizing_at=record["finalizing_at"] or int(time.time()))
+            record = self._update(
+                batch_id, status="finalizing", finalizing_at=record["finalizing_at"] or int(time.time())
+            )
         outputs = [done[line] for line in sorted(done)]
         if ending == "expired":
             outputs += unanswered
@@ -325,11 +377,17 @@ class BatchService:
                 f.flush()
                 os.fsync(f.fileno())
             file_id = "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]  # the same on a rerun
-            files[kind] = self.files.adopt(tmp, filename=f"{batch_id}_{kind}.jsonl", purpose="batch_output",
-                                           file_id=file_id)["id"]
+            files[kind] = self.files.adopt(
+                tmp, filename=f"{batch_id}_{kind}.jsonl", purpose="batch_output", file_id=file_id
+            )["id"]
         now = int(time.time())
-        self._update(batch_id, status=ending, output_file_id=files["output"], error_file_id=files["error"],
-                     **{f"{ending}_at": now})
+        self._update(
+            batch_id,
+            status=ending,
+            output_file_id=files["output"],
+            error_file_id=files["error"],
+            **{f"{ending}_at": now},
+        )
 
     def _unanswered(self, record: dict[str, Any], done: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
         """Error lines (``batch_expired``) for the input lines not in ``done``."""
@@ -344,13 +402,20 @@ class BatchService:
                     custom_id: str | None = parse_line(text, number, record["endpoint"]).custom_id
                 except LineError as exc:
                     custom_id = exc.custom_id
-                out.append({"line": number, "ok": False, "out": error_line(
-                    custom_id, "batch_expired", "the batch expired before this request ran")})
+                out.append(
+                    {
+                        "line": number,
+                        "ok": False,
+                        "out": error_line(custom_id, "batch_expired", "the batch expired before this request ran"),
+                    }
+                )
         return out
 
     def _fail(self, batch_id: str, code: str, message: str) -> None:
-        errors = {"object": "list", "data": [{"code": code, "message": message, "param": "input_file_id",
-                                              "line": None}]}
+        errors = {
+            "object": "list",
+            "data": [{"code": code, "message": message, "param": "input_file_id", "line": None}],
+        }
         self._update(batch_id, status="failed", failed_at=int(time.time()), errors=errors)
 
 

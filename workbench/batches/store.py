@@ -81,8 +81,11 @@ class FileStore:
     def create(self, data: bytes | BinaryIO, *, filename: str, purpose: str) -> dict[str, Any]:
         """Store ``data`` (bytes or a binary file object, copied in chunks) and return its File object."""
         if purpose not in PURPOSES:
-            raise BatchAPIError(f"purpose {purpose!r:.40} is not stored here: this server keeps files for the Batch "
-                                "API only (purpose 'batch')", param="purpose")
+            raise BatchAPIError(
+                f"purpose {purpose!r:.40} is not stored here: this server keeps files for the Batch "
+                "API only (purpose 'batch')",
+                param="purpose",
+            )
         file_id = new_id("file")
         tmp = self._dir() / f".{file_id}.part"
         with open(tmp, "wb") as f:
@@ -97,13 +100,22 @@ class FileStore:
     def adopt(self, path: Path, *, filename: str, purpose: str, file_id: str | None = None) -> dict[str, Any]:
         """Move a finished file (a batch's output) into the store, under ``file_id`` when given (a rerun of the
         same step then replaces the file instead of leaving a copy); returns its File object."""
-        return self._adopt(path, checked_id("file", file_id) if file_id else new_id("file"), filename=filename,
-                           purpose=purpose)
+        return self._adopt(
+            path, checked_id("file", file_id) if file_id else new_id("file"), filename=filename, purpose=purpose
+        )
 
     def _adopt(self, path: Path, file_id: str, *, filename: str, purpose: str) -> dict[str, Any]:
-        info = {"id": file_id, "object": "file", "bytes": path.stat().st_size, "created_at": int(time.time()),
-                "filename": str(filename)[:255] or "upload.jsonl", "purpose": purpose, "status": "processed",
-                "expires_at": None, "status_details": None}
+        info = {
+            "id": file_id,
+            "object": "file",
+            "bytes": path.stat().st_size,
+            "created_at": int(time.time()),
+            "filename": str(filename)[:255] or "upload.jsonl",
+            "purpose": purpose,
+            "status": "processed",
+            "expires_at": None,
+            "status_details": None,
+        }
         os.replace(path, self._dir() / file_id)
         write_json(self._dir() / f"{file_id}.json", info)
         return info
@@ -126,8 +138,9 @@ class FileStore:
         (self.root / info["id"]).unlink(missing_ok=True)
         return {"id": info["id"], "object": "file", "deleted": True}
 
-    def list(self, *, purpose: str | None = None, limit: int = 10000, after: str | None = None,
-             order: str = "desc") -> tuple[list[dict[str, Any]], bool]:
+    def list(
+        self, *, purpose: str | None = None, limit: int = 10000, after: str | None = None, order: str = "desc"
+    ) -> tuple[list[dict[str, Any]], bool]:
         """File objects, newest first (``order="asc"``: oldest first), after the id ``after``; and whether more
         remain."""
         infos = [info for info in _records(self.root.glob("file-*.json")) if purpose in (None, info["purpose"])]
@@ -176,5 +189,5 @@ def _page(items: list[dict[str, Any]], *, limit: int, after: str | None, order: 
     items = sorted(items, key=lambda r: (r["created_at"], r["id"]), reverse=order == "desc")
     if after is not None:
         ids = [r["id"] for r in items]
-        items = items[ids.index(after) + 1:] if after in ids else []
+        items = items[ids.index(after) + 1 :] if after in ids else []
     return items[:limit], len(items) > limit

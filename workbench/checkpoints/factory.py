@@ -30,29 +30,64 @@ from workbench.places import CACHE_ENV
 Layout = Literal["modules", "fused"]
 
 TINY_LLAMA3: dict[str, Any] = {
-    "dim": 128, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128256, "multiple_of": 32,
-    "ffn_dim_multiplier": 1.3, "norm_eps": 1e-5, "rope_theta": 500000.0, "use_scaled_rope": True,
+    "dim": 128,
+    "n_layers": 3,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "vocab_size": 128256,
+    "multiple_of": 32,
+    "ffn_dim_multiplier": 1.3,
+    "norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "use_scaled_rope": True,
 }
 
 TINY_LLAMA4: dict[str, Any] = {
-    "dim": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "vocab_size": 202048,
-    "multiple_of": 32, "ffn_dim_multiplier": 1.2, "ffn_exp": 4.0, "norm_eps": 1e-5, "rope_theta": 500000.0,
-    "use_scaled_rope": True, "rope_scaling_factor": 16.0, "rope_high_freq_factor": 1.0,
-    "attention_chunk_size": 32, "nope_layer_interval": 2, "use_qk_norm": True,
-    "attn_temperature_tuning": True, "floor_scale": 16.0, "attn_scale": 0.1,
-    "moe_args": {"num_experts": 4, "capacity_factor": 1.0, "auto_scale_F": True, "top_k": 1,
-                 "interleave_moe_layer_step": 2},
+    "dim": 128,
+    "n_layers": 4,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 202048,
+    "multiple_of": 32,
+    "ffn_dim_multiplier": 1.2,
+    "ffn_exp": 4.0,
+    "norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "use_scaled_rope": True,
+    "rope_scaling_factor": 16.0,
+    "rope_high_freq_factor": 1.0,
+    "attention_chunk_size": 32,
+    "nope_layer_interval": 2,
+    "use_qk_norm": True,
+    "attn_temperature_tuning": True,
+    "floor_scale": 16.0,
+    "attn_scale": 0.1,
+    "moe_args": {
+        "num_experts": 4,
+        "capacity_factor": 1.0,
+        "auto_scale_F": True,
+        "top_k": 1,
+        "interleave_moe_layer_step": 2,
+    },
 }
 
 # TINY_LLAMA4 with a tiny vision encoder: 56-pixel tiles of 4x4 patches, 4 <|patch|> tokens per tile.
 TINY_VISION_ARGS: dict[str, Any] = {
-    "image_size": {"height": 56, "width": 56}, "patch_size": {"height": 14, "width": 14}, "dim": 64, "n_layers": 2,
-    "n_heads": 4, "mlp_ratio": 2.0, "output_dim": 96, "pixel_shuffle_ratio": 0.5,
+    "image_size": {"height": 56, "width": 56},
+    "patch_size": {"height": 14, "width": 14},
+    "dim": 64,
+    "n_layers": 2,
+    "n_heads": 4,
+    "mlp_ratio": 2.0,
+    "output_dim": 96,
+    "pixel_shuffle_ratio": 0.5,
 }
 TINY_LLAMA4_VISION: dict[str, Any] = {**TINY_LLAMA4, "vision_args": TINY_VISION_ARGS}
 
 # About 50M parameters (most in the embedding/output of the 128k vocabulary): the "larger tiny" model.
 SMALL_LLAMA3: dict[str, Any] = {**TINY_LLAMA3, "dim": 192, "n_layers": 6, "n_heads": 6, "n_kv_heads": 2}
+
 
 def random_state_dict(args: ModelArgs, seed: int = 0) -> dict[str, torch.Tensor]:
     """Full (unsharded) float32 weights with module names; scales keep activations near unit size."""
@@ -74,8 +109,9 @@ def random_state_dict(args: ModelArgs, seed: int = 0) -> dict[str, torch.Tensor]
             tensor = torch.randn(shape, generator=gen) * (2.0 / args.dim**0.5)
         elif key.endswith("router_DE"):
             tensor = torch.randn(shape, generator=gen) / args.dim**0.5
-        elif key.startswith("vision_") and key.endswith((".bias", "ln_1.weight", "ln_2.weight", "ln_pre.weight",
-                                                         "ln_post.weight")):
+        elif key.startswith("vision_") and key.endswith(
+            (".bias", "ln_1.weight", "ln_2.weight", "ln_pre.weight", "ln_post.weight")
+        ):
             tensor = (1.0 if key.endswith("weight") else 0.0) + 0.1 * torch.randn(shape, generator=gen)
         elif key.endswith(("class_embedding", "positional_embedding_vlm")):
             tensor = torch.randn(shape, generator=gen) * shape[-1] ** -0.5
@@ -129,9 +165,16 @@ def fuse_keys(shard: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torc
     return out
 
 
-def write_checkpoint(path: str | Path, params: dict[str, Any], *, n_shards: int = 1, layout: Layout = "modules",
-                     seed: int = 0, dtype: torch.dtype = torch.bfloat16,
-                     with_tokenizer: bool = True) -> Path:
+def write_checkpoint(
+    path: str | Path,
+    params: dict[str, Any],
+    *,
+    n_shards: int = 1,
+    layout: Layout = "modules",
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+    with_tokenizer: bool = True,
+) -> Path:
     """Write a random-weight checkpoint folder in Meta's layout and return its path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -153,7 +196,6 @@ def cache_root() -> Path:
     root = Path(named).expanduser() if named else Path.home() / ".cache" / "workbench"
     if root.exists() and not root.is_dir():
         where = f"environment variable {CACHE_ENV}" if named else "the default cache location"
-        fix = (f"point {CACHE_ENV} at a folder (or unset it)" if named
-               else f"move the file away or set {CACHE_ENV}")
+        fix = f"point {CACHE_ENV} at a folder (or unset it)" if named else f"move the file away or set {CACHE_ENV}"
         raise ConfigError(f"the workbench cache {str(root)!r} (from {where}) is a file, not a folder; {fix}")
     return root

@@ -22,8 +22,10 @@ def shard_paths(ckpt_dir: str | Path) -> list[Path]:
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         if ckpt_dir.exists():
-            raise CheckpointError(f"{ckpt_dir} is a file, not a folder; give the folder that holds params.json and "
-                                  "the consolidated.NN.pth shards")
+            raise CheckpointError(
+                f"{ckpt_dir} is a file, not a folder; give the folder that holds params.json and "
+                "the consolidated.NN.pth shards"
+            )
         raise MissingCheckpointFileError(f"checkpoint folder {ckpt_dir} does not exist; check the path")
     found = {}
     for path in ckpt_dir.iterdir():

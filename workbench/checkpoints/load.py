@@ -127,8 +127,9 @@ def _take_part(tensor: torch.Tensor, dim: int, parts: int, index: int, unit: int
     raise CheckpointError(f"cannot split {n_units} heads over {parts} ranks; pick a model_parallel_size that fits")
 
 
-def reshard(shards: list[dict[str, torch.Tensor]], *, n_saved: int, mp_size: int, rank: int,
-            args: ModelArgs) -> dict[str, torch.Tensor]:
+def reshard(
+    shards: list[dict[str, torch.Tensor]], *, n_saved: int, mp_size: int, rank: int, args: ModelArgs
+) -> dict[str, torch.Tensor]:
     """Merge or split the canonical ``shards`` (saved ranks of this rank's run) into rank ``rank``'s slice."""
     parts = max(mp_size // n_saved, 1)
     index = rank % parts
@@ -153,8 +154,9 @@ def _load_shard(path: Path) -> dict[str, torch.Tensor]:
     return read_shard(path)
 
 
-def load_state_dict_for_rank(ckpt_dir: str | Path, args: ModelArgs, mp_size: int = 1, rank: int = 0, *,
-                             progress: bool | None = False) -> dict[str, torch.Tensor]:
+def load_state_dict_for_rank(
+    ckpt_dir: str | Path, args: ModelArgs, mp_size: int = 1, rank: int = 0, *, progress: bool | None = False
+) -> dict[str, torch.Tensor]:
     """This rank's canonical state dict, memory-mapped where no copy is needed.
 
     ``progress``: a bar over the shards read (see :mod:`workbench.progress`; off by default, since
@@ -172,24 +174,33 @@ def load_state_dict_for_rank(ckpt_dir: str | Path, args: ModelArgs, mp_size: int
     return reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
 
 
-def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype,
-                 mp_size: int = 1, rank: int = 0) -> torch.nn.Module:
+def build_vision(
+    ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype, mp_size: int = 1, rank: int = 0
+) -> torch.nn.Module:
     """This rank's slice of the Llama 4 vision encoder, adapter and projection (``vision_embeddings.*``,
     ``vision_projection.weight``), read from the shards on demand (the text model never holds them)."""
     if args.vision_args is None:
         raise CheckpointError(f"{ckpt_dir}: params.json has no vision_args, so the model has no vision encoder")
     paths = shard_paths(ckpt_dir)
     picked = source_shards_for_rank(len(paths), mp_size, rank)
-    shards = [{k: v for k, v in _load_shard(paths[i]).items() if k.startswith(("vision_embeddings.",
-              "vision_projection."))} for i in picked]
+    shards = [
+        {k: v for k, v in _load_shard(paths[i]).items() if k.startswith(("vision_embeddings.", "vision_projection."))}
+        for i in picked
+    ]
     state = reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
     model = VisionModel(args, device="meta", dtype=dtype)
     assign_state(model, state, ckpt_dir, mp_size, device, what="vision encoder")
     return model.eval()
 
 
-def assign_state(model: torch.nn.Module, state: dict[str, torch.Tensor], ckpt_dir: str | Path, mp_size: int,
-                 device: torch.device, what: str) -> None:
+def assign_state(
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    ckpt_dir: str | Path,
+    mp_size: int,
+    device: torch.device,
+    what: str,
+) -> None:
     """Check ``state`` against ``model``'s own keys and shapes (errors name the checkpoint and the fix), then
     assign it on ``device``."""
     expected = model.state_dict()
@@ -222,9 +233,17 @@ def check_vocab(args: ModelArgs, n_words: int, source: str) -> ModelArgs:
     return args
 
 
-def build_model(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype,
-                max_seq_len: int, mp_size: int = 1, rank: int = 0,
-                progress: bool | None = False) -> Transformer:
+def build_model(
+    ckpt_dir: str | Path,
+    args: ModelArgs,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_seq_len: int,
+    mp_size: int = 1,
+    rank: int = 0,
+    progress: bool | None = False,
+) -> Transformer:
     """Construct on the meta device, then assign this rank's weights cast to ``dtype`` on ``device``."""
     state = load_state_dict_for_rank(ckpt_dir, args, mp_size, rank, progress=progress)
     model_class = CrossAttentionTextModel if is_cross_attention_vision(args) else Transformer
@@ -240,8 +259,11 @@ def build_model(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, 
             "params.json belongs to these shards"
         )
     if unexpected:  # the reference loads non-strictly too; say what is ignored rather than fail
-        warnings.warn(f"{ckpt_dir}: ignoring {len(unexpected)} checkpoint tensors the text model does not use: "
-                      f"{unexpected[:6]}{'…' if len(unexpected) > 6 else ''}", stacklevel=2)
+        warnings.warn(
+            f"{ckpt_dir}: ignoring {len(unexpected)} checkpoint tensors the text model does not use: "
+            f"{unexpected[:6]}{'…' if len(unexpected) > 6 else ''}",
+            stacklevel=2,
+        )
         for key in unexpected:
             del state[key]
     for key, want in expected.items():

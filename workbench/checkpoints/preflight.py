@@ -123,12 +123,14 @@ def check_memory(settings, args: ModelArgs, *, reclaimable_bytes: int = 0) -> Me
     weights_rank = -(-est.weights_bytes // mp)
     batch_src = settings.source("max_batch_size").describe()
     seq_src = settings.source("max_seq_len").describe()
-    need = (f"max_batch_size={settings.max_batch_size} (from {batch_src}) and max_seq_len={settings.max_seq_len} "
-            f"(from {seq_src}) need {fmt_bytes(est.kv_cache_bytes)} of KV cache (keys and values: "
-            f"2 × {args.n_layers} layers × "
-            f"{settings.max_batch_size} rows × {settings.max_seq_len} positions × "
-            f"{fmt_bytes(est.kv_bytes_per_token // args.n_layers // 2)}) plus "
-            f"{fmt_bytes(est.weights_bytes)} of weights")
+    need = (
+        f"max_batch_size={settings.max_batch_size} (from {batch_src}) and max_seq_len={settings.max_seq_len} "
+        f"(from {seq_src}) need {fmt_bytes(est.kv_cache_bytes)} of KV cache (keys and values: "
+        f"2 × {args.n_layers} layers × "
+        f"{settings.max_batch_size} rows × {settings.max_seq_len} positions × "
+        f"{fmt_bytes(est.kv_bytes_per_token // args.n_layers // 2)}) plus "
+        f"{fmt_bytes(est.weights_bytes)} of weights"
+    )
     if mp > 1:
         need += f", {fmt_bytes(est.per_rank_bytes)} per rank of {mp}"
     rope_per_pos = 8 * (args.rope_head_dim // 2)

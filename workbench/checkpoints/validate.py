@@ -35,8 +35,10 @@ class _Want:
 
 def _per_shard(total: int, n: int, what: str, key: str) -> int:
     if total % n:
-        raise CheckpointError(f"{what} ({total}) is not divisible by the {n} shards, so {key} cannot be split; "
-                              "check params.json and the shard count")
+        raise CheckpointError(
+            f"{what} ({total}) is not divisible by the {n} shards, so {key} cannot be split; "
+            "check params.json and the shard count"
+        )
     return total // n
 
 
@@ -68,10 +70,18 @@ def expected_shapes(args: ModelArgs, n_shards: int) -> dict[str, _Want]:
         put(p + "attention.wv.weight", (kv_rows, d), f"n_kv_heads={kv} × {heads} / {n} shard(s) rows, dim={d} columns")
         put(p + "attention.wo.weight", (d, q_rows), f"dim={d} rows, n_heads={nh} × {heads} / {n} shard(s) columns")
         qkv = (nh + 2 * kv) * hd // n if kv_rows is not None else None
-        put(p + "attention.wqkv.weight", (qkv, d),
-            f"(n_heads={nh} + 2 × n_kv_heads={kv}) × {heads} / {n} shard(s) rows, dim={d} columns")
-        for norm in ("attention_norm.weight", "attention.wqkv.layer_norm_weight", "ffn_norm.weight",
-                     "feed_forward.mlp.layer_norm_weight", "feed_forward.norm.weight"):
+        put(
+            p + "attention.wqkv.weight",
+            (qkv, d),
+            f"(n_heads={nh} + 2 × n_kv_heads={kv}) × {heads} / {n} shard(s) rows, dim={d} columns",
+        )
+        for norm in (
+            "attention_norm.weight",
+            "attention.wqkv.layer_norm_weight",
+            "ffn_norm.weight",
+            "feed_forward.mlp.layer_norm_weight",
+            "feed_forward.norm.weight",
+        ):
             put(p + norm, (d,), f"dim={d}")
         ff = p + "feed_forward."
         if args.is_moe_layer(i):
@@ -102,14 +112,18 @@ def expected_shapes(args: ModelArgs, n_shards: int) -> dict[str, _Want]:
     return want
 
 
-def check_shard(state: dict[str, torch.Tensor], args: ModelArgs, path: Path, n_shards: int,
-                params: str = "params.json") -> None:
+def check_shard(
+    state: dict[str, torch.Tensor], args: ModelArgs, path: Path, n_shards: int, params: str = "params.json"
+) -> None:
     """Raise :class:`CheckpointError` at the first key of ``state`` whose shape contradicts ``args``."""
     state = {k.removeprefix("text_model."): v for k, v in state.items()}  # Llama 3.2 Vision's text decoder
     layers = sorted({int(m.group(1)) for k in state if (m := _LAYER_RE.match(k))})
     if layers != list(range(args.n_layers)):
-        held = f"layers 0..{layers[-1]} ({len(layers)} layers)" if layers == list(range(len(layers))) and layers \
+        held = (
+            f"layers 0..{layers[-1]} ({len(layers)} layers)"
+            if layers == list(range(len(layers))) and layers
             else f"layer indices {_ranges(layers)}"
+        )
         fit = f"; n_layers={len(layers)} would fit" if layers == list(range(len(layers))) and layers else ""
         raise CheckpointError(
             f"{params} says n_layers={args.n_layers} but {path.name} holds {held}{fit}; use the params.json that "
@@ -164,8 +178,11 @@ def _hint(key: str, got: tuple[int, ...], args: ModelArgs, n: int) -> str:
         heads = got[0] * n // hd
         if key.endswith("wqkv.weight"):
             extra = heads - args.n_heads
-            return f"; with n_heads={args.n_heads} the shard fits n_kv_heads={extra // 2}" if extra > 0 and \
-                extra % 2 == 0 else ""
+            return (
+                f"; with n_heads={args.n_heads} the shard fits n_kv_heads={extra // 2}"
+                if extra > 0 and extra % 2 == 0
+                else ""
+            )
         return f"; the shard fits {'n_heads' if key.endswith('wq.weight') else 'n_kv_heads'}={heads}"
     if key.endswith("router_DE"):
         return f"; the shard fits num_experts={got[1]}" if got[0] == d else f"; the shard fits dim={got[0]}"

@@ -31,17 +31,34 @@ TINY_GLOBAL_LAYERS = 2  # Meta: 8
 # A tiny Llama 3.2 Vision model: the TINY_LLAMA3 text shape with 4 layers, 2 of them preceded by cross-attention,
 # 28-pixel tiles of 2 x 2 patches (5 encoder tokens per tile), at most 4 tiles per image.
 TINY_LLAMA32_VISION: dict[str, Any] = {
-    "dim": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128256, "multiple_of": 32,
-    "ffn_dim_multiplier": 1.3, "norm_eps": 1e-5, "rope_theta": 500000.0, "use_scaled_rope": True,
-    "vision_chunk_size": 28, "vision_max_num_chunks": 4, "vision_num_cross_attention_layers": 2,
+    "dim": 128,
+    "n_layers": 4,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "vocab_size": 128256,
+    "multiple_of": 32,
+    "ffn_dim_multiplier": 1.3,
+    "norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "use_scaled_rope": True,
+    "vision_chunk_size": 28,
+    "vision_max_num_chunks": 4,
+    "vision_num_cross_attention_layers": 2,
 }
 
 
 def tiny_dims(args: ModelArgs, width: int = TINY_WIDTH, n_global: int = TINY_GLOBAL_LAYERS) -> VisionDims:
     if args.vision_chunk_size % 14:
         raise CheckpointError(f"vision_chunk_size={args.vision_chunk_size} is not a multiple of Meta's patch 14")
-    return VisionDims(width=width, patch=14, grid=args.vision_chunk_size // 14, max_tiles=4, n_local_layers=32,
-                      n_global_layers=n_global, mlp_hidden=4 * width)
+    return VisionDims(
+        width=width,
+        patch=14,
+        grid=args.vision_chunk_size // 14,
+        max_tiles=4,
+        n_local_layers=32,
+        n_global_layers=n_global,
+        mlp_hidden=4 * width,
+    )
 
 
 def _init(key: str, shape: tuple[int, ...], gen: torch.Generator, dim: int) -> torch.Tensor:
@@ -92,8 +109,9 @@ def vision_dims(ckpt_dir: str | Path) -> VisionDims:
     return VisionDims.from_shapes(shapes, n_shards=len(paths), source=str(paths[0]))
 
 
-def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype,
-                 mp_size: int = 1, rank: int = 0) -> torch.nn.Module:
+def build_vision(
+    ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device, dtype: torch.dtype, mp_size: int = 1, rank: int = 0
+) -> torch.nn.Module:
     """This rank's slice of ``vision_model.*`` (encoder and projection), read from the shards on first use."""
     dims = vision_dims(ckpt_dir)
     if dims.tile_size != args.vision_chunk_size:
@@ -103,12 +121,16 @@ def build_vision(ckpt_dir: str | Path, args: ModelArgs, *, device: torch.device,
             "params.json that belongs to these shards"
         )
     if args.vision_max_num_chunks > dims.max_tiles:
-        raise CheckpointError(f"{ckpt_dir}: vision_max_num_chunks={args.vision_max_num_chunks} exceeds the "
-                              f"encoder's {dims.max_tiles}-tile embeddings")
+        raise CheckpointError(
+            f"{ckpt_dir}: vision_max_num_chunks={args.vision_max_num_chunks} exceeds the "
+            f"encoder's {dims.max_tiles}-tile embeddings"
+        )
     paths = shard_paths(ckpt_dir)
     picked = source_shards_for_rank(len(paths), mp_size, rank)
-    shards = [{k[len(VISION_PREFIX) :]: v for k, v in read_shard(paths[i]).items() if k.startswith(VISION_PREFIX)}
-              for i in picked]
+    shards = [
+        {k[len(VISION_PREFIX) :]: v for k, v in read_shard(paths[i]).items() if k.startswith(VISION_PREFIX)}
+        for i in picked
+    ]
     state = reshard(shards, n_saved=len(paths), mp_size=mp_size, rank=rank, args=args)
     model = CrossAttentionVision(dims, args.dim, device="meta", dtype=dtype)
     assign_state(model, state, ckpt_dir, mp_size, device, what="vision encoder")

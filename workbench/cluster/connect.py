@@ -56,8 +56,9 @@ def loopback() -> Iterator[None]:
             os.environ[key] = old_env
 
 
-def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
-            **ray_init: Any) -> bool:
+def connect(
+    address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None, **ray_init: Any
+) -> bool:
     """Join a Ray cluster, or start a local Ray; returns True when this call started Ray.
 
     address: None joins the running Ray when this process already has one, else starts a local one

@@ -145,9 +145,19 @@ class Fleet:
     def describe(self) -> list[dict[str, Any]]:
         """Each replica: index, state, node, host, pid, GPUs, and how often it was started."""
         self.poll_starts()
-        return [{"index": s.index, "state": s.state, "node_id": s.info.get("node_id"), "host": s.info.get("host"),
-                 "pid": s.info.get("pid"), "cuda_visible_devices": s.info.get("cuda_visible_devices"),
-                 "starts": s.starts, "error": s.error} for s in self.slots]
+        return [
+            {
+                "index": s.index,
+                "state": s.state,
+                "node_id": s.info.get("node_id"),
+                "host": s.info.get("host"),
+                "pid": s.info.get("pid"),
+                "cuda_visible_devices": s.info.get("cuda_visible_devices"),
+                "starts": s.starts,
+                "error": s.error,
+            }
+            for s in self.slots
+        ]
 
     # ----------------------------------------------------------------------------- what jobs use
     def slots_with_room(self, pipeline: int) -> list[Slot]:

@@ -65,10 +65,19 @@ class Job:
     (``(row indices, Completions) -> results``, for chat jobs), then :meth:`start` s it.
     """
 
-    def __init__(self, fleet: Fleet, kind: str, method: str, rows: list[Any], kwargs: dict[str, Any],
-                 progress: bool | None, *, chunk_rows: Callable[[int], int],
-                 to_results: Callable[[list[int], list[Any]], list[Any]] | None = None,
-                 stored: StoredCall | None = None) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        kind: str,
+        method: str,
+        rows: list[Any],
+        kwargs: dict[str, Any],
+        progress: bool | None,
+        *,
+        chunk_rows: Callable[[int], int],
+        to_results: Callable[[list[int], list[Any]], list[Any]] | None = None,
+        stored: StoredCall | None = None,
+    ) -> None:
         if progress not in (None, True, False):
             raise InputError(f"progress must be True, False or None (automatic), got {progress!r}")
         self.id = next(_job_ids)
@@ -110,8 +119,10 @@ class Job:
         ``.partial`` as the engine's: unfinished rows with ``stop_reason="cancelled"``).  Ctrl-C cancels the job."""
         try:
             if not self._finished.wait(timeout):
-                raise TimeoutError(f"job {self.id} is still running after {timeout} s ({self.rows_done} of "
-                                   f"{self.n_rows} rows done); wait longer or job.cancel()")
+                raise TimeoutError(
+                    f"job {self.id} is still running after {timeout} s ({self.rows_done} of "
+                    f"{self.n_rows} rows done); wait longer or job.cancel()"
+                )
         except KeyboardInterrupt:
             self.cancel()
             self._finished.wait(CANCEL_WAIT_S)
@@ -148,15 +159,26 @@ class Job:
         """Rows, tokens and tokens/s, in all and per replica (``per_replica[index]``), and chunks re-run."""
         elapsed = (self._end or time.perf_counter()) - self._start
         with self._lock:
-            per = {k: dict(v, tok_s=v["tokens"] / v["seconds"] if v["seconds"] else 0.0)
-                   for k, v in self._per_replica.items()}
-        return {"rows": self.n_rows, "rows_done": self.rows_done, "tokens": self.tokens, "seconds": elapsed,
-                "tok_s": self.tokens / elapsed if elapsed > 0 else 0.0, "rerun_chunks": self.rerun_chunks,
-                "per_replica": per}
+            per = {
+                k: dict(v, tok_s=v["tokens"] / v["seconds"] if v["seconds"] else 0.0)
+                for k, v in self._per_replica.items()
+            }
+        return {
+            "rows": self.n_rows,
+            "rows_done": self.rows_done,
+            "tokens": self.tokens,
+            "seconds": elapsed,
+            "tok_s": self.tokens / elapsed if elapsed > 0 else 0.0,
+            "rerun_chunks": self.rerun_chunks,
+            "per_replica": per,
+        }
 
     def __repr__(self) -> str:
-        state = "done" if self.done and self._error is None else (
-            "cancelled" if isinstance(self._error, GenerationCancelled) else "failed" if self.done else "running")
+        state = (
+            "done"
+            if self.done and self._error is None
+            else ("cancelled" if isinstance(self._error, GenerationCancelled) else "failed" if self.done else "running")
+        )
         return f"Job({self.id}, {self.kind}, {state}: {self.rows_done}/{self.n_rows} rows, {self.tokens} tokens)"
 
     def start(self) -> Job:
@@ -219,8 +241,13 @@ class Job:
                 return
             self._rate = TokenRate()
             self._rate.start = self._start
-            self._bar = progress_bar(self.n_rows, desc=f"{self.kind} on {self._fleet.live} replicas", unit="row",
-                                     progress=True, rate=self._rate)
+            self._bar = progress_bar(
+                self.n_rows,
+                desc=f"{self.kind} on {self._fleet.live} replicas",
+                unit="row",
+                progress=True,
+                rate=self._rate,
+            )
             self._bar.start = self._start  # its closing summary counts the seconds since the job began
         self._rate.tokens = self.tokens
         per = ", ".join(f"r{k}:{int(v['rows'])}" for k, v in sorted(self._per_replica.items()))
@@ -234,13 +261,17 @@ class Job:
 
     def _cancelled_error(self, n: int) -> GenerationCancelled:
         with self._lock:
-            partial = [self._rows[i] or self._cut.get(i) or Completion(text="", tokens=[], stop_reason="cancelled")
-                       for i in range(n)]
+            partial = [
+                self._rows[i] or self._cut.get(i) or Completion(text="", tokens=[], stop_reason="cancelled")
+                for i in range(n)
+            ]
         if self._stored is not None:
             partial = self._stored.partial(partial)
         return GenerationCancelled(
             f"the job was cancelled after {self.tokens} tokens ({self.rows_done} of {n} rows finished); the partial "
-            "results are in .partial (and job.partial())", partial=partial)
+            "results are in .partial (and job.partial())",
+            partial=partial,
+        )
 
     def _dispatch(self) -> list[Any]:
         """Run the job's method over its rows on the fleet's replicas; the rows' results in input order."""
@@ -254,8 +285,10 @@ class Job:
         seeds = kwargs.get("seed")
         seed_per_row = isinstance(seeds, (list, tuple))
         if per_row and len(formats) != n:
-            raise FormatError(f"response_format has {len(formats)} entries for {n} prompts; give one format for all "
-                              "rows or one entry (None for unconstrained) per row")
+            raise FormatError(
+                f"response_format has {len(formats)} entries for {n} prompts; give one format for all "
+                "rows or one entry (None for unconstrained) per row"
+            )
         self._began = True
         self._dispatching.set()
         if n == 0:
@@ -274,16 +307,18 @@ class Job:
                     slot, chunk = room[0], queue.popleft()
                     chunk_kwargs = dict(kwargs)
                     if per_row:
-                        chunk_kwargs["response_format"] = list(formats[chunk.start:chunk.stop])
+                        chunk_kwargs["response_format"] = list(formats[chunk.start : chunk.stop])
                     if seed_per_row:
-                        chunk_kwargs["seed"] = list(seeds[chunk.start:chunk.stop])
-                    ref = slot.handle.run.remote(self.id, method, rows[chunk.start:chunk.stop], chunk_kwargs)
+                        chunk_kwargs["seed"] = list(seeds[chunk.start : chunk.stop])
+                    ref = slot.handle.run.remote(self.id, method, rows[chunk.start : chunk.stop], chunk_kwargs)
                     slot.inflight += 1
                     inflight[ref] = (slot, slot.handle, chunk)
                 starting = fleet.starting_refs()
                 if not inflight and not starting:
-                    raise WorkerError(f"no replica is left to run the job ({fleet.failure_summary()}); "
-                                      "shut the pool down and load it again")
+                    raise WorkerError(
+                        f"no replica is left to run the job ({fleet.failure_summary()}); "
+                        "shut the pool down and load it again"
+                    )
                 ready, _ = ray.wait([*inflight, *starting], num_returns=1, timeout=POLL_S)
                 self._draw()
                 for ref in ready:

@@ -46,8 +46,12 @@ class ReplicaResources:
         cuda = str(device).startswith("cuda")
         if cpus_per_replica is None:
             cpus = 1.0 if cuda else float(mp)
-        elif isinstance(cpus_per_replica, bool) or not isinstance(cpus_per_replica, (int, float)) or \
-                not math.isfinite(cpus_per_replica) or cpus_per_replica <= 0:
+        elif (
+            isinstance(cpus_per_replica, bool)
+            or not isinstance(cpus_per_replica, (int, float))
+            or not math.isfinite(cpus_per_replica)
+            or cpus_per_replica <= 0
+        ):
             raise ConfigError(f"cpus_per_replica must be a positive number, got {cpus_per_replica!r}")
         else:
             cpus = float(cpus_per_replica)
@@ -75,8 +79,9 @@ def _fits_on(resources: dict[str, float], need: ReplicaResources) -> int:
 
 
 def _node_line(nodes: list[dict[str, Any]], key: str = "Resources") -> str:
-    parts = [f"{n.get('NodeManagerAddress', '?')}: {n[key].get('GPU', 0):g} GPU, {n[key].get('CPU', 0):g} CPU"
-             for n in nodes]
+    parts = [
+        f"{n.get('NodeManagerAddress', '?')}: {n[key].get('GPU', 0):g} GPU, {n[key].get('CPU', 0):g} CPU" for n in nodes
+    ]
     return "; ".join(parts) or "no live nodes"
 
 
@@ -89,8 +94,11 @@ def check_fits(replicas: int, need: ReplicaResources) -> None:
     gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in nodes)
     cpus = sum(n.get("Resources", {}).get("CPU", 0) for n in nodes)
     if not any(per_node):
-        fix = ("lower model_parallel_size, use device='cpu', or add a node with enough GPUs" if need.gpus
-               else "lower model_parallel_size or cpus_per_replica, or add a bigger node")
+        fix = (
+            "lower model_parallel_size, use device='cpu', or add a node with enough GPUs"
+            if need.gpus
+            else "lower model_parallel_size or cpus_per_replica, or add a bigger node"
+        )
         raise PlacementError(
             f"no node can hold one replica: it needs {need.describe()}, and the cluster has {len(nodes)} node(s) "
             f"with {gpus:g} GPU(s) and {cpus:g} CPU(s) in all ({_node_line(nodes)}); {fix}"
@@ -145,6 +153,7 @@ def actor_options(group: Any, need: ReplicaResources) -> dict[str, Any]:
     """``Actor.options(...)`` that run one replica inside its group's bundle (its children too)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=0,
-                                                placement_group_capture_child_tasks=True)
+    strategy = PlacementGroupSchedulingStrategy(
+        placement_group=group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+    )
     return {"num_cpus": need.cpus, "num_gpus": need.gpus, "scheduling_strategy": strategy}

@@ -68,10 +68,18 @@ class ReplicaPool:
     every replica.
     """
 
-    def __init__(self, spec: ReplicaSpec, need: ReplicaResources, groups: list[Any], *, owns_ray: bool,
-                 chunk_rows: int | None = None) -> None:
-        if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int)
-                                       or chunk_rows < 1):
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        need: ReplicaResources,
+        groups: list[Any],
+        *,
+        owns_ray: bool,
+        chunk_rows: int | None = None,
+    ) -> None:
+        if chunk_rows is not None and (
+            isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1
+        ):
             raise ConfigError(f"chunk_rows must be a positive integer or None, got {chunk_rows!r}")
         self.fleet = Fleet(spec, need, groups)
         self._owns_ray = owns_ray
@@ -167,14 +175,16 @@ class ReplicaPool:
         return self.batch_completion([content], progress=False, **kwargs)[0]
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
-    def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None,
-                              **kwargs: Any) -> list[Any]:
+    def batch_chat_completion(
+        self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[Any]:
         """``Engine.batch_chat_completion`` over the replicas: one ChatCompletion per dialog, in input order."""
         return self.submit_batch_chat_completion(dialogs, tools, **kwargs).result()
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
-    def submit_batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None,
-                                     **kwargs: Any) -> Job:
+    def submit_batch_chat_completion(
+        self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, **kwargs: Any
+    ) -> Job:
         """Start ``batch_chat_completion`` as a job; bad dialogs, tools, formats or a prompt longer than
         ``max_seq_len`` raise here, before it runs.
 
@@ -227,8 +237,14 @@ class ReplicaPool:
 
         live = self.fleet.live_slots()
         base = ray.get(live[0].handle.info.remote()) if live else {}
-        return {**base, "replicas": len(self.fleet.slots), "live": self.live, "died": self.deaths,
-                "replaced": self.replacements, "replica_list": self.replicas}
+        return {
+            **base,
+            "replicas": len(self.fleet.slots),
+            "live": self.live,
+            "died": self.deaths,
+            "replaced": self.replacements,
+            "replica_list": self.replicas,
+        }
 
     def pids(self) -> list[int]:
         """Every process of every replica (actor processes and their model-parallel workers), as last seen."""
@@ -239,9 +255,15 @@ class ReplicaPool:
         if self.closed:
             raise ConfigError("this replica pool was shut down; start another with workbench.cluster.load(...)")
 
-    def _submit(self, method: str, rows: list[Any], kwargs: dict[str, Any],
-                to_results: Callable[[list[int], list[Any]], list[Any]] | None = None, *,
-                stored: StoredCall | None = None) -> Job:
+    def _submit(
+        self,
+        method: str,
+        rows: list[Any],
+        kwargs: dict[str, Any],
+        to_results: Callable[[list[int], list[Any]], list[Any]] | None = None,
+        *,
+        stored: StoredCall | None = None,
+    ) -> Job:
         """A job running ``method`` over ``rows`` on the replicas, started (its rows went out, or bad input raised).
         With ``stored`` (``run=``) only the rows the store did not hold go out, each with its own seed."""
         self._check_open()
@@ -251,33 +273,61 @@ class ReplicaPool:
             kwargs["seed"] = list(stored.seeds)
             if isinstance(kwargs.get("response_format"), (list, tuple)):
                 kwargs["response_format"] = [kwargs["response_format"][r.row] for r in stored.todo]
-        job = Job(self.fleet, method, "batch_completion", rows, kwargs, progress, chunk_rows=self._chunk_size,
-                  to_results=to_results, stored=stored)
+        job = Job(
+            self.fleet,
+            method,
+            "batch_completion",
+            rows,
+            kwargs,
+            progress,
+            chunk_rows=self._chunk_size,
+            to_results=to_results,
+            stored=stored,
+        )
         with self._lock:
             self._jobs = {k: j for k, j in self._jobs.items() if not j.done}
             self._jobs[job.id] = job
         return job.start()
 
-    def _stored(self, kwargs: dict[str, Any], rows: list[Any], given: list[Any], kind: str, *,
-                formats: list[Any] | None = None) -> StoredCall | None:
+    def _stored(
+        self, kwargs: dict[str, Any], rows: list[Any], given: list[Any], kind: str, *, formats: list[Any] | None = None
+    ) -> StoredCall | None:
         """``run=`` / ``refresh=`` taken out of ``kwargs``: the call's rows against the run store (looked up here,
         in the driver), keyed as an engine keys them; None without ``run``."""
         run, refresh = kwargs.pop("run", None), kwargs.pop("refresh", False)
-        items = row_items(kwargs.pop("item", None), len(rows), "batch_chat_completion" if kind == "chat"
-                          else "batch_completion")
+        items = row_items(
+            kwargs.pop("item", None), len(rows), "batch_chat_completion" if kind == "chat" else "batch_completion"
+        )
         if not check_run(run, refresh):
             return None
         assert self.settings is not None and self.tokenizer is not None and self.formatter is not None
-        params, seeds = SamplingParams.resolve(kwargs.get("sampling"), **{
-            f.name: kwargs[f.name] for f in SamplingParams.keywords() if f.name in kwargs}).split_seeds(len(rows))
+        params, seeds = SamplingParams.resolve(
+            kwargs.get("sampling"), **{f.name: kwargs[f.name] for f in SamplingParams.keywords() if f.name in kwargs}
+        ).split_seeds(len(rows))
         if formats is None:
             formats = per_row_formats(kwargs.get("response_format"), len(rows))
         prompts = [self._key_prompt(row, i) for i, row in enumerate(rows)]
-        requests = [Request(i, ids, params if seeds is None else replace(params, seed=seeds[i]), row=i,
-                            format=formats[i], given=given[i], item=items[i]) for i, (ids, _) in enumerate(prompts)]
-        return generation_call(self.open_run(run), requests, kind=kind, max_seq_len=self.max_seq_len, refresh=refresh,
-                               finish=chat_finish(self.formatter) if kind == "chat" else None,
-                               images=[images for _, images in prompts])
+        requests = [
+            Request(
+                i,
+                ids,
+                params if seeds is None else replace(params, seed=seeds[i]),
+                row=i,
+                format=formats[i],
+                given=given[i],
+                item=items[i],
+            )
+            for i, (ids, _) in enumerate(prompts)
+        ]
+        return generation_call(
+            self.open_run(run),
+            requests,
+            kind=kind,
+            max_seq_len=self.max_seq_len,
+            refresh=refresh,
+            finish=chat_finish(self.formatter) if kind == "chat" else None,
+            images=[images for _, images in prompts],
+        )
 
     def open_run(self, name: str) -> runs.Run:
         """The run ``name`` in the run store as this pool writes it (``Engine.open_run``'s provenance, with the
@@ -286,8 +336,13 @@ class ReplicaPool:
         store = runs.store()
         if self._identity is None:
             self._identity = store.checkpoint_identity(self.settings.checkpoint_dir)
-        provenance = engine_provenance(self.settings, self._identity, model=self.fleet.head.get("model", self.model_id),
-                                       family=self.family, replicas=len(self.fleet.slots))
+        provenance = engine_provenance(
+            self.settings,
+            self._identity,
+            model=self.fleet.head.get("model", self.model_id),
+            family=self.family,
+            replicas=len(self.fleet.slots),
+        )
         return store.open_run(name, provenance)
 
     def _key_prompt(self, row: Any, i: int) -> tuple[list[int], list[str]]:
@@ -302,8 +357,9 @@ class ReplicaPool:
         try:
             return [int(t) for t in row], []
         except (TypeError, ValueError):
-            raise InputError(f"prompt row {i} is a {type(row).__name__}; give a string or a list of token "
-                             "ids") from None
+            raise InputError(
+                f"prompt row {i} is a {type(row).__name__}; give a string or a list of token ids"
+            ) from None
 
     def _chunk_size(self, n_rows: int) -> int:
         return chunk_size(n_rows, max(1, self.live), self.max_batch_size, self.chunk_rows)
@@ -332,9 +388,11 @@ class ReplicaPool:
         nodes = len({s.info.get("node_id") for s in slots if s.info})
         gpus = f"{need.gpus} GPU + " if need.gpus else ""
         model = self.fleet.head.get("model", self.model_id)  # what it runs in words (never a bare None)
-        return (f"ReplicaPool(model={model!r}, replicas={len(slots)} ({state}) on {nodes} node(s),\n"
-                f"            each {gpus}{need.cpus:g} CPU, model_parallel_size={need.model_parallel_size},\n"
-                f"            died={self.deaths}, replaced={self.replacements})")
+        return (
+            f"ReplicaPool(model={model!r}, replicas={len(slots)} ({state}) on {nodes} node(s),\n"
+            f"            each {gpus}{need.cpus:g} CPU, model_parallel_size={need.model_parallel_size},\n"
+            f"            died={self.deaths}, replaced={self.replacements})"
+        )
 
 
 def _check_keywords(method: str, positional: tuple, kwargs: dict[str, Any]) -> None:
@@ -350,10 +408,18 @@ for _name in ("batch_completion", "completion", "batch_chat_completion", "chat_c
             _method.__doc__ = (_method.__doc__ or "") + "\n\n" + (_engine_method.__doc__ or "")
 
 
-def load(checkpoint: str | Path | None = None, *, replicas: int = 1, address: str | None = None,
-         cpus_per_replica: float | None = None, chunk_rows: int | None = None, placement_timeout_s: float = 120.0,
-         threads: int | None = None, ray_init: dict[str, Any] | None = None,
-         **load_kwargs: Any) -> ReplicaPool:
+def load(
+    checkpoint: str | Path | None = None,
+    *,
+    replicas: int = 1,
+    address: str | None = None,
+    cpus_per_replica: float | None = None,
+    chunk_rows: int | None = None,
+    placement_timeout_s: float = 120.0,
+    threads: int | None = None,
+    ray_init: dict[str, Any] | None = None,
+    **load_kwargs: Any,
+) -> ReplicaPool:
     """Start ``replicas`` engines, each ``workbench.load(checkpoint, **load_kwargs)`` in its own Ray actor.
 
     address: None joins the Ray this process runs (``ray.init`` done already) or starts a local one (stopped

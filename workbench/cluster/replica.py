@@ -84,9 +84,13 @@ class Replica:
         import ray
 
         context = ray.get_runtime_context()
-        return {"node_id": context.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+        return {
+            "node_id": context.get_node_id(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        }
 
     def pids(self) -> list[int]:
         """This actor's process and every process it started (model-parallel workers)."""
@@ -101,9 +105,17 @@ class Replica:
         start = time.perf_counter()
         self.engine = wb.load(self.spec.checkpoint, **self.spec.load_kwargs)
         e = self.engine
-        return {"model_id": e.model_id, "model": model_label(e), "family": e.family, "max_seq_len": e.max_seq_len,
-                "max_batch_size": e.max_batch_size, "settings": e.settings, "args": e.args,
-                "load_seconds": time.perf_counter() - start, **self.where()}
+        return {
+            "model_id": e.model_id,
+            "model": model_label(e),
+            "family": e.family,
+            "max_seq_len": e.max_seq_len,
+            "max_batch_size": e.max_batch_size,
+            "settings": e.settings,
+            "args": e.args,
+            "load_seconds": time.perf_counter() - start,
+            **self.where(),
+        }
 
     def text_tools(self) -> tuple[Any, Any]:
         """The engine's tokenizer and formatter (the pool renders prompts and parses replies with them)."""

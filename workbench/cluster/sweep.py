@@ -18,10 +18,29 @@ from .pool import load
 
 __all__ = ["LOAD_KEYS", "CALL_KEYS", "sweep"]
 
-LOAD_KEYS = ("checkpoint", "model", "device", "dtype", "max_batch_size", "max_seq_len", "model_parallel_size",
-             "quantization")
-CALL_KEYS = ("tool_choice", "tool_prompt_format", "max_tokens", "temperature", "top_p", "top_k", "seed", "logprobs",
-             "stop", "response_format", "constrain_tools")
+LOAD_KEYS = (
+    "checkpoint",
+    "model",
+    "device",
+    "dtype",
+    "max_batch_size",
+    "max_seq_len",
+    "model_parallel_size",
+    "quantization",
+)
+CALL_KEYS = (
+    "tool_choice",
+    "tool_prompt_format",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "logprobs",
+    "stop",
+    "response_format",
+    "constrain_tools",
+)
 
 
 def _points(grid: Any) -> list[dict[str, Any]]:
@@ -32,22 +51,41 @@ def _points(grid: Any) -> list[dict[str, Any]]:
         return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
     if isinstance(grid, (list, tuple)) and all(isinstance(p, Mapping) for p in grid):
         return [dict(p) for p in grid]
-    raise InputError("grid must be a list of settings dicts, e.g. [{'quantization': None}, {'quantization': "
-                     "'int4_mixed'}], or a dict of lists, e.g. {'tool_prompt_format': ['json', 'python_list']}")
+    raise InputError(
+        "grid must be a list of settings dicts, e.g. [{'quantization': None}, {'quantization': "
+        "'int4_mixed'}], or a dict of lists, e.g. {'tool_prompt_format': ['json', 'python_list']}"
+    )
 
 
 def _row(point: dict[str, Any], index: int, reply: Any, seconds: float, tok_s: float) -> dict[str, Any]:
     message = reply.message
     calls = [{"tool_name": c.tool_name, "arguments": c.arguments} for c in (message.tool_calls or [])]
-    return {**{k: (v if isinstance(v, (str, int, float, bool, type(None))) else repr(v)) for k, v in point.items()},
-            "dialog": index, "content": message.content, "tool_calls": calls, "stop_reason": reply.stop_reason,
-            "tokens": len(reply.tokens), "prompt_tokens": reply.prompt_tokens, "point_seconds": seconds,
-            "point_tok_s": tok_s}
+    return {
+        **{k: (v if isinstance(v, (str, int, float, bool, type(None))) else repr(v)) for k, v in point.items()},
+        "dialog": index,
+        "content": message.content,
+        "tool_calls": calls,
+        "stop_reason": reply.stop_reason,
+        "tokens": len(reply.tokens),
+        "prompt_tokens": reply.prompt_tokens,
+        "point_seconds": seconds,
+        "point_tok_s": tok_s,
+    }
 
 
-def sweep(grid: Any, dialogs: Sequence[Any], tools: Sequence[Any] | None = None, *, checkpoint: Any = None,
-          replicas: int = 1, address: str | None = None, pool: Any = None, load_kwargs: dict[str, Any] | None = None,
-          progress: bool | None = None, **call_kwargs: Any) -> Any:
+def sweep(
+    grid: Any,
+    dialogs: Sequence[Any],
+    tools: Sequence[Any] | None = None,
+    *,
+    checkpoint: Any = None,
+    replicas: int = 1,
+    address: str | None = None,
+    pool: Any = None,
+    load_kwargs: dict[str, Any] | None = None,
+    progress: bool | None = None,
+    **call_kwargs: Any,
+) -> Any:
     """Run ``batch_chat_completion(dialogs, tools, ...)`` at every grid point; one row per (point, dialog).
 
     grid: settings dicts (or a dict of lists: every combination); keys are load settings (``checkpoint``,
@@ -66,8 +104,10 @@ def sweep(grid: Any, dialogs: Sequence[Any], tools: Sequence[Any] | None = None,
     for point in points:
         unknown = [k for k in point if k not in LOAD_KEYS and k not in CALL_KEYS]
         if unknown:
-            raise InputError(f"grid setting {unknown[0]!r} is neither a load setting ({', '.join(LOAD_KEYS)}) nor a "
-                             f"call setting ({', '.join(CALL_KEYS)})")
+            raise InputError(
+                f"grid setting {unknown[0]!r} is neither a load setting ({', '.join(LOAD_KEYS)}) nor a "
+                f"call setting ({', '.join(CALL_KEYS)})"
+            )
     bad = [k for k in call_kwargs if k not in CALL_KEYS]
     if bad:
         raise InputError(f"sweep() got {bad[0]!r}; shared call settings are {', '.join(CALL_KEYS)}")
@@ -79,8 +119,10 @@ def sweep(grid: Any, dialogs: Sequence[Any], tools: Sequence[Any] | None = None,
     for point in points:
         groups.setdefault(pool_key(point), []).append(point)
     if pool is not None and any(groups):
-        raise InputError("with pool=..., the grid may only change quantization and call settings; drop pool= to let "
-                         "sweep load a pool per checkpoint")
+        raise InputError(
+            "with pool=..., the grid may only change quantization and call settings; drop pool= to let "
+            "sweep load a pool per checkpoint"
+        )
     started = connect(address) if pool is None else False
     rows: list[dict[str, Any]] = []
     try:

@@ -83,8 +83,10 @@ def default_checkpoint_dir() -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     except OSError as exc:
-        raise ConfigError(f"cannot create the workbench cache folder {str(target.parent)!r} ({exc.strerror}); set "
-                          "WORKBENCH_CACHE to a writable folder") from exc
+        raise ConfigError(
+            f"cannot create the workbench cache folder {str(target.parent)!r} ({exc.strerror}); set "
+            "WORKBENCH_CACHE to a writable folder"
+        ) from exc
     expand(tmp, ARTIFACT)
     try:
         os.replace(tmp, target)

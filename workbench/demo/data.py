@@ -77,9 +77,18 @@ class DialogGenerator:
     the same), so an evaluation can tell unseen phrasings from unseen values apart.
     """
 
-    def __init__(self, split: str = "train", seed: int = 0, *, synthetic: float | None = None,
-                 max_tools: int = 4, mix: dict[str, float] | None = None, composed: float = 0.0,
-                 spelling_words: Sequence[str] = (), values: str | None = None) -> None:
+    def __init__(
+        self,
+        split: str = "train",
+        seed: int = 0,
+        *,
+        synthetic: float | None = None,
+        max_tools: int = 4,
+        mix: dict[str, float] | None = None,
+        composed: float = 0.0,
+        spelling_words: Sequence[str] = (),
+        values: str | None = None,
+    ) -> None:
         values = values or split
         for name, given in (("split", split), ("values", values)):
             if given not in ("train", "heldout"):
@@ -119,8 +128,11 @@ class DialogGenerator:
         specs = [SPECS[n] for n in names]
         all_args = [s.sample(self.pools) for s in specs]
         if len(specs) == 2 and specs[0].name == specs[1].name and specs[0].name == "get_weather":
-            question = self.rng.choice(("What's the weather in {a} and in {b}?", "Weather in {a} and {b}, please.")
-                                       if self.split == "train" else ("Compare the weather in {a} with {b}.",))
+            question = self.rng.choice(
+                ("What's the weather in {a} and in {b}?", "Weather in {a} and {b}, please.")
+                if self.split == "train"
+                else ("Compare the weather in {a} with {b}.",)
+            )
             question = question.format(a=all_args[0]["city"], b=all_args[1]["city"])
         else:
             question = " ".join(_question(s, a, self.rng, self.split, self.composed) for s, a in zip(specs, all_args))
@@ -168,29 +180,39 @@ class DialogGenerator:
             wanted = self.rng.choice([t for t in SPECS if t not in fixed])
             spec = SPECS[wanted]
             question = _question(spec, spec.sample(self.pools), self.rng, self.split, self.composed)
-            messages = [Message(role="user", content=question),
-                        Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]
+            messages = [
+                Message(role="user", content=question),
+                Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn"),
+            ]
             return Dialog(kind, fixed, messages, [], [wanted])
         if kind == "no_tool":
             wanted = self.rng.choice(names)
             spec = SPECS[wanted]
             question = _question(spec, spec.sample(self.pools), self.rng, self.split, self.composed)
             offered = self._offer([], exclude=[wanted])[: self.rng.randint(1, self.max_tools)]
-            messages = [Message(role="user", content=question),
-                        Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]
+            messages = [
+                Message(role="user", content=question),
+                Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn"),
+            ]
             return Dialog(kind, offered, messages, [], [wanted])
         if kind == "small_talk":
             train_q, heldout_q, answer = SMALL_TALK[self.rng.choice(list(SMALL_TALK))]
             question = self.rng.choice(train_q if self.split == "train" else heldout_q)
-            messages = [Message(role="user", content=question),
-                        Message(role="assistant", content=answer, stop_reason="end_of_turn")]
+            messages = [
+                Message(role="user", content=question),
+                Message(role="assistant", content=answer, stop_reason="end_of_turn"),
+            ]
             return Dialog(kind, fixed or self._offer([]), messages, [])
         if kind == "repeat":
-            words = " ".join(self.pools.made_up(self.rng.random() < 0.5) if self.rng.random() < 0.6
-                             else self.pools.word() for _ in range(self.rng.randint(2, 8)))
+            words = " ".join(
+                self.pools.made_up(self.rng.random() < 0.5) if self.rng.random() < 0.6 else self.pools.word()
+                for _ in range(self.rng.randint(2, 8))
+            )
             template = self.rng.choice(REPEAT_TRAIN if self.split == "train" else REPEAT_HELDOUT)
-            messages = [Message(role="user", content=template.format(words=words)),
-                        Message(role="assistant", content=words, stop_reason="end_of_turn")]
+            messages = [
+                Message(role="user", content=template.format(words=words)),
+                Message(role="assistant", content=words, stop_reason="end_of_turn"),
+            ]
             return Dialog(kind, fixed or self._offer([]), messages, [])
         if kind == "spell":
             return self._spell(fixed)
@@ -212,8 +234,10 @@ class DialogGenerator:
             question, answer = self.rng.choice(QUOTE_TEMPLATES).format(words=" ".join(words)), quoted
         else:
             question, answer = self.rng.choice(UNQUOTE_TEMPLATES).format(words=quoted), " ".join(words)
-        messages = [Message(role="user", content=question),
-                    Message(role="assistant", content=answer, stop_reason="end_of_turn")]
+        messages = [
+            Message(role="user", content=question),
+            Message(role="assistant", content=answer, stop_reason="end_of_turn"),
+        ]
         return Dialog("spell", fixed or self._offer([]), messages, [])
 
     def __iter__(self) -> Iterator[Dialog]:

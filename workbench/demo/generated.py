@@ -30,8 +30,23 @@ GENERATED_MIX = {"single": 0.5, "double": 0.12, "two_round": 0.13, "no_tool": 0.
 
 # question frames: {lead} ... ; the held-out ones are never used for training
 _GET_LEADS = {
-    "train": ("What is", "Tell me", "Get me", "Find", "Look up", "Check", "Can you get", "I need", "Please fetch",
-              "Show me", "Give me", "Could you look up", "I'd like to know", "Fetch", "Can you tell me"),
+    "train": (
+        "What is",
+        "Tell me",
+        "Get me",
+        "Find",
+        "Look up",
+        "Check",
+        "Can you get",
+        "I need",
+        "Please fetch",
+        "Show me",
+        "Give me",
+        "Could you look up",
+        "I'd like to know",
+        "Fetch",
+        "Can you tell me",
+    ),
     "heldout": ("Would you retrieve", "I am after", "Please report", "Any chance you could find", "Kindly give me"),
 }
 _ACT_LEADS = {
@@ -42,8 +57,10 @@ _CONVERT_LEADS = {
     "train": ("Convert", "Please convert", "Can you convert", "I need to convert", "How much is it to convert"),
     "heldout": ("Would you convert", "Go ahead and convert"),
 }
-_OPENERS = {"train": ("", "", "", "Hi. ", "Quick question: ", "OK, ", "Hello! ", "So, "),
-            "heldout": ("", "", "Good day. ", "One thing: ")}
+_OPENERS = {
+    "train": ("", "", "", "Hi. ", "Quick question: ", "OK, ", "Hello! ", "So, "),
+    "heldout": ("", "", "Good day. ", "One thing: "),
+}
 _JOINS = {"train": (" with {x}", " using {x}", ", {x}", " and {x}"), "heldout": (" where {x}", " given {x}")}
 
 
@@ -77,8 +94,16 @@ class GeneratedDialogs:
     set; ``max_tools`` bounds the offered set as in :class:`~workbench.demo.data.DialogGenerator`.
     """
 
-    def __init__(self, split: str = "train", seed: int = 0, *, max_tools: int = 4, demo_share: float = 0.15,
-                 mix: dict[str, float] | None = None, bank_size: int | None = None) -> None:
+    def __init__(
+        self,
+        split: str = "train",
+        seed: int = 0,
+        *,
+        max_tools: int = 4,
+        demo_share: float = 0.15,
+        mix: dict[str, float] | None = None,
+        bank_size: int | None = None,
+    ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         self.split, self.rng = split, random.Random(seed)
@@ -104,8 +129,11 @@ class GeneratedDialogs:
         if param.kind == "integer":
             return rng.randint(1000, 4000) if held else rng.choice((rng.randint(1, 99), rng.randint(100, 999)))
         if param.kind in ("number", "amount"):
-            return round(rng.uniform(1000, 9000), 1) if held else rng.choice((rng.randint(1, 500),
-                                                                               round(rng.uniform(1, 900), 2)))
+            return (
+                round(rng.uniform(1000, 9000), 1)
+                if held
+                else rng.choice((rng.randint(1, 500), round(rng.uniform(1, 900), 2)))
+            )
         if param.kind in ("from", "to"):
             word = made_up(rng, self.split)
             return word.upper()[:3] if rng.random() < 0.3 else word
@@ -129,8 +157,14 @@ class GeneratedDialogs:
         text = _literal(value)
         if param.kind == "enum":
             return self.rng.choice((f"{param.words} {text}", f"{text} {param.words}", f"{param.words} set to {text}"))
-        return self.rng.choice((f"{param.words} {text}", f"{param.words} {text}", f"{param.words} of {text}",
-                                f"{param.words} set to {text}"))
+        return self.rng.choice(
+            (
+                f"{param.words} {text}",
+                f"{param.words} {text}",
+                f"{param.words} of {text}",
+                f"{param.words} set to {text}",
+            )
+        )
 
     def question(self, tool: GeneratedTool, args: dict[str, Any]) -> str:
         """A question asking for ``tool`` with exactly ``args``: the subject words plus every value next to
@@ -205,9 +239,12 @@ class GeneratedDialogs:
             tool_messages.append(Message(role="tool", content=result_text(result), call_id=call.call_id))
             answers.append(self.answer(tool, args, result))
             restated += restated_values(result)
-        messages = [Message(role="user", content=question),
-                    Message(role="assistant", content="", tool_calls=calls, stop_reason="end_of_message"),
-                    *tool_messages, Message(role="assistant", content=" ".join(answers), stop_reason="end_of_turn")]
+        messages = [
+            Message(role="user", content=question),
+            Message(role="assistant", content="", tool_calls=calls, stop_reason="end_of_message"),
+            *tool_messages,
+            Message(role="assistant", content=" ".join(answers), stop_reason="end_of_turn"),
+        ]
         return messages, calls, restated
 
     def dialog(self, kind: str | None = None, offered: Sequence[str] | None = None) -> ToolDialog:
@@ -226,8 +263,10 @@ class GeneratedDialogs:
             wanted = self.rng.choice([t for t in self.tools if not fixed or t.name not in fixed])
             question = self.question(wanted, self.arguments(wanted))
             names = fixed or self.offer(exclude=[wanted.name])
-            messages = [Message(role="user", content=question),
-                        Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn")]
+            messages = [
+                Message(role="user", content=question),
+                Message(role="assistant", content=NO_TOOL_ANSWER, stop_reason="end_of_turn"),
+            ]
             return self._dialog(kind, names, messages, [], [wanted.name], [])
         if kind == "single":
             rounds = [[self.rng.choice(pool)]]
@@ -246,8 +285,15 @@ class GeneratedDialogs:
         needed = [t.name for tools in rounds for t in tools]
         return self._dialog(kind, fixed or self.offer(needed), messages, calls, needed, restated)
 
-    def _dialog(self, kind: str, names: list[str], messages: list[Message], calls: list[list[ToolCall]],
-                needed: list[str], restated: list[list[str]]) -> ToolDialog:
+    def _dialog(
+        self,
+        kind: str,
+        names: list[str],
+        messages: list[Message],
+        calls: list[list[ToolCall]],
+        needed: list[str],
+        restated: list[list[str]],
+    ) -> ToolDialog:
         definitions = [self._demo[n] if n in self._demo else self.by_name[n].definition() for n in names]
         return ToolDialog(kind, names, messages, calls, needed, definitions=definitions, answer_values=restated)
 

@@ -35,8 +35,9 @@ def _cut(words: str, split: str, spaces: bool = True) -> tuple[str, ...]:
     """Every fourth word held out (deduplicated first, so a repeated word cannot land in both); ``_`` becomes
     a space unless ``spaces`` is false (names kept as they are)."""
     items = list(dict.fromkeys(words.split()))
-    return tuple(w.replace("_", " ") if spaces else w for i, w in enumerate(items)
-                 if (i % 4 == 3) == (split == "heldout"))
+    return tuple(
+        w.replace("_", " ") if spaces else w for i, w in enumerate(items) if (i % 4 == 3) == (split == "heldout")
+    )
 
 
 # subjects: what a tool reports on or acts upon ("humidity index", "vornik score")
@@ -102,8 +103,20 @@ def made_up(rng: random.Random, split: str) -> str:
 
 @cache
 def _real_words() -> frozenset[str]:
-    banks = (_SUBJECT_WORDS, _SUBJECT_HEADS, _ENTITIES, _STRING_WORDS, _INT_WORDS, _NUMBER_WORDS, _BOOL_WORDS,
-             _ENUM_WORDS, _ENUM_OPTIONS, _AMOUNT_NAMES, _RESULT_FIELDS, _STATUS_WORDS)
+    banks = (
+        _SUBJECT_WORDS,
+        _SUBJECT_HEADS,
+        _ENTITIES,
+        _STRING_WORDS,
+        _INT_WORDS,
+        _NUMBER_WORDS,
+        _BOOL_WORDS,
+        _ENUM_WORDS,
+        _ENUM_OPTIONS,
+        _AMOUNT_NAMES,
+        _RESULT_FIELDS,
+        _STATUS_WORDS,
+    )
     return frozenset(w for bank in banks for w in bank.replace("_", " ").split())
 
 
@@ -119,8 +132,17 @@ class GenParam:
     options: tuple[str, ...] = ()  # enum values
 
     def json_schema(self) -> dict[str, Any]:
-        types = {"entity": "string", "string": "string", "enum": "string", "from": "string", "to": "string",
-                 "integer": "integer", "number": "number", "amount": "number", "boolean": "boolean"}
+        types = {
+            "entity": "string",
+            "string": "string",
+            "enum": "string",
+            "from": "string",
+            "to": "string",
+            "integer": "integer",
+            "number": "number",
+            "amount": "number",
+            "boolean": "boolean",
+        }
         out: dict[str, Any] = {"type": types[self.kind], "description": self.description}
         if self.options:
             out["enum"] = list(self.options)
@@ -145,18 +167,27 @@ class GeneratedTool:
 
     def schema(self) -> dict[str, Any]:
         """The tool as an OpenAI-style function definition (JSON Schema parameters)."""
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description,
-            "parameters": {"type": "object", "properties": {p.name: p.json_schema() for p in self.params},
-                           "required": [p.name for p in self.params if p.required]}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {p.name: p.json_schema() for p in self.params},
+                    "required": [p.name for p in self.params if p.required],
+                },
+            },
+        }
 
     def definition(self) -> ToolDefinition:
         """The tool as the formatter and :class:`workbench.tools.Toolbox` take it, with its implementation
         (so the harness and the tool loop run it like any user tool); built once."""
         if not self._definition:
             parsed = coerce_tool(self.schema())
-            self._definition.append(ToolDefinition(parsed.tool_name, parsed.description, parsed.parameters,
-                                                   function=_Implementation(self)))
+            self._definition.append(
+                ToolDefinition(parsed.tool_name, parsed.description, parsed.parameters, function=_Implementation(self))
+            )
         return self._definition[0]
 
     def __call__(self, **arguments: Any) -> str | float | int | dict[str, Any]:
@@ -178,9 +209,12 @@ class _Implementation:
     def __init__(self, tool: GeneratedTool) -> None:
         self.tool = tool
         self.__name__ = tool.name
-        params = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY,
-                                    default=inspect.Parameter.empty if p.required else None)
-                  for p in tool.params]
+        params = [
+            inspect.Parameter(
+                p.name, inspect.Parameter.KEYWORD_ONLY, default=inspect.Parameter.empty if p.required else None
+            )
+            for p in tool.params
+        ]
         self.__signature__ = inspect.Signature(sorted(params, key=lambda p: p.default is not inspect.Parameter.empty))
 
     def __call__(self, **arguments: Any) -> Any:
@@ -234,9 +268,11 @@ def draw_tool(rng: random.Random, split: str) -> GeneratedTool:
         name = _snake(f"convert {subject}", camel) if rng.random() < 0.7 else _snake(f"{subject} converter", camel)
         pair = rng.choice(_cut(_PAIRS, split, spaces=False)).split(",")
         amount = rng.choice(_AMOUNT_NAMES.split())
-        params = [GenParam(_snake(amount, camel), "amount", amount, f"The {amount} of {subject} to convert."),
-                  GenParam(pair[0], "from", "from", f"Unit of {subject} to convert from."),
-                  GenParam(pair[1], "to", "to", f"Unit of {subject} to convert to.")]
+        params = [
+            GenParam(_snake(amount, camel), "amount", amount, f"The {amount} of {subject} to convert."),
+            GenParam(pair[0], "from", "from", f"Unit of {subject} to convert from."),
+            GenParam(pair[1], "to", "to", f"Unit of {subject} to convert to."),
+        ]
         description = f"Convert an amount of {subject} from one unit to another."
     else:
         verb = rng.choice(_VERBS[form])
@@ -246,8 +282,21 @@ def draw_tool(rng: random.Random, split: str) -> GeneratedTool:
             stem, _, suffix = entity_name.rpartition("_")
             entity_name = stem + suffix.capitalize()
         article = "an" if entity[0] in "aeiou" else "a"
-        params = [GenParam(entity_name, "entity", entity, rng.choice(
-            (f"Name of the {entity}.", f"The {entity} to use.", f"Which {entity}.", f"Identifier of the {entity}.")))]
+        params = [
+            GenParam(
+                entity_name,
+                "entity",
+                entity,
+                rng.choice(
+                    (
+                        f"Name of the {entity}.",
+                        f"The {entity} to use.",
+                        f"Which {entity}.",
+                        f"Identifier of the {entity}.",
+                    )
+                ),
+            )
+        ]
         taken = {entity_name}
         for _ in range(rng.choices((0, 1, 2, 3), (0.25, 0.35, 0.25, 0.15))[0]):
             param = _extra_param(rng, split, camel)
@@ -259,8 +308,15 @@ def draw_tool(rng: random.Random, split: str) -> GeneratedTool:
         else:
             description = f"{verb.capitalize()} a {subject} for {article} {entity}."
     if rng.random() < 0.3:
-        description += " " + rng.choice(("Results are updated hourly.", "Use it before planning.",
-                                          "Returns the latest data.", "Needs no login.", "Data may lag a day."))
+        description += " " + rng.choice(
+            (
+                "Results are updated hourly.",
+                "Use it before planning.",
+                "Returns the latest data.",
+                "Needs no login.",
+                "Data may lag a day.",
+            )
+        )
     result = rng.choices(("string", "number", "object"), (0.35, 0.3, 0.35))[0]
     fields: tuple[str, ...] = ()
     if form == "convert":
@@ -272,8 +328,13 @@ def draw_tool(rng: random.Random, split: str) -> GeneratedTool:
 
 def _extra_param(rng: random.Random, split: str, camel: bool) -> GenParam:
     kind = rng.choices(("string", "integer", "number", "boolean", "enum"), (0.25, 0.25, 0.15, 0.12, 0.23))[0]
-    bank = {"string": _STRING_WORDS, "integer": _INT_WORDS, "number": _NUMBER_WORDS, "boolean": _BOOL_WORDS,
-            "enum": _ENUM_WORDS}[kind]
+    bank = {
+        "string": _STRING_WORDS,
+        "integer": _INT_WORDS,
+        "number": _NUMBER_WORDS,
+        "boolean": _BOOL_WORDS,
+        "enum": _ENUM_WORDS,
+    }[kind]
     words = _word(bank, rng, split, 0.2)
     if kind != "boolean" and rng.random() < 0.2:
         words = f"{rng.choice(('max', 'min', 'target', 'preferred'))} {words}"
@@ -315,5 +376,6 @@ def check_disjoint(train: tuple[GeneratedTool, ...], heldout: tuple[GeneratedToo
     names = {t.name for t in train} & {t.name for t in heldout}
     subjects = {t.subject for t in train} & {t.subject for t in heldout}
     if names or subjects:
-        raise AssertionError(f"held-out tools overlap the training tools: names {sorted(names)[:5]}, "
-                             f"subjects {sorted(subjects)[:5]}")
+        raise AssertionError(
+            f"held-out tools overlap the training tools: names {sorted(names)[:5]}, subjects {sorted(subjects)[:5]}"
+        )

@@ -171,8 +171,19 @@ def get_capital(country: str) -> str:
 DEMO_TOOLS: dict[str, Callable[..., object]] = {
     fn.__name__: fn
     for fn in (
-        get_weather, convert_currency, convert_units, get_local_time, get_population, get_stock_price,
-        translate_word, get_user_email, calculate_tip, set_reminder, book_flight, is_prime,
-        get_random_joke, get_capital,
+        get_weather,
+        convert_currency,
+        convert_units,
+        get_local_time,
+        get_population,
+        get_stock_price,
+        translate_word,
+        get_user_email,
+        calculate_tip,
+        set_reminder,
+        book_flight,
+        is_prime,
+        get_random_joke,
+        get_capital,
     )
 }

@@ -35,8 +35,14 @@ class RowAccumulator:
         (they are in :meth:`partial`).
     """
 
-    def __init__(self, tokenizer: TextTokenizer, requests: Sequence[Request], *, stream: bool = False,
-                 on_finish: FinishHook | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        requests: Sequence[Request],
+        *,
+        stream: bool = False,
+        on_finish: FinishHook | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.requests = list(requests)
         self.finished = 0  # rows ended
@@ -79,8 +85,9 @@ class RowAccumulator:
 
     def partial(self) -> list[Completion]:
         """What each row has so far: an ended row's result, else its tokens so far with ``stop_reason="cancelled"``."""
-        return [r.completion if r.completion is not None else self._completion(r, "cancelled", None)
-                for r in self.requests]
+        return [
+            r.completion if r.completion is not None else self._completion(r, "cancelled", None) for r in self.requests
+        ]
 
     def cancelled(self) -> GenerationCancelled:
         """The error of a call cut before every row ended, carrying :meth:`partial`."""
@@ -102,11 +109,11 @@ class RowAccumulator:
             return None
         if stop_reason == "cancelled":
             return StreamChunk(token=None, text="", final=completion)
-        return StreamChunk(token=token, text=completion.text[request.emitted:], final=completion)
+        return StreamChunk(token=token, text=completion.text[request.emitted :], final=completion)
 
     def _delta(self, request: Request, token: int | None) -> StreamChunk | None:
         tokens = request.tokens
-        piece = self.tokenizer.decode(tokens[request.decoded:])  # only the new tokens: no re-decoding per step
+        piece = self.tokenizer.decode(tokens[request.decoded :])  # only the new tokens: no re-decoding per step
         if piece.endswith("\ufffd"):  # hold back a half-decoded UTF-8 character
             return None
         text = request.text + piece

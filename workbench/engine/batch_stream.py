@@ -36,11 +36,22 @@ class BatchStream:
     ``next()`` until the last row ends or the stream is closed.
     """
 
-    def __init__(self, runner: Runner, gate: CallGate, calls: Calls, requests: Sequence[Request],
-                 rows: RowAccumulator, *, what: str = "stream_batch_completion", preemptible: bool = True,
-                 total: int | None = None, replays: dict[int, list[StreamChunk]] | None = None,
-                 on_close: Callable[[], None] | None = None, partial: Callable[[list[Any]], list[Any]] | None = None,
-                 finish: Callable[[Request, Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        gate: CallGate,
+        calls: Calls,
+        requests: Sequence[Request],
+        rows: RowAccumulator,
+        *,
+        what: str = "stream_batch_completion",
+        preemptible: bool = True,
+        total: int | None = None,
+        replays: dict[int, list[StreamChunk]] | None = None,
+        on_close: Callable[[], None] | None = None,
+        partial: Callable[[list[Any]], list[Any]] | None = None,
+        finish: Callable[[Request, Any], Any] | None = None,
+    ) -> None:
         # ``requests``/``rows`` are the rows to generate; with a run store (``run=``) they are some of the call's
         # ``total`` rows (``request.row``: its place in the call), and ``replays`` holds the chunks of each stored
         # row, sent first.  ``on_close`` runs when the stream ends (the store's last write); ``partial`` turns the
@@ -81,8 +92,9 @@ class BatchStream:
         finally:
             self.close()
 
-    def _run(self, runner: Runner, calls: Calls, requests: list[Request], what: str,
-             preemptible: bool) -> Iterator[tuple[int, StreamChunk]]:
+    def _run(
+        self, runner: Runner, calls: Calls, requests: list[Request], what: str, preemptible: bool
+    ) -> Iterator[tuple[int, StreamChunk]]:
         try:
             for row, chunks in sorted(self._replays.items()):  # stored rows: no model, no engine lock
                 for chunk in chunks:
@@ -93,8 +105,9 @@ class BatchStream:
             if self._on_close is not None:
                 self._on_close()
 
-    def _generate(self, runner: Runner, calls: Calls, requests: list[Request], what: str,
-                  preemptible: bool) -> Iterator[tuple[int, StreamChunk]]:
+    def _generate(
+        self, runner: Runner, calls: Calls, requests: list[Request], what: str, preemptible: bool
+    ) -> Iterator[tuple[int, StreamChunk]]:
         rows = self._accumulator
         with self._gate.exclusive(what, stream=self._gen if preemptible else None):
             call = calls.begin()

@@ -70,9 +70,17 @@ StreamItem = TextDelta | ToolCallDelta | ChatCompletion
 
 
 # ---------------------------------------------------------------------------------------------- prepare
-def prepare(formatter: ChatFormatter, dialogs: Sequence[Any], tools: Any = None, tool_choice: Any = "auto",
-            tool_prompt_format: str | None = None, *, response_format: Any = None, constrain_tools: bool = False,
-            system_message_behavior: str = "append") -> tuple[list[PromptRow], list[OutputFormat | None]]:
+def prepare(
+    formatter: ChatFormatter,
+    dialogs: Sequence[Any],
+    tools: Any = None,
+    tool_choice: Any = "auto",
+    tool_prompt_format: str | None = None,
+    *,
+    response_format: Any = None,
+    constrain_tools: bool = False,
+    system_message_behavior: str = "append",
+) -> tuple[list[PromptRow], list[OutputFormat | None]]:
     """Render ``dialogs`` for generation: ``(prompts, formats)``, one entry per dialog.
 
     A dialog is a list of messages (dicts accepted) or a bare string (one user message).  ``tools`` (callables,
@@ -101,9 +109,13 @@ def prepare(formatter: ChatFormatter, dialogs: Sequence[Any], tools: Any = None,
         instruction = format_prompt(fmt) if fmt is not None else None
         if instruction is not None:
             dialog = [*coerce_messages(dialog), Message(role="user", content=instruction)]
-        prompt = formatter.encode_prompt(dialog, tools=tool_set, tool_choice=choice,
-                                         tool_prompt_format=tool_prompt_format,
-                                         system_message_behavior=system_message_behavior)
+        prompt = formatter.encode_prompt(
+            dialog,
+            tools=tool_set,
+            tool_choice=choice,
+            tool_prompt_format=tool_prompt_format,
+            system_message_behavior=system_message_behavior,
+        )
         _debug_print(formatter.tokenizer, prompt.tokens)
         prompts.append(prompt if prompt.images else prompt.tokens)
     return prompts, formats
@@ -116,14 +128,17 @@ def dialog_offers(n: int, tools: Any, tool_choice: Any) -> list[tuple[Any, Any]]
     entry is a list, a tuple or None (a tool itself is never a list, so the two cannot be confused);
     ``tool_choice`` likewise one for all, or a list with one per dialog.  Why per dialog: the tool loop and the
     evals run dialogs that offer different tools in one batch through the one chat method."""
-    per_dialog = isinstance(tools, list) and bool(tools) and all(t is None or isinstance(t, (list, tuple))
-                                                                  for t in tools)
+    per_dialog = (
+        isinstance(tools, list) and bool(tools) and all(t is None or isinstance(t, (list, tuple)) for t in tools)
+    )
     sets = list(tools) if per_dialog else [tools] * n
     choices = list(tool_choice) if isinstance(tool_choice, (list, tuple)) else [tool_choice] * n
     for name, given in (("tools", sets), ("tool_choice", choices)):
         if len(given) != n:
-            raise InputError(f"{name} has {len(given)} entries for {n} dialogs; give one {name} for every dialog, "
-                             "or a list with one per dialog")
+            raise InputError(
+                f"{name} has {len(given)} entries for {n} dialogs; give one {name} for every dialog, "
+                "or a list with one per dialog"
+            )
     return list(zip(sets, choices))
 
 
@@ -145,8 +160,13 @@ def format_prompt(fmt: OutputFormat) -> str | None:
     return f"Please respond in JSON format with the schema: {json.dumps(fmt.schema)}"
 
 
-def _reply_formats(formatter: ChatFormatter, offers: list[tuple[ToolSet | None, Any]], tool_prompt_format: Any,
-                   response_format: Any, constrain_tools: bool) -> list[OutputFormat | None]:
+def _reply_formats(
+    formatter: ChatFormatter,
+    offers: list[tuple[ToolSet | None, Any]],
+    tool_prompt_format: Any,
+    response_format: Any,
+    constrain_tools: bool,
+) -> list[OutputFormat | None]:
     if not constrain_tools:
         return per_row_formats(response_format, len(offers))
     if response_format is not None:
@@ -172,8 +192,9 @@ def _debug_print(tokenizer: TextTokenizer, tokens: list[int]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- finish
-def finish(completions: Sequence[Completion], formats: Sequence[OutputFormat | None] | None,
-           formatter: ChatFormatter) -> list[ChatCompletion]:
+def finish(
+    completions: Sequence[Completion], formats: Sequence[OutputFormat | None] | None, formatter: ChatFormatter
+) -> list[ChatCompletion]:
     """Each generated reply as a :class:`ChatCompletion` whose message carries its parsed tool calls (or the
     parse error); ``formats`` as :func:`prepare` returned them (None: every reply unconstrained)."""
     formats = list(formats) if formats is not None else [None] * len(completions)
@@ -200,8 +221,9 @@ def finish_row(completion: Completion, fmt: OutputFormat | None, formatter: Chat
     )
 
 
-def finish_stream(chunks: Iterable[StreamChunk], fmt: OutputFormat | None,
-                  formatter: ChatFormatter) -> Iterator[StreamItem]:
+def finish_stream(
+    chunks: Iterable[StreamChunk], fmt: OutputFormat | None, formatter: ChatFormatter
+) -> Iterator[StreamItem]:
     """One reply's stream chunks as chat items: :class:`TextDelta` for text, :class:`ToolCallDelta` for what the
     model writes between python tags (the tags removed), then each parsed call (or the parse failure) and
     finally the :class:`ChatCompletion` (what :func:`finish` makes of the last chunk's ``final``; a final that
@@ -277,9 +299,16 @@ def batch_chat_completion(
     :func:`finish` — the :class:`~workbench.engine.interfaces.ChatEngine` method of an engine that completes
     rendered prompts.  Keywords as :func:`prepare`'s (``tools`` / ``tool_choice`` one for all or one per dialog);
     ``sampling`` goes to ``batch_completion`` as it is."""
-    prompts, formats = prepare(engine.formatter, dialogs, tools, tool_choice, tool_prompt_format,
-                               response_format=response_format, constrain_tools=constrain_tools,
-                               system_message_behavior=system_message_behavior)
+    prompts, formats = prepare(
+        engine.formatter,
+        dialogs,
+        tools,
+        tool_choice,
+        tool_prompt_format,
+        response_format=response_format,
+        constrain_tools=constrain_tools,
+        system_message_behavior=system_message_behavior,
+    )
     if not prompts:
         return []
     if any(f is not None for f in formats):
@@ -306,12 +335,27 @@ def chat_completion(
     if isinstance(response_format, (list, tuple)):
         raise FormatError("chat_completion takes one response_format (a list is for batch_chat_completion)")
     if not stream:
-        return batch_chat_completion(engine, [messages], tools, tool_choice, tool_prompt_format,
-                                     response_format=response_format, constrain_tools=constrain_tools,
-                                     system_message_behavior=system_message_behavior, **sampling)[0]
-    prompts, formats = prepare(engine.formatter, [messages], tools, tool_choice, tool_prompt_format,
-                               response_format=response_format, constrain_tools=constrain_tools,
-                               system_message_behavior=system_message_behavior)
+        return batch_chat_completion(
+            engine,
+            [messages],
+            tools,
+            tool_choice,
+            tool_prompt_format,
+            response_format=response_format,
+            constrain_tools=constrain_tools,
+            system_message_behavior=system_message_behavior,
+            **sampling,
+        )[0]
+    prompts, formats = prepare(
+        engine.formatter,
+        [messages],
+        tools,
+        tool_choice,
+        tool_prompt_format,
+        response_format=response_format,
+        constrain_tools=constrain_tools,
+        system_message_behavior=system_message_behavior,
+    )
     if formats[0] is not None:
         sampling["response_format"] = formats[0]
     return finish_stream(engine.stream_completion(prompts[0], **sampling), formats[0], engine.formatter)

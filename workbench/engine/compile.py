@@ -37,8 +37,10 @@ def use_cuda_graphs(runner: Runner) -> dict[str, Any]:
     decoding (the same tokens) and raises :class:`CompileError`."""
     capture = getattr(runner, "use_cuda_graphs", None)  # the in-process runner has it, the worker pool not
     if capture is None:
-        raise CompileError("cuda_graphs=True needs the in-process runner (model_parallel_size=1); the engine "
-                           "keeps decoding eagerly: load with model_parallel_size=1 or without cuda_graphs")
+        raise CompileError(
+            "cuda_graphs=True needs the in-process runner (model_parallel_size=1); the engine "
+            "keeps decoding eagerly: load with model_parallel_size=1 or without cuda_graphs"
+        )
     try:
         return capture(True)
     except Exception as exc:
@@ -54,7 +56,9 @@ def warm_up_decode(runner: Runner, bos_id: int) -> None:
     params = SamplingParams.create(max_tokens=3)
     # Three rows at unequal positions (mask), then at one (no mask).  Not two rows: with 2 KV heads
     # torch.compile would tie the batch width to the head count and recompile for the first other width.
-    for prompts in ([[bos_id, 1000, 1001], [bos_id, 1002], [bos_id, 1003]],
-                    [[bos_id, 1004], [bos_id, 1005], [bos_id, 1006]]):
+    for prompts in (
+        [[bos_id, 1000, 1001], [bos_id, 1002], [bos_id, 1003]],
+        [[bos_id, 1004], [bos_id, 1005], [bos_id, 1006]],
+    ):
         for _event in runner.generate([Request(i, p, params) for i, p in enumerate(prompts)]):
             pass

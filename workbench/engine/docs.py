@@ -27,11 +27,14 @@ def _field_lines() -> str:
     return "\n".join(lines)
 
 
-SAMPLING_DOC = """
+SAMPLING_DOC = (
+    """
         Sampling (keyword-only, the same on every completion and chat method):
             sampling: a ``wb.SamplingParams`` holding the settings below; a keyword given beside it
                 overrides that field (``sampling=greedy, max_tokens=8``).
-""" + _field_lines() + """
+"""
+    + _field_lines()
+    + """
 
         ``engine.cancel()`` (from a widget callback or another thread) stops the call at its next decode
         step with :class:`~workbench.errors.GenerationCancelled` (``.partial`` holds what was generated);
@@ -56,6 +59,7 @@ SAMPLING_DOC = """
             without a seed runs with a drawn one that is recorded, so a re-run answers the same sample.
             ``refresh=True`` recomputes and replaces.  Browse with ``wb.runs.table()`` / ``wb.runs.rows(name)``.
 """
+)
 
 
 def sampling_doc(method: F) -> F:
@@ -73,10 +77,15 @@ def public_signature(signature: inspect.Signature, method_name: str) -> inspect.
     """A method's signature with every sampling keyword (its default and type from the field) placed just
     before its ``sampling`` parameter."""
     batch = is_batch(method_name)
-    keywords = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.metadata["keyword"],
-                                  annotation=(batch and f.metadata["batch_annotation"]) or f.metadata["annotation"]
-                                  or f.type)
-                for f in SamplingParams.keywords()]
+    keywords = [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=f.metadata["keyword"],
+            annotation=(batch and f.metadata["batch_annotation"]) or f.metadata["annotation"] or f.type,
+        )
+        for f in SamplingParams.keywords()
+    ]
     params = []
     for p in signature.parameters.values():
         if p.name == "sampling":

@@ -62,8 +62,16 @@ from workbench.types import ChatCompletion, Completion, ScoredRow, StreamChunk
 class Engine(ModelManagement, IntrospectionMixin):
     """A loaded model with batch completion, chat and scoring APIs.  Build it with ``workbench.load``."""
 
-    def __init__(self, *, runner: Runner, tokenizer: Tokenizer, args: ModelArgs, settings: Settings,
-                 model_id: str | None, load_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        runner: Runner,
+        tokenizer: Tokenizer,
+        args: ModelArgs,
+        settings: Settings,
+        model_id: str | None,
+        load_seconds: float = 0.0,
+    ) -> None:
         self._runner = runner
         self.tokenizer = tokenizer
         self.args = args
@@ -102,8 +110,9 @@ class Engine(ModelManagement, IntrospectionMixin):
             if is_cross_attention_vision(self.args):  # a nameless 3.2 Vision checkpoint: its (3.1-style) tool format
                 cross = (self.args.vision_chunk_size, self.args.vision_max_num_chunks)
                 model_id = model_id or LLAMA32_VISION_DEFAULT_NAME
-            self._formatter = make_formatter(self.tokenizer, model_id, vision_args=self.args.vision_args,
-                                             cross_attention_tiles=cross)
+            self._formatter = make_formatter(
+                self.tokenizer, model_id, vision_args=self.args.vision_args, cross_attention_tiles=cross
+            )
         return self._formatter
 
     # ----------------------------------------------------------------------------- cancellation
@@ -119,8 +128,16 @@ class Engine(ModelManagement, IntrospectionMixin):
     # ----------------------------------------------------------------------------- completions
     @llama_stack_spellings(content="content")
     @sampling_doc
-    def completion(self, content: Content, *, sampling: SamplingParams | None = None, response_format: Any = None,
-                   item: Any = None, run: str | None = None, refresh: bool = False) -> Completion:
+    def completion(
+        self,
+        content: Content,
+        *,
+        sampling: SamplingParams | None = None,
+        response_format: Any = None,
+        item: Any = None,
+        run: str | None = None,
+        refresh: bool = False,
+    ) -> Completion:
         """Complete one prompt and return a :class:`~workbench.types.Completion` (text, tokens, stop reason).
 
         content: a string (encoded with a BOS token), a list of token ids used exactly as given, a list
@@ -129,15 +146,24 @@ class Engine(ModelManagement, IntrospectionMixin):
         """
         assert sampling is not None  # resolved by the signature's wrapper (docs.take_sampling)
         prompt, tiles = encode_row(self, content, 0)
-        requests = self._requests([prompt], [tiles], sampling, per_row_formats(response_format, 1),
-                                  [{"prompt": content}], item, "completion")
+        requests = self._requests(
+            [prompt], [tiles], sampling, per_row_formats(response_format, 1), [{"prompt": content}], item, "completion"
+        )
         return self.generate_tokens(requests, progress=False, stored=self._stored(run, refresh, requests))[0]
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
-    def batch_completion(self, contents: Sequence[Content], *, sampling: SamplingParams | None = None,
-                         progress: bool | None = None, response_format: Any = None, item: Any = None,
-                         run: str | None = None, refresh: bool = False) -> list[Completion]:
+    def batch_completion(
+        self,
+        contents: Sequence[Content],
+        *,
+        sampling: SamplingParams | None = None,
+        progress: bool | None = None,
+        response_format: Any = None,
+        item: Any = None,
+        run: str | None = None,
+        refresh: bool = False,
+    ) -> list[Completion]:
         """Complete many prompts in one batch: one :class:`~workbench.types.Completion` per prompt, in order.
 
         Each row's result equals running that prompt alone (greedy, or sampled with a seed), so
@@ -153,15 +179,27 @@ class Engine(ModelManagement, IntrospectionMixin):
             raise InputError("batch_completion takes a list of prompts; for one string use completion()")
         check_progress(progress)
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
-        requests = self._requests([ids for ids, _ in rows], [t for _, t in rows], sampling,
-                                  per_row_formats(response_format, len(rows)), [{"prompt": c} for c in contents],
-                                  item, "batch_completion")
+        requests = self._requests(
+            [ids for ids, _ in rows],
+            [t for _, t in rows],
+            sampling,
+            per_row_formats(response_format, len(rows)),
+            [{"prompt": c} for c in contents],
+            item,
+            "batch_completion",
+        )
         return self.generate_tokens(requests, progress=progress, stored=self._stored(run, refresh, requests))
 
-    def generate_tokens(self, requests: Sequence[Request] | Sequence[Sequence[int]],
-                        params: SamplingParams | None = None, *, progress: bool | None = False,
-                        on_finish: Callable[[int, Completion], None] | None = None,
-                        stored: StoredCall | None = None, finish: Finish | None = None) -> list[Any]:
+    def generate_tokens(
+        self,
+        requests: Sequence[Request] | Sequence[Sequence[int]],
+        params: SamplingParams | None = None,
+        *,
+        progress: bool | None = False,
+        on_finish: Callable[[int, Completion], None] | None = None,
+        stored: StoredCall | None = None,
+        finish: Finish | None = None,
+    ) -> list[Any]:
         """Run a call's requests and collect one result per request: the path every batch call takes.
 
         ``requests``: the call's :class:`~workbench.generation.Request` s (or plain token-id lists, each run with
@@ -223,9 +261,16 @@ class Engine(ModelManagement, IntrospectionMixin):
 
     @llama_stack_spellings(content="content")
     @sampling_doc
-    def stream_completion(self, content: Content, *, sampling: SamplingParams | None = None,
-                          response_format: Any = None, item: Any = None, run: str | None = None,
-                          refresh: bool = False) -> Iterator[StreamChunk]:
+    def stream_completion(
+        self,
+        content: Content,
+        *,
+        sampling: SamplingParams | None = None,
+        response_format: Any = None,
+        item: Any = None,
+        run: str | None = None,
+        refresh: bool = False,
+    ) -> Iterator[StreamChunk]:
         """Yield :class:`~workbench.types.StreamChunk` text deltas of one completion as tokens arrive.
 
         The last chunk carries ``final``, the complete :class:`~workbench.types.Completion`.  Stop strings
@@ -234,13 +279,28 @@ class Engine(ModelManagement, IntrospectionMixin):
         """
         assert sampling is not None
         prompt, tiles = encode_row(self, content, 0)
-        requests = self._requests([prompt], [tiles], sampling, per_row_formats(response_format, 1),
-                                  [{"prompt": content}], item, "stream_completion")
-        return self._open_stream(requests, what="stream_completion",
-                                 stored=self._stored(run, refresh, requests)).chunks()
+        requests = self._requests(
+            [prompt],
+            [tiles],
+            sampling,
+            per_row_formats(response_format, 1),
+            [{"prompt": content}],
+            item,
+            "stream_completion",
+        )
+        return self._open_stream(
+            requests, what="stream_completion", stored=self._stored(run, refresh, requests)
+        ).chunks()
 
-    def _open_stream(self, requests: list[Request], *, what: str, preemptible: bool = True,
-                     stored: StoredCall | None = None, finish: Finish | None = None) -> BatchStream:
+    def _open_stream(
+        self,
+        requests: list[Request],
+        *,
+        what: str,
+        preemptible: bool = True,
+        stored: StoredCall | None = None,
+        finish: Finish | None = None,
+    ) -> BatchStream:
         """A stream over a call's requests (lengths and grammars checked now, before the first ``next``).  With
         ``stored``, its stored rows are replayed first and only the others run.  ``finish``: ``(request,
         Completion) -> final`` (a chat reply parsed); a stored call made that final already when the row ended."""
@@ -249,23 +309,53 @@ class Engine(ModelManagement, IntrospectionMixin):
         if stored is not None:
             todo, replays = stored.todo, stored.replays(self.tokenizer)
         self._constrain(todo)
-        rows = RowAccumulator(self.tokenizer, todo, stream=True,
-                              on_finish=stored.finish_row if stored is not None else None)
+        rows = RowAccumulator(
+            self.tokenizer, todo, stream=True, on_finish=stored.finish_row if stored is not None else None
+        )
         if stored is not None and finish is not None:
             finish = stored.output  # the row's result as stored: parsed once, when the row ended
-        return BatchStream(self._runner, self._gate, self._calls, todo, rows, what=what, preemptible=preemptible,
-                           total=len(requests), replays=replays, on_close=stored.close if stored else None,
-                           partial=stored.partial if stored else None, finish=finish)
+        return BatchStream(
+            self._runner,
+            self._gate,
+            self._calls,
+            todo,
+            rows,
+            what=what,
+            preemptible=preemptible,
+            total=len(requests),
+            replays=replays,
+            on_close=stored.close if stored else None,
+            partial=stored.partial if stored else None,
+            finish=finish,
+        )
 
-    def _requests(self, prompts: list[list[int]], tiles: list[Any], sampling: SamplingParams,
-                  formats: list[OutputFormat | None], given: Sequence[Any], item: Any, method: str) -> list[Request]:
+    def _requests(
+        self,
+        prompts: list[list[int]],
+        tiles: list[Any],
+        sampling: SamplingParams,
+        formats: list[OutputFormat | None],
+        given: Sequence[Any],
+        item: Any,
+        method: str,
+    ) -> list[Request]:
         """A call's rows as :class:`~workbench.generation.Request` s: each its place, prompt ids, images, sampling
         (its own seed where the call gave one per row), output format, the request as given and its item."""
         params, seeds = sampling.split_seeds(len(prompts))
         items = row_items(item, len(prompts), method)
-        return [Request(i, prompt, params if seeds is None else replace(params, seed=seeds[i]), image_tiles=tiles[i],
-                        row=i, format=formats[i], given=given[i], item=items[i])
-                for i, prompt in enumerate(prompts)]
+        return [
+            Request(
+                i,
+                prompt,
+                params if seeds is None else replace(params, seed=seeds[i]),
+                image_tiles=tiles[i],
+                row=i,
+                format=formats[i],
+                given=given[i],
+                item=items[i],
+            )
+            for i, prompt in enumerate(prompts)
+        ]
 
     def _rendered(self, prompts: Sequence[PromptRow]) -> tuple[list[list[int]], list[Any]]:
         """The chat layer's prompts as token ids and image tiles (ids as the formatter built them)."""
@@ -303,22 +393,40 @@ class Engine(ModelManagement, IntrospectionMixin):
         provenance = engine_provenance(self.settings, self._identity, model=model_label(self), family=self.family)
         return store.open_run(name, provenance)
 
-    def _stored(self, run: str | None, refresh: bool, requests: list[Request], *,
-                kind: str = "completion") -> StoredCall | None:
+    def _stored(
+        self, run: str | None, refresh: bool, requests: list[Request], *, kind: str = "completion"
+    ) -> StoredCall | None:
         """The call's requests against run ``run`` (None: no run store), keyed and looked up now."""
         if not check_run(run, refresh):
             return None
-        return generation_call(self.open_run(run), requests, kind=kind, max_seq_len=self.max_seq_len,
-                               refresh=refresh, finish=chat_finish(self.formatter) if kind == "chat" else None)
+        return generation_call(
+            self.open_run(run),
+            requests,
+            kind=kind,
+            max_seq_len=self.max_seq_len,
+            refresh=refresh,
+            finish=chat_finish(self.formatter) if kind == "chat" else None,
+        )
 
     # ----------------------------------------------------------------------------- chat
     @llama_stack_spellings(chat=True)
     @sampling_doc
-    def chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
-                        tool_choice: str = "auto", tool_prompt_format: str | None = None, stream: bool = False,
-                        sampling: SamplingParams | None = None, response_format: Any = None,
-                        constrain_tools: bool = False, system_message_behavior: str = "append", item: Any = None,
-                        run: str | None = None, refresh: bool = False) -> Any:
+    def chat_completion(
+        self,
+        messages: Sequence[Any],
+        tools: Sequence[Any] | None = None,
+        *,
+        tool_choice: str = "auto",
+        tool_prompt_format: str | None = None,
+        stream: bool = False,
+        sampling: SamplingParams | None = None,
+        response_format: Any = None,
+        constrain_tools: bool = False,
+        system_message_behavior: str = "append",
+        item: Any = None,
+        run: str | None = None,
+        refresh: bool = False,
+    ) -> Any:
         """One assistant reply in the model's official prompt format (a :class:`~workbench.types.ChatCompletion`).
 
         messages: the dialog, :class:`~workbench.types.Message` objects or dicts like
@@ -340,25 +448,58 @@ class Engine(ModelManagement, IntrospectionMixin):
         """
         assert sampling is not None
         if stream:
-            return self._chat_stream(messages, tools, tool_choice, tool_prompt_format, response_format, constrain_tools,
-                                     system_message_behavior, run, refresh, sampling, item)
-        prompts, formats = chat.prepare(self.formatter, [messages], tools, tool_choice, tool_prompt_format,
-                                        response_format=response_format, constrain_tools=constrain_tools,
-                                        system_message_behavior=system_message_behavior)
-        requests = self._requests(*self._rendered(prompts), sampling, formats,
-                                  [chat_request(messages, tools, tool_choice, tool_prompt_format)], item,
-                                  "chat_completion")
+            return self._chat_stream(
+                messages,
+                tools,
+                tool_choice,
+                tool_prompt_format,
+                response_format,
+                constrain_tools,
+                system_message_behavior,
+                run,
+                refresh,
+                sampling,
+                item,
+            )
+        prompts, formats = chat.prepare(
+            self.formatter,
+            [messages],
+            tools,
+            tool_choice,
+            tool_prompt_format,
+            response_format=response_format,
+            constrain_tools=constrain_tools,
+            system_message_behavior=system_message_behavior,
+        )
+        requests = self._requests(
+            *self._rendered(prompts),
+            sampling,
+            formats,
+            [chat_request(messages, tools, tool_choice, tool_prompt_format)],
+            item,
+            "chat_completion",
+        )
         stored = self._stored(run, refresh, requests, kind="chat")
         return self.generate_tokens(requests, progress=False, stored=stored, finish=chat_finish(self.formatter))[0]
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
-    def batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
-                              tool_choice: str = "auto", tool_prompt_format: str | None = None,
-                              sampling: SamplingParams | None = None, progress: bool | None = None,
-                              response_format: Any = None, constrain_tools: bool = False,
-                              system_message_behavior: str = "append", item: Any = None, run: str | None = None,
-                              refresh: bool = False) -> list[ChatCompletion]:
+    def batch_chat_completion(
+        self,
+        dialogs: Sequence[Sequence[Any]],
+        tools: Sequence[Any] | None = None,
+        *,
+        tool_choice: str = "auto",
+        tool_prompt_format: str | None = None,
+        sampling: SamplingParams | None = None,
+        progress: bool | None = None,
+        response_format: Any = None,
+        constrain_tools: bool = False,
+        system_message_behavior: str = "append",
+        item: Any = None,
+        run: str | None = None,
+        refresh: bool = False,
+    ) -> list[ChatCompletion]:
         """One reply per dialog, generated in one batch (per-row results equal single calls).
 
         dialogs: a list of dialogs (each a list of messages, or a bare string for one user message);
@@ -371,51 +512,119 @@ class Engine(ModelManagement, IntrospectionMixin):
             has run for a couple of seconds, True at once, False never.
         """
         assert sampling is not None
-        prompts, formats = chat.prepare(self.formatter, dialogs, tools, tool_choice, tool_prompt_format,
-                                        response_format=response_format, constrain_tools=constrain_tools,
-                                        system_message_behavior=system_message_behavior)
+        prompts, formats = chat.prepare(
+            self.formatter,
+            dialogs,
+            tools,
+            tool_choice,
+            tool_prompt_format,
+            response_format=response_format,
+            constrain_tools=constrain_tools,
+            system_message_behavior=system_message_behavior,
+        )
         if not prompts:
             return []
         check_progress(progress)
-        requests = self._requests(*self._rendered(prompts), sampling, formats,
-                                  [chat_request(d, t, c, tool_prompt_format)
-                                   for d, (t, c) in zip(dialogs, chat.dialog_offers(len(dialogs), tools, tool_choice))],
-                                  item, "batch_chat_completion")
+        requests = self._requests(
+            *self._rendered(prompts),
+            sampling,
+            formats,
+            [
+                chat_request(d, t, c, tool_prompt_format)
+                for d, (t, c) in zip(dialogs, chat.dialog_offers(len(dialogs), tools, tool_choice))
+            ],
+            item,
+            "batch_chat_completion",
+        )
         stored = self._stored(run, refresh, requests, kind="chat")
         return self.generate_tokens(requests, progress=progress, stored=stored, finish=chat_finish(self.formatter))
 
     @llama_stack_spellings(chat=True)
     @sampling_doc
-    def stream_chat_completion(self, messages: Sequence[Any], tools: Sequence[Any] | None = None, *,
-                               tool_choice: str = "auto", tool_prompt_format: str | None = None,
-                               sampling: SamplingParams | None = None, response_format: Any = None,
-                               constrain_tools: bool = False, system_message_behavior: str = "append",
-                               item: Any = None, run: str | None = None, refresh: bool = False) -> Iterator[Any]:
+    def stream_chat_completion(
+        self,
+        messages: Sequence[Any],
+        tools: Sequence[Any] | None = None,
+        *,
+        tool_choice: str = "auto",
+        tool_prompt_format: str | None = None,
+        sampling: SamplingParams | None = None,
+        response_format: Any = None,
+        constrain_tools: bool = False,
+        system_message_behavior: str = "append",
+        item: Any = None,
+        run: str | None = None,
+        refresh: bool = False,
+    ) -> Iterator[Any]:
         """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
         assert sampling is not None
-        return self._chat_stream(messages, tools, tool_choice, tool_prompt_format, response_format, constrain_tools,
-                                 system_message_behavior, run, refresh, sampling, item)
+        return self._chat_stream(
+            messages,
+            tools,
+            tool_choice,
+            tool_prompt_format,
+            response_format,
+            constrain_tools,
+            system_message_behavior,
+            run,
+            refresh,
+            sampling,
+            item,
+        )
 
-    def _chat_stream(self, messages: Sequence[Any], tools: Sequence[Any] | None, tool_choice: str,
-                     tool_prompt_format: str | None, response_format: Any, constrain_tools: bool,
-                     system_message_behavior: str, run: str | None, refresh: bool, sampling: SamplingParams,
-                     item: Any) -> Iterator[chat.StreamItem]:
-        prompts, formats = chat.prepare(self.formatter, [messages], tools, tool_choice, tool_prompt_format,
-                                        response_format=response_format, constrain_tools=constrain_tools,
-                                        system_message_behavior=system_message_behavior)
-        requests = self._requests(*self._rendered(prompts), sampling, formats,
-                                  [chat_request(messages, tools, tool_choice, tool_prompt_format)], item,
-                                  "stream_chat_completion")
-        stream = self._open_stream(requests, what="stream_completion",
-                                   stored=self._stored(run, refresh, requests, kind="chat"),
-                                   finish=chat_finish(self.formatter))
+    def _chat_stream(
+        self,
+        messages: Sequence[Any],
+        tools: Sequence[Any] | None,
+        tool_choice: str,
+        tool_prompt_format: str | None,
+        response_format: Any,
+        constrain_tools: bool,
+        system_message_behavior: str,
+        run: str | None,
+        refresh: bool,
+        sampling: SamplingParams,
+        item: Any,
+    ) -> Iterator[chat.StreamItem]:
+        prompts, formats = chat.prepare(
+            self.formatter,
+            [messages],
+            tools,
+            tool_choice,
+            tool_prompt_format,
+            response_format=response_format,
+            constrain_tools=constrain_tools,
+            system_message_behavior=system_message_behavior,
+        )
+        requests = self._requests(
+            *self._rendered(prompts),
+            sampling,
+            formats,
+            [chat_request(messages, tools, tool_choice, tool_prompt_format)],
+            item,
+            "stream_chat_completion",
+        )
+        stream = self._open_stream(
+            requests,
+            what="stream_completion",
+            stored=self._stored(run, refresh, requests, kind="chat"),
+            finish=chat_finish(self.formatter),
+        )
         return chat.finish_stream(stream.chunks(), formats[0], self.formatter)
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
-    def stream_batch_completion(self, contents: Sequence[Content], *, sampling: SamplingParams | None = None,
-                                response_format: Any = None, preemptible: bool = True, item: Any = None,
-                                run: str | None = None, refresh: bool = False) -> BatchStream:
+    def stream_batch_completion(
+        self,
+        contents: Sequence[Content],
+        *,
+        sampling: SamplingParams | None = None,
+        response_format: Any = None,
+        preemptible: bool = True,
+        item: Any = None,
+        run: str | None = None,
+        refresh: bool = False,
+    ) -> BatchStream:
         """Stream many prompts in one batch: ``(row, StreamChunk)`` pairs as tokens arrive (rows interleave).
 
         Each row's tokens equal ``batch_completion``'s; its last chunk carries ``final``.  ``stream.cancel(row)``
@@ -426,33 +635,69 @@ class Engine(ModelManagement, IntrospectionMixin):
         """
         assert sampling is not None
         rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
-        requests = self._requests([ids for ids, _ in rows], [t for _, t in rows], sampling,
-                                  per_row_formats(response_format, len(rows)), [{"prompt": c} for c in contents],
-                                  item, "stream_batch_completion")
-        return self._open_stream(requests, what="stream_batch_completion", preemptible=preemptible,
-                                 stored=self._stored(run, refresh, requests))
+        requests = self._requests(
+            [ids for ids, _ in rows],
+            [t for _, t in rows],
+            sampling,
+            per_row_formats(response_format, len(rows)),
+            [{"prompt": c} for c in contents],
+            item,
+            "stream_batch_completion",
+        )
+        return self._open_stream(
+            requests,
+            what="stream_batch_completion",
+            preemptible=preemptible,
+            stored=self._stored(run, refresh, requests),
+        )
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
-    def stream_batch_chat_completion(self, dialogs: Sequence[Sequence[Any]], tools: Sequence[Any] | None = None, *,
-                                     tool_choice: str = "auto", tool_prompt_format: str | None = None,
-                                     sampling: SamplingParams | None = None, response_format: Any = None,
-                                     constrain_tools: bool = False, preemptible: bool = True,
-                                     system_message_behavior: str = "append", item: Any = None,
-                                     run: str | None = None, refresh: bool = False) -> BatchStream:
+    def stream_batch_chat_completion(
+        self,
+        dialogs: Sequence[Sequence[Any]],
+        tools: Sequence[Any] | None = None,
+        *,
+        tool_choice: str = "auto",
+        tool_prompt_format: str | None = None,
+        sampling: SamplingParams | None = None,
+        response_format: Any = None,
+        constrain_tools: bool = False,
+        preemptible: bool = True,
+        system_message_behavior: str = "append",
+        item: Any = None,
+        run: str | None = None,
+        refresh: bool = False,
+    ) -> BatchStream:
         """``batch_chat_completion`` streamed: ``(row, StreamChunk)`` pairs of raw reply text; each row's last
         chunk's ``final`` is its ChatCompletion (equal to ``batch_chat_completion``'s).  See
         ``stream_batch_completion`` for ``cancel(row)``, ``preemptible`` and ``run=``."""
         assert sampling is not None
-        prompts, formats = chat.prepare(self.formatter, dialogs, tools, tool_choice, tool_prompt_format,
-                                        response_format=response_format, constrain_tools=constrain_tools,
-                                        system_message_behavior=system_message_behavior)
-        requests = self._requests(*self._rendered(prompts), sampling, formats,
-                                  [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs], item,
-                                  "stream_batch_chat_completion")
-        return self._open_stream(requests, what="stream_batch_completion", preemptible=preemptible,
-                                 stored=self._stored(run, refresh, requests, kind="chat"),
-                                 finish=chat_finish(self.formatter))
+        prompts, formats = chat.prepare(
+            self.formatter,
+            dialogs,
+            tools,
+            tool_choice,
+            tool_prompt_format,
+            response_format=response_format,
+            constrain_tools=constrain_tools,
+            system_message_behavior=system_message_behavior,
+        )
+        requests = self._requests(
+            *self._rendered(prompts),
+            sampling,
+            formats,
+            [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs],
+            item,
+            "stream_batch_chat_completion",
+        )
+        return self._open_stream(
+            requests,
+            what="stream_batch_completion",
+            preemptible=preemptible,
+            stored=self._stored(run, refresh, requests, kind="chat"),
+            finish=chat_finish(self.formatter),
+        )
 
     # ----------------------------------------------------------------------------- scoring
     def logits(self, token_lists: Sequence[Sequence[int] | Any]) -> list[torch.Tensor]:
@@ -468,8 +713,14 @@ class Engine(ModelManagement, IntrospectionMixin):
                 return self._runner.logits(prompts, images)
             return self._runner.logits(prompts)
 
-    def score(self, sequences: Sequence[Sequence[int]], starts: Sequence[int] | int = 1, *, run: str | None = None,
-              refresh: bool = False) -> list[ScoredRow]:
+    def score(
+        self,
+        sequences: Sequence[Sequence[int]],
+        starts: Sequence[int] | int = 1,
+        *,
+        run: str | None = None,
+        refresh: bool = False,
+    ) -> list[ScoredRow]:
         """Log-probabilities of ``sequences[i][starts[i]:]`` (each token given all before it) and whether each
         token is the greedy choice: one :class:`~workbench.types.ScoredRow` per sequence.
 
@@ -491,15 +742,22 @@ class Engine(ModelManagement, IntrospectionMixin):
             with self._gate.exclusive("score"):
                 logprobs, greedy, counts = self._runner.score(rows, firsts)
             return scored_rows(logprobs, greedy, counts)
-        requests = [Request(i, r, SamplingParams(), row=i, given={"sequence": r, "start": f})
-                    for i, (r, f) in enumerate(zip(rows, firsts))]
-        stored = StoredCall(self.open_run(run), requests, [RowRequest(r, {"start": f}, "score")
-                                                           for r, f in zip(rows, firsts)], refresh=bool(refresh))
+        requests = [
+            Request(i, r, SamplingParams(), row=i, given={"sequence": r, "start": f})
+            for i, (r, f) in enumerate(zip(rows, firsts))
+        ]
+        stored = StoredCall(
+            self.open_run(run),
+            requests,
+            [RowRequest(r, {"start": f}, "score") for r, f in zip(rows, firsts)],
+            refresh=bool(refresh),
+        )
         try:
             if stored.todo:
                 with self._gate.exclusive("score"):
-                    logprobs, greedy, counts = self._runner.score([r.prompt for r in stored.todo],
-                                                                  [firsts[r.row] for r in stored.todo])
+                    logprobs, greedy, counts = self._runner.score(
+                        [r.prompt for r in stored.todo], [firsts[r.row] for r in stored.todo]
+                    )
                 for request, row in zip(stored.todo, scored_rows(logprobs, greedy, counts)):
                     stored.finish_row(request, row)
         finally:

@@ -36,11 +36,13 @@ class Runner(Protocol):
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]: ...
 
-    def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
-               ) -> list[torch.Tensor]: ...
+    def logits(
+        self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
+    ) -> list[torch.Tensor]: ...
 
-    def score(self, sequences: Sequence[Sequence[int]],
-              starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]: ...
+    def score(
+        self, sequences: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]: ...
 
     def memory(self) -> dict[str, Any]: ...
 
@@ -83,8 +85,14 @@ class ChatFormatter(Protocol):
     @property
     def default_tool_prompt_format(self) -> str: ...
 
-    def encode_prompt(self, messages: Any, tools: Iterable[Any] | None = None, tool_choice: Any = "auto",
-                      tool_prompt_format: Any = None, system_message_behavior: str = "append") -> Prompt: ...
+    def encode_prompt(
+        self,
+        messages: Any,
+        tools: Iterable[Any] | None = None,
+        tool_choice: Any = "auto",
+        tool_prompt_format: Any = None,
+        system_message_behavior: str = "append",
+    ) -> Prompt: ...
 
     def encode_content(self, content: Any) -> Prompt: ...
 
@@ -104,8 +112,9 @@ class ChatEngine(Protocol):
     with a context limit raises :class:`~workbench.errors.PromptTooLongError` whose ``rows`` name the dialogs
     that do not fit (the tool loop ends those and goes on)."""
 
-    def batch_chat_completion(self, dialogs: Sequence[Any], tools: Any = None,
-                              **kwargs: Any) -> list[ChatCompletion]: ...
+    def batch_chat_completion(
+        self, dialogs: Sequence[Any], tools: Any = None, **kwargs: Any
+    ) -> list[ChatCompletion]: ...
 
 
 class CompletionEngine(Protocol):

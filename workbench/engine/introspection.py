@@ -43,25 +43,27 @@ class IntrospectionMixin:
         ``.readable()`` gives the human strings.
         """
         memory = self.runner.memory()
-        return InfoReport({
-            "model_id": self.model_id,
-            "family": self.family,
-            "checkpoint": str(self.settings.checkpoint_dir),
-            "parameters": self.runner.parameter_count(),
-            "dtype": self._compute_dtype(),
-            "device": str(self.settings.device),
-            "model_parallel_size": self.settings.model_parallel_size,
-            "quantization": self.settings.quantization,
-            "vision": self._vision_state(),
-            "max_batch_size": self.max_batch_size,
-            "max_seq_len": self.max_seq_len,
-            "weights_bytes": memory["weights_bytes"],
-            "kv_cache_bytes": memory["kv_cache_bytes"],
-            "load_seconds": round(self.load_seconds, 2),
-            "compile_seconds": None if self.compile_seconds is None else round(self.compile_seconds, 2),
-            "cuda_graphs": self.cuda_graphs,
-            "run_store": str(runs.path()),  # where run="name" remembers rows ($WORKBENCH_STORE or the data folder)
-        })
+        return InfoReport(
+            {
+                "model_id": self.model_id,
+                "family": self.family,
+                "checkpoint": str(self.settings.checkpoint_dir),
+                "parameters": self.runner.parameter_count(),
+                "dtype": self._compute_dtype(),
+                "device": str(self.settings.device),
+                "model_parallel_size": self.settings.model_parallel_size,
+                "quantization": self.settings.quantization,
+                "vision": self._vision_state(),
+                "max_batch_size": self.max_batch_size,
+                "max_seq_len": self.max_seq_len,
+                "weights_bytes": memory["weights_bytes"],
+                "kv_cache_bytes": memory["kv_cache_bytes"],
+                "load_seconds": round(self.load_seconds, 2),
+                "compile_seconds": None if self.compile_seconds is None else round(self.compile_seconds, 2),
+                "cuda_graphs": self.cuda_graphs,
+                "run_store": str(runs.path()),  # where run="name" remembers rows ($WORKBENCH_STORE or the data folder)
+            }
+        )
 
     def _compute_dtype(self) -> str:
         """bf16 mode runs the whole model in bfloat16, whatever dtype was asked for at load."""

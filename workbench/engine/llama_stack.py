@@ -55,8 +55,9 @@ class ModelMismatchError(InputError):
 
 
 # ---------------------------------------------------------------------------------------------- the decorator
-def llama_stack_spellings(*, batch: tuple[str, str] | None = None, chat: bool = False,
-                          content: str | None = None) -> Callable[[F], F]:
+def llama_stack_spellings(
+    *, batch: tuple[str, str] | None = None, chat: bool = False, content: str | None = None
+) -> Callable[[F], F]:
     """Wrap an engine method (or a tool-loop function whose first argument is the engine) so that it also
     accepts Llama Stack's keywords; the method itself only ever sees native keywords.  A method with a
     ``sampling`` parameter shows every sampling keyword in its signature and gets them resolved into one
@@ -109,8 +110,9 @@ def _doc(batch: tuple[str, str] | None, chat: bool) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- translation
-def to_native(engine: ModelIdentity, given: dict[str, Any], extra: dict[str, Any], *,
-              content: str | None = None) -> dict[str, Any]:
+def to_native(
+    engine: ModelIdentity, given: dict[str, Any], extra: dict[str, Any], *, content: str | None = None
+) -> dict[str, Any]:
     """The native keywords of a call: ``given`` (the native keywords the caller wrote) with Llama Stack's
     ``extra`` keywords (``sampling_params``, ``tool_config``, ``model_id``) mapped in, ``logprobs`` configs
     turned into k, and Llama Stack content items (for the ``content`` argument) into native content.
@@ -131,8 +133,11 @@ def to_native(engine: ModelIdentity, given: dict[str, Any], extra: dict[str, Any
         out["logprobs"] = logprobs_to_native(out["logprobs"])
     if content is not None and content in out:
         value = out[content]
-        out[content] = [content_to_native(v) for v in value] if content == "contents" and _is_list(value) \
+        out[content] = (
+            [content_to_native(v) for v in value]
+            if content == "contents" and _is_list(value)
             else content_to_native(value)
+        )
     return out
 
 
@@ -189,8 +194,9 @@ def _fields(value: Any, what: str) -> dict[str, Any]:
     if hasattr(value, "model_dump") and hasattr(value, "model_fields_set"):
         dumped = value.model_dump(mode="json")
         return {k: dumped[k] for k in value.model_fields_set if k in dumped}
-    raise InputError(f"{what} must be a dict or a llama-stack pydantic object, got {type(value).__name__} "
-                     f"{value!r:.80}")
+    raise InputError(
+        f"{what} must be a dict or a llama-stack pydantic object, got {type(value).__name__} {value!r:.80}"
+    )
 
 
 def sampling_to_native(params: Any, given: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -203,8 +209,10 @@ def sampling_to_native(params: Any, given: dict[str, Any] | None = None) -> dict
     fields = _fields(params, "sampling_params")
     unknown = sorted(set(fields) - set(SAMPLING_FIELDS))
     if unknown:
-        raise InputError(f"sampling_params has no field {unknown[0]!r}; Llama Stack's SamplingParams has "
-                         f"{', '.join(SAMPLING_FIELDS)}")
+        raise InputError(
+            f"sampling_params has no field {unknown[0]!r}; Llama Stack's SamplingParams has "
+            f"{', '.join(SAMPLING_FIELDS)}"
+        )
     out: dict[str, Any] = {}
     if fields.get("strategy") is not None:
         out.update(_strategy(fields["strategy"], given))
@@ -226,16 +234,20 @@ def sampling_to_native(params: Any, given: dict[str, Any] | None = None) -> dict
 def _strategy(strategy: Any, given: dict[str, Any]) -> dict[str, Any]:
     fields = _plain(strategy)  # a pydantic strategy with all its fields: its type is a default, never "set"
     if not isinstance(fields, dict):
-        raise SamplingError(f"sampling_params.strategy must be a dict like {{'type': 'top_p', 'temperature': 0.7, "
-                            f"'top_p': 0.9}}, got {strategy!r:.80}")
+        raise SamplingError(
+            f"sampling_params.strategy must be a dict like {{'type': 'top_p', 'temperature': 0.7, "
+            f"'top_p': 0.9}}, got {strategy!r:.80}"
+        )
     kind = _plain(fields.get("type", "greedy"))
     if kind == "greedy":
         return {"temperature": 0.0}
     if kind == "top_p":
         temperature, top_p = fields.get("temperature"), fields.get("top_p", 0.95)
         if temperature is not None and (not _is_number(temperature) or temperature <= 0):
-            raise SamplingError(f"sampling_params.strategy.temperature must be > 0 for top_p sampling, got "
-                                f"{temperature!r}; use strategy {{'type': 'greedy'}} for temperature 0")
+            raise SamplingError(
+                f"sampling_params.strategy.temperature must be > 0 for top_p sampling, got "
+                f"{temperature!r}; use strategy {{'type': 'greedy'}} for temperature 0"
+            )
         return {"temperature": temperature or 1.0, "top_p": top_p or 1.0}
     if kind == "top_k":
         k = fields.get("top_k")
@@ -252,8 +264,9 @@ def tool_config_to_native(config: Any) -> dict[str, Any]:
     fields = _fields(config, "tool_config")
     unknown = sorted(set(fields) - set(TOOL_CONFIG_FIELDS))
     if unknown:
-        raise InputError(f"tool_config has no field {unknown[0]!r}; Llama Stack's ToolConfig has "
-                         f"{', '.join(TOOL_CONFIG_FIELDS)}")
+        raise InputError(
+            f"tool_config has no field {unknown[0]!r}; Llama Stack's ToolConfig has {', '.join(TOOL_CONFIG_FIELDS)}"
+        )
     out = {name: _plain(value) for name, value in fields.items() if value is not None}
     behavior = out.get("system_message_behavior")
     if behavior is not None and behavior not in ("append", "replace"):

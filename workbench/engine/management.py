@@ -102,6 +102,7 @@ class ModelManagement:
             if not mine:
                 self._gate.lock.release()
 
+
 class ClosedRunner:
     """What a closed engine runs on: every use says how to get a working engine again."""
 

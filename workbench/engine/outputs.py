@@ -34,5 +34,4 @@ def parse_output(fmt: OutputFormat, text: str, stop_reason: str) -> tuple[Any, s
 
 def stop_prefix_overlap(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest end of ``text`` that could still grow into one of ``stops``."""
-    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])),
-               default=0)
+    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])), default=0)

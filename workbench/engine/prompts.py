@@ -32,8 +32,9 @@ def prepare_images(model: LoadedModel, images: Sequence[Any], ids: list[int], ro
     if vision is None:
         raise ImageError(model.formatter.chat.no_images_reason or "this model has no vision encoder")
     if any(im.layout.tile_size != vision.tile_size for im in images):
-        raise InputError(f"prompt row {row} was tiled for another model; build it with this engine's "
-                         "formatter.encode_prompt")
+        raise InputError(
+            f"prompt row {row} was tiled for another model; build it with this engine's formatter.encode_prompt"
+        )
     tiles = torch.cat([prepare_image(im.image, vision.tile_size, layout=im.layout).tiles for im in images])
     patches = ids.count(model.tokenizer.special_tokens["<|patch|>"])
     if patches != tiles.shape[0] * vision.tokens_per_tile:
@@ -43,18 +44,22 @@ def prepare_images(model: LoadedModel, images: Sequence[Any], ids: list[int], ro
         )
     return tiles
 
+
 def prepare_cross_attention_images(model: LoadedModel, images: Sequence[Any], ids: list[int], row: int) -> ImageSet:
     """Llama 3.2 Vision: each image tiled (at most ``vision_max_num_chunks`` tiles of ``vision_chunk_size``), with
     the positions that see it (from the prompt's ``<|image|>`` tokens)."""
     chunk, max_chunks = model.args.vision_chunk_size, model.args.vision_max_num_chunks
     if any(im.layout.tile_size != chunk for im in images):
-        raise InputError(f"prompt row {row} was tiled for another model; build it with this engine's "
-                         "formatter.encode_prompt")
+        raise InputError(
+            f"prompt row {row} was tiled for another model; build it with this engine's formatter.encode_prompt"
+        )
     image_id = model.tokenizer.special_tokens["<|image|>"]
     spans = image_spans(ids, image_id)
     if len(spans) != len(images):
-        raise InputError(f"prompt row {row} has {len(spans)} <|image|> tokens but {len(images)} image(s); build "
-                         "image prompts with engine.formatter.encode_prompt")
+        raise InputError(
+            f"prompt row {row} has {len(spans)} <|image|> tokens but {len(images)} image(s); build "
+            "image prompts with engine.formatter.encode_prompt"
+        )
     tiled = [tile_image(im.image, chunk, max_chunks) for im in images]
     return ImageSet([t.tiles for t in tiled], [t.aspect_ratio for t in tiled], spans)
 
@@ -67,6 +72,7 @@ def encode_row(model: LoadedModel, content: Content, row: int) -> tuple[list[int
         ids = check_ids(model, list(content.tokens), row)
         return ids, prepare_images(model, content.images, ids, row)
     return encode_content(model, content, row), None
+
 
 def prompt_row(model: LoadedModel, prompt: Sequence[int] | Prompt, row: int) -> tuple[list[int], Any]:
     """A prompt the chat layer rendered (token ids, or a ``Prompt`` with images): its ids as they are (the
@@ -84,9 +90,8 @@ def encode_content(model: LoadedModel, content: Content, row: int) -> list[int]:
         content = content.tolist()
     if isinstance(content, (list, tuple)):
         return check_ids(model, list(content), row)
-    raise InputError(
-        f"prompt row {row} is a {type(content).__name__}; give a string or a list of token ids"
-    )
+    raise InputError(f"prompt row {row} is a {type(content).__name__}; give a string or a list of token ids")
+
 
 def check_ids(model: LoadedModel, ids: list[Any], row: int) -> list[int]:
     vocab = model.args.vocab_size
@@ -97,6 +102,7 @@ def check_ids(model: LoadedModel, ids: list[Any], row: int) -> list[int]:
                 "pass token ids from engine.tokenizer.encode()"
             )
     return ids
+
 
 def check_lengths(model: LoadedModel, prompts: list[list[int]], image_tiles: Sequence[Any] | None = None) -> None:
     """Every row non-empty and shorter than ``max_seq_len``; a :class:`PromptTooLongError` names the first row
@@ -110,7 +116,8 @@ def check_lengths(model: LoadedModel, prompts: list[list[int]], image_tiles: Seq
             raise PromptTooLongError(
                 f"prompt row {i} has {len(p)} tokens ({len(tiles.tiles)} of them <|image|>) but max_seq_len is "
                 f"{model.max_seq_len} (room is needed for at least one generated token); shorten the prompt or "
-                f"load with max_seq_len > {len(p)}", rows=rows
+                f"load with max_seq_len > {len(p)}",
+                rows=rows,
             )
         if tiles is not None and len(p) >= model.max_seq_len:
             vision = model.args.vision_args
@@ -119,10 +126,12 @@ def check_lengths(model: LoadedModel, prompts: list[list[int]], image_tiles: Seq
                 f"prompt row {i} has {len(p)} tokens, {image_tokens} of them for its images ({tiles.shape[0]} "
                 f"tiles of {vision.tokens_per_tile} tokens), but max_seq_len is {model.max_seq_len}; load with "
                 f"max_seq_len > {len(p)}, or send fewer or smaller images (an image of at most "
-                f"{vision.tile_size}x{vision.tile_size} pixels takes one tile)", rows=rows
+                f"{vision.tile_size}x{vision.tile_size} pixels takes one tile)",
+                rows=rows,
             )
         if len(p) >= model.max_seq_len:
             raise PromptTooLongError(
                 f"prompt row {i} has {len(p)} tokens but max_seq_len is {model.max_seq_len} (room is needed "
-                f"for at least one generated token); shorten the prompt or load with max_seq_len > {len(p)}", rows=rows
+                f"for at least one generated token); shorten the prompt or load with max_seq_len > {len(p)}",
+                rows=rows,
             )

@@ -53,20 +53,27 @@ GROUP_S = 0.2
 Finish = Callable[[Request, Completion], Any]  # (request, Completion) -> what the call returns for the row
 
 
-def engine_provenance(settings: Settings, identity: CheckpointIdentity | str, *, model: str | None, family: str,
-                      **extra: Any) -> Provenance:
+def engine_provenance(
+    settings: Settings, identity: CheckpointIdentity | str, *, model: str | None, family: str, **extra: Any
+) -> Provenance:
     """What a run records about the engine that writes it: the checkpoint identity and path, the load settings
     (all of them: the ones that change numbers are also in every key), model, family, device; ``extra``: more
     (a pool's replica count)."""
-    load = {"dtype": str(settings.dtype).replace("torch.", ""), "quantization": settings.quantization,
-            "device": settings.device, "model_parallel_size": settings.model_parallel_size,
-            "max_batch_size": settings.max_batch_size, "max_seq_len": settings.max_seq_len}
+    load = {
+        "dtype": str(settings.dtype).replace("torch.", ""),
+        "quantization": settings.quantization,
+        "device": settings.device,
+        "model_parallel_size": settings.model_parallel_size,
+        "max_batch_size": settings.max_batch_size,
+        "max_seq_len": settings.max_seq_len,
+    }
     return Provenance.of(settings, identity, model=model, family=family, load_settings=load, **extra)
 
 
 # ---------------------------------------------------------------------------------------------- keys
-def row_sampling(params: SamplingParams, fmt: OutputFormat | None, seed: int | None,
-                 max_seq_len: int) -> dict[str, Any]:
+def row_sampling(
+    params: SamplingParams, fmt: OutputFormat | None, seed: int | None, max_seq_len: int
+) -> dict[str, Any]:
     """One row's sampling as its key sees it (see the module docstring): every field of SamplingParams as
     :meth:`~workbench.generation.SamplingParams.key_fields` gives it (a field added later is in the key once
     set, and absent at its default, so keys stored before it still answer), the row's own seed."""
@@ -91,12 +98,15 @@ def tile_digests(tiles: Any) -> list[str]:
     parts = getattr(tiles, "tiles", None)
     if parts is None:
         return [image_digest(repr(tiles).encode())]
-    return [image_digest(torch.as_tensor(t).detach().float().cpu().contiguous().numpy()) for t in parts] + \
-        [f"aspects:{list(tiles.aspects)}", f"spans:{list(tiles.spans)}"]
+    return [image_digest(torch.as_tensor(t).detach().float().cpu().contiguous().numpy()) for t in parts] + [
+        f"aspects:{list(tiles.aspects)}",
+        f"spans:{list(tiles.spans)}",
+    ]
 
 
-def row_requests(requests: Sequence[Request], *, kind: str, max_seq_len: int,
-                 images: Sequence[list[str]] | None = None) -> list[RowRequest]:
+def row_requests(
+    requests: Sequence[Request], *, kind: str, max_seq_len: int, images: Sequence[list[str]] | None = None
+) -> list[RowRequest]:
     """The :class:`~workbench.runs.RowRequest` (what the key is made of) of every request of a call (``images``:
     each row's images by content, default :func:`tile_digests` of its tiles; rows of one format and sampling
     share their sampling dict: a 10,000-row call holds a few, not 10,000)."""
@@ -106,8 +116,9 @@ def row_requests(requests: Sequence[Request], *, kind: str, max_seq_len: int,
         slot = (id(r.format), id(r.params), r.params.seed)
         if slot not in shared:
             shared[slot] = row_sampling(r.params, r.format, r.params.seed, max_seq_len)
-        out.append(RowRequest(r.prompt, shared[slot], kind, tile_digests(r.image_tiles) if images is None
-                              else images[r.row]))
+        out.append(
+            RowRequest(r.prompt, shared[slot], kind, tile_digests(r.image_tiles) if images is None else images[r.row])
+        )
     return out
 
 
@@ -122,13 +133,27 @@ def chat_finish(formatter: ChatFormatter) -> Finish:
     return lambda request, completion: chat.finish_row(completion, request.format, formatter)
 
 
-def generation_call(run: Run, requests: Sequence[Request], *, kind: str, max_seq_len: int, refresh: bool,
-                    finish: Finish | None = None, images: Sequence[list[str]] | None = None) -> StoredCall:
+def generation_call(
+    run: Run,
+    requests: Sequence[Request],
+    *,
+    kind: str,
+    max_seq_len: int,
+    refresh: bool,
+    finish: Finish | None = None,
+    images: Sequence[list[str]] | None = None,
+) -> StoredCall:
     """A completion or chat call's requests against ``run``, keyed (:func:`row_requests`) and looked up now
     (stored ``parsed`` rebuilt with each row's format); with ``finish`` (chat rows: :func:`chat_finish`) the
     stored and returned result is what it makes of a row."""
-    return StoredCall(run, requests, row_requests(requests, kind=kind, max_seq_len=max_seq_len, images=images),
-                      refresh=bool(refresh), finish=finish, stop=requests[0].params.stop if requests else ())
+    return StoredCall(
+        run,
+        requests,
+        row_requests(requests, kind=kind, max_seq_len=max_seq_len, images=images),
+        refresh=bool(refresh),
+        finish=finish,
+        stop=requests[0].params.stop if requests else (),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -181,8 +206,16 @@ class StoredCall:
     stop strings (a stored chat row's raw text, for streams, is its tokens' text cut at the first of them).  A
     request's ``given`` (the request as given) and ``item`` are stored with it."""
 
-    def __init__(self, run: Run, requests: Sequence[Request], rows: Sequence[RowRequest], *, refresh: bool = False,
-                 finish: Finish | None = None, stop: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        run: Run,
+        requests: Sequence[Request],
+        rows: Sequence[RowRequest],
+        *,
+        refresh: bool = False,
+        finish: Finish | None = None,
+        stop: Sequence[str] = (),
+    ) -> None:
         self.run = run
         self.requests = list(requests)
         self.finish = finish
@@ -207,8 +240,12 @@ class StoredCall:
             by_type.setdefault(id(kind), (kind, []))[1].append(r)
         for kind, requests in by_type.values():
             # a row copied from another run's identical key answers this call's item
-            answers = self.run.lookup([r.key for r in requests], parsed_type=kind,
-                                      requests=[r.given for r in requests], items=[r.item for r in requests])
+            answers = self.run.lookup(
+                [r.key for r in requests],
+                parsed_type=kind,
+                requests=[r.given for r in requests],
+                items=[r.item for r in requests],
+            )
             used: set[str] = set()
             for r in requests:
                 stored = answers.get(r.key.key)
@@ -225,10 +262,18 @@ class StoredCall:
         """A computed request ended: keep its result (``request.result``) and write it."""
         request.result = self.finish(request, completion) if self.finish is not None else completion
         # a drawn seed is recorded with the row, so the row can be replayed
-        self.writer.add({"key": request.key, "request": request.given, "prompt_ids": request.prompt,
-                         "output": request.result, "sampling": request.sampling_record,
-                         "seed_drawn": request.seed_drawn,
-                         "timings": {"seconds": round(time.monotonic() - self.started, 4)}, "item": request.item})
+        self.writer.add(
+            {
+                "key": request.key,
+                "request": request.given,
+                "prompt_ids": request.prompt,
+                "output": request.result,
+                "sampling": request.sampling_record,
+                "seed_drawn": request.seed_drawn,
+                "timings": {"seconds": round(time.monotonic() - self.started, 4)},
+                "item": request.item,
+            }
+        )
 
     def finished(self, j: int, completion: Any) -> None:
         """Computed row ``j`` (its place in ``todo``) ended: :meth:`finish_row` (a replica pool's chunks count
@@ -270,11 +315,12 @@ def raw_text(tokenizer: TextTokenizer, result: Any, stop: Sequence[str]) -> str:
         return result.text
     text = tokenizer.decode(list(result.tokens))
     hits = [h for h in (text.find(s) for s in stop) if h >= 0]
-    return text[:min(hits)] if hits else text
+    return text[: min(hits)] if hits else text
 
 
-def replay_chunks(tokenizer: TextTokenizer, result: Completion | ChatCompletion,
-                  stop: Sequence[str] = ()) -> list[StreamChunk]:
+def replay_chunks(
+    tokenizer: TextTokenizer, result: Completion | ChatCompletion, stop: Sequence[str] = ()
+) -> list[StreamChunk]:
     """A stored result as a stream sends it: one chunk per token with its text (a token ending in half a UTF-8
     character sends nothing until the character is whole), the last chunk carrying ``final``."""
     text = raw_text(tokenizer, result, stop)
@@ -282,7 +328,7 @@ def replay_chunks(tokenizer: TextTokenizer, result: Completion | ChatCompletion,
     chunks: list[StreamChunk] = []
     emitted, decoded, start = 0, "", 0
     for k in range(len(tokens) - 1):
-        piece = tokenizer.decode(tokens[start:k + 1])
+        piece = tokenizer.decode(tokens[start : k + 1])
         if piece.endswith("\ufffd"):
             continue
         decoded, start = decoded + piece, k + 1
@@ -301,8 +347,10 @@ def row_items(item: Any, rows: int, method: str) -> list[Any]:
     if "batch" not in method or not isinstance(item, (list, tuple)):
         return [item] * rows
     if len(item) != rows:
-        raise InputError(f"{method} got {len(item)} items for {rows} rows; give one item for every row or a list "
-                         "with one entry per row (None: derived)")
+        raise InputError(
+            f"{method} got {len(item)} items for {rows} rows; give one item for every row or a list "
+            "with one entry per row (None: derived)"
+        )
     return list(item)
 
 
@@ -312,8 +360,11 @@ def chat_request(messages: Any, tools: Any, tool_choice: Any, tool_prompt_format
     its name."""
     request: dict[str, Any] = {"messages": messages}
     if tools:
-        request["tools"] = ([t.tool_name if isinstance(t, ToolDefinition) else t for t in tools]
-                            if isinstance(tools, (list, tuple)) else tools)
+        request["tools"] = (
+            [t.tool_name if isinstance(t, ToolDefinition) else t for t in tools]
+            if isinstance(tools, (list, tuple))
+            else tools
+        )
     if tool_choice != "auto":
         request["tool_choice"] = tool_choice
     if tool_prompt_format is not None:

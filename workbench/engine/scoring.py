@@ -21,8 +21,10 @@ def logits_rows(model: LoadedModel, token_lists: Sequence[Sequence[int] | Any]) 
     """The token ids of every ``logits()`` row and its image tiles (None for a row without images)."""
     if isinstance(token_lists, (str, torch.Tensor)) or (token_lists and isinstance(token_lists[0], int)):
         raise InputError("logits() takes a list of token-id lists, e.g. engine.logits([[128000, 791, 6864]])")
-    rows = [encode_row(model, t, i) if isinstance(t, Prompt) else (check_ids(model, list(t), i), None)
-            for i, t in enumerate(token_lists)]
+    rows = [
+        encode_row(model, t, i) if isinstance(t, Prompt) else (check_ids(model, list(t), i), None)
+        for i, t in enumerate(token_lists)
+    ]
     prompts = [ids for ids, _ in rows]
     empty = [i for i, p in enumerate(prompts) if not p]
     if empty:
@@ -40,8 +42,9 @@ def logits_rows(model: LoadedModel, token_lists: Sequence[Sequence[int] | Any]) 
     return prompts, [tiles for _, tiles in rows]
 
 
-def score_rows(model: LoadedModel, sequences: Sequence[Sequence[int]],
-               starts: Sequence[int] | int) -> tuple[list[list[int]], list[int]]:
+def score_rows(
+    model: LoadedModel, sequences: Sequence[Sequence[int]], starts: Sequence[int] | int
+) -> tuple[list[list[int]], list[int]]:
     """The token ids of every ``score()`` row and the position its scored tokens start at."""
     if isinstance(sequences, (str, torch.Tensor)) or (sequences and isinstance(sequences[0], int)):
         raise InputError("score() takes a list of token-id lists, e.g. engine.score([[128000, 791, 6864]], 1)")

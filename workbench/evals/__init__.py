@@ -27,6 +27,20 @@ from workbench.evals.harness import (
 from workbench.evals.unseen import unseen_cases
 
 __all__ = [
-    "RATES", "SETTING_KEYS", "EvalCase", "Turn", "call_key", "calls_match", "compare", "load_cases", "plot_summary",
-    "rate_table", "run_cases", "save_cases", "setting_labels", "summarize", "synthetic_cases", "unseen_cases",
+    "RATES",
+    "SETTING_KEYS",
+    "EvalCase",
+    "Turn",
+    "call_key",
+    "calls_match",
+    "compare",
+    "load_cases",
+    "plot_summary",
+    "rate_table",
+    "run_cases",
+    "save_cases",
+    "setting_labels",
+    "summarize",
+    "synthetic_cases",
+    "unseen_cases",
 ]

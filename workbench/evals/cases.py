@@ -50,8 +50,9 @@ class EvalCase:
             raise InputError(f"{where}: a case must be a JSON object, got {type(data).__name__}")
         missing = [k for k in ("id", "tools", "turns") if k not in data]
         if missing:
-            raise InputError(f"{where}: missing field(s) {', '.join(missing)}; "
-                             "see workbench.evals.cases for the format")
+            raise InputError(
+                f"{where}: missing field(s) {', '.join(missing)}; see workbench.evals.cases for the format"
+            )
         turns = data["turns"]
         if not isinstance(turns, list) or not turns:
             raise InputError(f"{where}: 'turns' must be a non-empty list of {{'user': ..., 'expected_calls': [...]}}")
@@ -65,10 +66,17 @@ class EvalCase:
                     raise InputError(f"{where}: turns[{i}].expected_calls entries need a 'tool_name' string")
             results = t.get("tool_results")
             if results is not None and len(results) != len(calls):
-                raise InputError(f"{where}: turns[{i}] gives {len(results)} tool_results "
-                                 f"for {len(calls)} expected calls")
-            parsed.append(Turn(t["user"], [dict(tool_name=c["tool_name"], arguments=dict(c.get("arguments") or {}))
-                                           for c in calls], results, t.get("answer_contains")))
+                raise InputError(
+                    f"{where}: turns[{i}] gives {len(results)} tool_results for {len(calls)} expected calls"
+                )
+            parsed.append(
+                Turn(
+                    t["user"],
+                    [dict(tool_name=c["tool_name"], arguments=dict(c.get("arguments") or {})) for c in calls],
+                    results,
+                    t.get("answer_contains"),
+                )
+            )
         if not isinstance(data["tools"], list) or not all(isinstance(n, str) for n in data["tools"]):
             raise InputError(f"{where}: 'tools' must be a list of tool names")
         return cls(str(data["id"]), list(data["tools"]), parsed, str(data.get("kind", "")), data.get("system"))
@@ -98,8 +106,14 @@ def save_cases(cases: Iterable[EvalCase], path: str | Path) -> Path:
     return path
 
 
-def synthetic_cases(n: int = 200, *, split: str = "heldout", seed: int = 2024,
-                    kinds: Iterable[str] | None = None, values: str | None = None) -> list[EvalCase]:
+def synthetic_cases(
+    n: int = 200,
+    *,
+    split: str = "heldout",
+    seed: int = 2024,
+    kinds: Iterable[str] | None = None,
+    values: str | None = None,
+) -> list[EvalCase]:
     """Cases drawn from the demo-model dialog generator (held-out templates and values by default).
 
     The kinds rotate (single, double, two_round, no_tool, small_talk) so every kind is represented.
@@ -118,7 +132,8 @@ def synthetic_cases(n: int = 200, *, split: str = "heldout", seed: int = 2024,
         for message in dialog.messages:
             if message.role == "user":
                 expected = next(calls) if dialog.kind in ("single", "double", "two_round") else []
-                turns.append(Turn(message.content, [dict(tool_name=c.tool_name, arguments=dict(c.arguments))
-                                                    for c in expected]))
+                turns.append(
+                    Turn(message.content, [dict(tool_name=c.tool_name, arguments=dict(c.arguments)) for c in expected])
+                )
         cases.append(EvalCase(f"{split}-{seed}-{i}", list(dialog.tools), turns, dialog.kind))
     return cases

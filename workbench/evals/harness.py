@@ -68,6 +68,7 @@ def calls_match(made: Sequence[Any], expected: Sequence[Any], *, names_only: boo
 # own turns, never with tool_choice="none" calls run, and a cancel raises instead of ending a case).
 CASE_STOP_REASONS = ("answered", "max_turns", "prompt_too_long", "out_of_tokens")
 
+
 @dataclass
 class _Run:
     case: EvalCase
@@ -125,12 +126,15 @@ def run_cases(
     for case in cases:
         unknown = [n for n in case.tools if n not in registry]
         if unknown:
-            raise InputError(f"case {case.id!r} offers unknown tool(s) {', '.join(unknown)}; "
-                             "pass tools={name: function} to the harness")
+            raise InputError(
+                f"case {case.id!r} offers unknown tool(s) {', '.join(unknown)}; "
+                "pass tools={name: function} to the harness"
+            )
         system = case.system if case.system is not None else system_prompt
         messages = [Message(role="system", content=system)] if system else []
-        case_run = _Run(case, Dialog(Transcript(messages), Toolbox.create([registry[n] for n in case.tools]),
-                                     item=case.id))  # the case id names the rows of its turns in a run store
+        case_run = _Run(
+            case, Dialog(Transcript(messages), Toolbox.create([registry[n] for n in case.tools]), item=case.id)
+        )  # the case id names the rows of its turns in a run store
         _start_turn(case_run, tool_choice)
         case_runs.append(case_run)
     sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "progress": False, **stored}
@@ -139,8 +143,12 @@ def run_cases(
         active = [r for r in case_runs if not r.done]
         if not active:
             break
-        replies = dict((id(d), reply) for d, reply in complete_turn(
-            engine, [r.dialog for r in active], tool_prompt_format=tool_prompt_format, sampling=sampling))
+        replies = dict(
+            (id(d), reply)
+            for d, reply in complete_turn(
+                engine, [r.dialog for r in active], tool_prompt_format=tool_prompt_format, sampling=sampling
+            )
+        )
         for case_run in active:
             reply = replies.get(id(case_run.dialog))
             if reply is None:  # a tool result made the dialog longer than max_seq_len: the case ends here
@@ -211,8 +219,10 @@ def _names_from_schema(calls: Sequence[ToolCall], schemas: Mapping[str, tuple[se
 def _score(run: _Run) -> dict[str, Any]:
     case = run.case
     name_ok, exact_ok, answer_ok, direct_ok, schema_ok = [], [], [], [], []
-    schemas = {d.tool_name: (set(d.params), {n for n, p in d.params.items() if p.required})
-               for d in run.dialog.toolbox.definitions}
+    schemas = {
+        d.tool_name: (set(d.params), {n for n, p in d.params.items() if p.required})
+        for d in run.dialog.toolbox.definitions
+    }
     for i, turn in enumerate(case.turns):
         made = run.turn_calls[i] if i < len(run.turn_calls) else []
         answer = run.turn_answers[i] if i < len(run.turn_answers) else None
@@ -317,9 +327,12 @@ def setting_labels(summary: pd.DataFrame) -> list[str]:
     return labels
 
 
-def rate_table(summary: pd.DataFrame, *, by: str | None = None,
-               metrics: Sequence[str] = ("tool_call_exact", "tool_name_match", "answer_restates_result",
-                                         "direct_answer")) -> pd.DataFrame:
+def rate_table(
+    summary: pd.DataFrame,
+    *,
+    by: str | None = None,
+    metrics: Sequence[str] = ("tool_call_exact", "tool_name_match", "answer_restates_result", "direct_answer"),
+) -> pd.DataFrame:
     """The summary's rates as text a reader can weigh: ``"0.27 [0.11, 0.52] n=15"`` (rate, 95% Wilson
     interval, cases), one row per setting, labelled by the column ``by`` (default: :func:`setting_labels`)."""
     frame = summary.set_index(by) if by else summary.set_axis(setting_labels(summary), axis=0)
@@ -330,8 +343,9 @@ def rate_table(summary: pd.DataFrame, *, by: str | None = None,
     return out
 
 
-def compare(engine: EvalEngine, cases: Sequence[EvalCase], settings: Sequence[Mapping[str, Any]],
-            **kwargs: Any) -> pd.DataFrame:
+def compare(
+    engine: EvalEngine, cases: Sequence[EvalCase], settings: Sequence[Mapping[str, Any]], **kwargs: Any
+) -> pd.DataFrame:
     """Run ``cases`` under each setting (keys of :data:`SETTING_KEYS`; ``system_prompt`` may be a
     ``(label, text)`` pair) and return every scored row with the setting's columns.  A
     ``quantization`` setting re-loads the engine in that mode; the original mode is restored after."""
@@ -342,7 +356,6 @@ def compare(engine: EvalEngine, cases: Sequence[EvalCase], settings: Sequence[Ma
         for setting in settings:
             unknown = set(setting) - set(SETTING_KEYS)
             if unknown:
-
                 raise InputError(f"unknown setting(s) {', '.join(sorted(unknown))}; use {', '.join(SETTING_KEYS)}")
             run_kwargs = dict(kwargs)
             label = {}
@@ -365,8 +378,14 @@ def compare(engine: EvalEngine, cases: Sequence[EvalCase], settings: Sequence[Ma
     return pd.concat(frames, ignore_index=True)
 
 
-def plot_summary(summary: pd.DataFrame, *, by: str | None = None, metrics: Sequence[str] = (
-        "tool_call_exact", "answer_restates_result", "direct_answer"), ax: Any = None, path: str | None = None) -> Any:
+def plot_summary(
+    summary: pd.DataFrame,
+    *,
+    by: str | None = None,
+    metrics: Sequence[str] = ("tool_call_exact", "answer_restates_result", "direct_answer"),
+    ax: Any = None,
+    path: str | None = None,
+) -> Any:
     """Grouped bars of accuracy per setting with their 95% Wilson intervals; returns the matplotlib Figure
     (saved to ``path`` if given).  A ``Figure``, not pyplot's: returned as a cell's value it displays once."""
     from matplotlib.figure import Figure
@@ -388,8 +407,9 @@ def plot_summary(summary: pd.DataFrame, *, by: str | None = None, metrics: Seque
         if f"{metric}_low" in summary:
             low, high = summary[f"{metric}_low"].astype(float), summary[f"{metric}_high"].astype(float)
             errors = [(values - low).clip(lower=0).tolist(), (high - values).clip(lower=0).tolist()]
-        counts = summary[RATES[metric][1]].astype(int).tolist() if metric in RATES and RATES[metric][1] in summary \
-            else None
+        counts = (
+            summary[RATES[metric][1]].astype(int).tolist() if metric in RATES and RATES[metric][1] in summary else None
+        )
         label = metric.replace("_", " ") + (f" (n={counts[0]})" if counts and len(set(counts)) == 1 else "")
         bars = ax.bar(xs, values.tolist(), width, yerr=errors, capsize=3, label=label)
         ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=5)  # above the interval's cap, clear of it

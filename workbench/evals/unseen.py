@@ -42,7 +42,8 @@ def unseen_cases(n: int = 150, *, seed: int = 2024, split: str = "heldout") -> t
         for message in dialog.messages:
             if message.role == "user":
                 expected = next(calls) if kind != "no_tool" else []
-                turns.append(Turn(message.content, [dict(tool_name=c.tool_name, arguments=dict(c.arguments))
-                                                    for c in expected]))
+                turns.append(
+                    Turn(message.content, [dict(tool_name=c.tool_name, arguments=dict(c.arguments)) for c in expected])
+                )
         cases.append(EvalCase(f"unseen-{split}-{seed}-{i}", list(dialog.tools), turns, kind))
     return cases, gen.registry()

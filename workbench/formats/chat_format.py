@@ -26,10 +26,13 @@ from workbench.vision.images import is_image_item, open_image
 from workbench.vision.layout import ImageLayout, image_layout
 
 _TOKENS = {
-    "llama3": {"header_start": "<|start_header_id|>", "header_end": "<|end_header_id|>",
-               "eot": "<|eot_id|>", "eom": "<|eom_id|>"},
-    "llama4": {"header_start": "<|header_start|>", "header_end": "<|header_end|>",
-               "eot": "<|eot|>", "eom": "<|eom|>"},
+    "llama3": {
+        "header_start": "<|start_header_id|>",
+        "header_end": "<|end_header_id|>",
+        "eot": "<|eot_id|>",
+        "eom": "<|eom_id|>",
+    },
+    "llama4": {"header_start": "<|header_start|>", "header_end": "<|header_end|>", "eot": "<|eot|>", "eom": "<|eom|>"},
 }
 
 
@@ -97,16 +100,19 @@ def content_text(content: Any, sep: str = "\n") -> str:
     """Content as one string (items joined by ``sep``), for places that paste it into a prompt (no images there)."""
     items = content_items(content)
     if any(isinstance(i, _ImageRef) for i in items):
-        raise InputError("images are not supported in this message (it is pasted into a tool prompt as text); "
-                         "put images in user messages")
+        raise InputError(
+            "images are not supported in this message (it is pasted into a tool prompt as text); "
+            "put images in user messages"
+        )
     return sep.join(items)
 
 
 class ChatFormat:
     """Encodes messages into token ids for one tokenizer family (``tokenizer.family``)."""
 
-    def __init__(self, tokenizer: Any, image_tokens: ImageTokens | None = None, *,
-                 no_images_reason: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, image_tokens: ImageTokens | None = None, *, no_images_reason: str | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.image_tokens = image_tokens
         self.no_images_reason = no_images_reason
@@ -175,8 +181,9 @@ class ChatFormat:
         ids.append(sp["<|image_end|>"])
         return ids
 
-    def encode_message(self, message: Message, tool_prompt_format: str,
-                       images: list[PromptImage] | None = None) -> list[int]:
+    def encode_message(
+        self, message: Message, tool_prompt_format: str, images: list[PromptImage] | None = None
+    ) -> list[int]:
         role = "tool" if message.role in ("tool", "ipython") else message.role
         ids = self.encode_header(role)
         calls = message.tool_calls if role == "assistant" else []

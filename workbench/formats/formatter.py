@@ -86,21 +86,24 @@ def _tool_choice_from_dict(choice: dict[str, Any]) -> str:
     if kind in ("auto", "required", "none") and set(choice) <= {"type"}:
         return kind
     if kind != "function":
-        raise InputError(f"tool_choice['type'] is {kind!r}; use 'function' (as in {_TOOL_CHOICE_FORM}), 'auto', "
-                         "'required' or 'none'")
+        raise InputError(
+            f"tool_choice['type'] is {kind!r}; use 'function' (as in {_TOOL_CHOICE_FORM}), 'auto', 'required' or 'none'"
+        )
     if "function" in choice:
         fn = choice["function"]
         if not isinstance(fn, dict):
-            raise InputError(f"tool_choice['function'] must be a dict with a 'name', got {fn!r:.80}; write "
-                             f"{_TOOL_CHOICE_FORM}")
+            raise InputError(
+                f"tool_choice['function'] must be a dict with a 'name', got {fn!r:.80}; write {_TOOL_CHOICE_FORM}"
+            )
         name = fn.get("name")
         field = "tool_choice['function']['name']"
     else:
         name = choice.get("name")
         field = "tool_choice['name']"
     if not isinstance(name, str) or not name:
-        raise InputError(f"{field} must be a tool name (a non-empty string), got {name!r:.80}; write "
-                         f"{_TOOL_CHOICE_FORM}")
+        raise InputError(
+            f"{field} must be a tool name (a non-empty string), got {name!r:.80}; write {_TOOL_CHOICE_FORM}"
+        )
     return name
 
 
@@ -115,9 +118,16 @@ class Formatter:
     ``vision_chunk_size``, ``vision_max_num_chunks``) enables them as one ``<|image|>`` token each.
     """
 
-    def __init__(self, tokenizer: Any, model_id: str | None = None, *, today: TodayLike = None,
-                 vision_args: Any = None, max_image_tiles: int = 16,
-                 cross_attention_tiles: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_id: str | None = None,
+        *,
+        today: TodayLike = None,
+        vision_args: Any = None,
+        max_image_tiles: int = 16,
+        cross_attention_tiles: tuple[int, int] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.model: ModelInfo = resolve_model(model_id, getattr(tokenizer, "family", "llama3"))
@@ -126,11 +136,15 @@ class Formatter:
         if family != "llama4" and cross_attention_tiles is not None:  # Llama 3.2 Vision: (chunk size, max chunks)
             image_tokens = ImageTokens(cross_attention_tiles[0], 1, cross_attention_tiles[1], cross_attention=True)
         elif family != "llama4":
-            reason = ("this Llama 3 model is text-only: images need a Llama 3.2 Vision checkpoint (vision_chunk_size "
-                      "in params.json) or a Llama 4 one with vision_args")
+            reason = (
+                "this Llama 3 model is text-only: images need a Llama 3.2 Vision checkpoint (vision_chunk_size "
+                "in params.json) or a Llama 4 one with vision_args"
+            )
         elif vision_args is None:
-            reason = ("this Llama 4 checkpoint is text-only: its params.json has no vision_args (no vision encoder); "
-                      "load a checkpoint with vision weights, such as Llama-4-Scout-17B-16E-Instruct")
+            reason = (
+                "this Llama 4 checkpoint is text-only: its params.json has no vision_args (no vision encoder); "
+                "load a checkpoint with vision weights, such as Llama-4-Scout-17B-16E-Instruct"
+            )
         else:
             image_tokens = ImageTokens(vision_args.tile_size, vision_args.tokens_per_tile, max_image_tiles)
         self.chat = ChatFormat(tokenizer, image_tokens, no_images_reason=reason)
@@ -193,8 +207,14 @@ class Formatter:
         today: TodayLike = None,
     ) -> list[int]:
         """Token ids of the dialog, ending with the open assistant header the model completes."""
-        return self.encode_prompt(messages, tools, tool_choice, tool_prompt_format,
-                                  system_message_behavior=system_message_behavior, today=today).tokens
+        return self.encode_prompt(
+            messages,
+            tools,
+            tool_choice,
+            tool_prompt_format,
+            system_message_behavior=system_message_behavior,
+            today=today,
+        ).tokens
 
     def encode_prompt(
         self,
@@ -247,10 +267,22 @@ class Formatter:
         return parse_assistant(self.tokenizer.decode(list(tokens)), stop_reason)
 
 
-def make_formatter(tokenizer: Any, model_id: str | None = None, *, today: TodayLike = None, vision_args: Any = None,
-                   max_image_tiles: int = 16,
-                   cross_attention_tiles: tuple[int, int] | None = None) -> Formatter:
+def make_formatter(
+    tokenizer: Any,
+    model_id: str | None = None,
+    *,
+    today: TodayLike = None,
+    vision_args: Any = None,
+    max_image_tiles: int = 16,
+    cross_attention_tiles: tuple[int, int] | None = None,
+) -> Formatter:
     """The formatter for an engine: chat tokens from ``tokenizer.family``, tool prompts from ``model_id``, images
     when ``vision_args`` (Llama 4) or ``cross_attention_tiles`` (Llama 3.2 Vision: chunk size, max chunks) is given."""
-    return Formatter(tokenizer, model_id, today=today, vision_args=vision_args, max_image_tiles=max_image_tiles,
-                     cross_attention_tiles=cross_attention_tiles)
+    return Formatter(
+        tokenizer,
+        model_id,
+        today=today,
+        vision_args=vision_args,
+        max_image_tiles=max_image_tiles,
+        cross_attention_tiles=cross_attention_tiles,
+    )

@@ -36,14 +36,19 @@ from workbench.formats.tooldefs import BUILTIN_TOOLS
 from workbench.types import Message, ToolCall
 
 _STOP_MARKERS = {
-    "<|eot_id|>": "end_of_turn", "<|eot|>": "end_of_turn", "<|end_of_text|>": "end_of_turn",
-    "<|eom_id|>": "end_of_message", "<|eom|>": "end_of_message",
+    "<|eot_id|>": "end_of_turn",
+    "<|eot|>": "end_of_turn",
+    "<|end_of_text|>": "end_of_turn",
+    "<|eom_id|>": "end_of_message",
+    "<|eom|>": "end_of_message",
 }
 _HEADERS = ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|header_start|>assistant<|header_end|>\n\n")
 
 _NOT_IN_A_CALL = " \u2063"  # an invisible separator: no identifier, number or literal can take it in
-CUT_CALL = ("the reply ran out of tokens (max_tokens or max_seq_len) while writing a tool call, so the cut call "
-            "is returned as text and not as a call; raise max_tokens to let the model finish it")
+CUT_CALL = (
+    "the reply ran out of tokens (max_tokens or max_seq_len) while writing a tool call, so the cut call "
+    "is returned as text and not as a call; raise max_tokens to let the model finish it"
+)
 
 _IDENT = r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*"
 _TRIGGER_RE = re.compile(
@@ -142,8 +147,9 @@ def _calls_closed(body: str, result: ParseResult) -> bool:
     if result.error or not result.tool_calls:
         return False
     longer = parse_tool_calls(body + _NOT_IN_A_CALL)
-    return longer.error is None and [(c.tool_name, c.arguments) for c in longer.tool_calls] == \
-        [(c.tool_name, c.arguments) for c in result.tool_calls]
+    return longer.error is None and [(c.tool_name, c.arguments) for c in longer.tool_calls] == [
+        (c.tool_name, c.arguments) for c in result.tool_calls
+    ]
 
 
 def parse_tool_calls(text: str) -> ParseResult:
@@ -426,8 +432,9 @@ def _json_segment(text: str, start: int, budget: _Budget | None = None) -> tuple
     except (RecursionError, ValueError) as exc:  # absurd nesting, or an integer too long to convert
         budget.spend(len(text) - start)  # work done unknown: assume it ran to the end
         strong = re.search(r"\"(parameters|arguments)\"", text[start : start + 500]) is not None
-        raise _ParseFailure(f"could not parse the JSON tool call {text[start : start + 200]!r}: {exc}", strong) \
-            from None
+        raise _ParseFailure(
+            f"could not parse the JSON tool call {text[start : start + 200]!r}: {exc}", strong
+        ) from None
     try:
         end, segment = _segment(text, start, python=False)
     except _ParseFailure as exc:
@@ -525,9 +532,7 @@ def _parse_builtin(text: str, start: int, budget: _Budget) -> tuple[int, list[To
     # Meta's renderer does not escape quotes inside the query: take everything up to the last '")'
     loose = re.match(r'\(\s*query\s*=\s*"(.*)"\s*\)', text[paren:], re.DOTALL)
     if loose:
-        return paren + loose.end(), [
-            ToolCall(tool_name=name, arguments={"query": loose.group(1)})
-        ]
+        return paren + loose.end(), [ToolCall(tool_name=name, arguments={"query": loose.group(1)})]
     raise _ParseFailure(f"could not parse the built-in tool call {text[start : start + 200]!r}")
 
 

@@ -46,10 +46,18 @@ def _reserved(name: str, count: int, start: int = 0) -> list[str]:
 def llama3_special_tokens() -> list[str]:
     """The 256 Llama 3 special tokens in id order (ids start at the base vocabulary size)."""
     named = [
-        "<|begin_of_text|>", "<|end_of_text|>",
-        "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
-        "<|finetune_right_pad_id|>", "<|step_id|>", "<|start_header_id|>", "<|end_header_id|>",
-        "<|eom_id|>", "<|eot_id|>", "<|python_tag|>", "<|image|>",
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|reserved_special_token_0|>",
+        "<|reserved_special_token_1|>",
+        "<|finetune_right_pad_id|>",
+        "<|step_id|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eom_id|>",
+        "<|eot_id|>",
+        "<|python_tag|>",
+        "<|image|>",
     ]
     return named + [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(named))]
 
@@ -58,15 +66,28 @@ def llama4_special_tokens() -> list[str]:
     """The 2048 Llama 4 special tokens in id order (ids start at the base vocabulary size)."""
     basic = ["<|begin_of_text|>", "<|end_of_text|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"]
     post_train = [
-        "<|header_start|>", "<|header_end|>", "<|eom|>", "<|eot|>", "<|step|>",
+        "<|header_start|>",
+        "<|header_end|>",
+        "<|eom|>",
+        "<|eot|>",
+        "<|step|>",
         *_reserved("text_post_train", 6),
-        "<|python_start|>", "<|python_end|>", "<|finetune_right_pad|>",
+        "<|python_start|>",
+        "<|python_end|>",
+        "<|finetune_right_pad|>",
         *_reserved("text_post_train", 61, 8),
     ]
     vision = [
-        "<|image_start|>", "<|image_end|>", "<|vision_reserved_special_token_0|>",
-        "<|vision_reserved_special_token_1|>", "<|tile_x_separator|>", "<|tile_y_separator|>",
-        *_reserved("vision", 4, 2), "<|image|>", "<|vision_reserved_special_token_6|>", "<|patch|>",
+        "<|image_start|>",
+        "<|image_end|>",
+        "<|vision_reserved_special_token_0|>",
+        "<|vision_reserved_special_token_1|>",
+        "<|tile_x_separator|>",
+        "<|tile_y_separator|>",
+        *_reserved("vision", 4, 2),
+        "<|image|>",
+        "<|vision_reserved_special_token_6|>",
+        "<|patch|>",
         *_reserved("vision", 1041, 7),
     ]
     reasoning = [*_reserved("reasoning", 8), "<|reasoning_thinking_start|>", "<|reasoning_thinking_end|>"]
@@ -91,10 +112,13 @@ def bundled_tokenizer_path(family: Family) -> Path:
 def load_bpe_ranks(path: Path) -> dict[bytes, int]:
     """Read a tiktoken BPE file: one ``base64(token) rank`` pair per line (errors name the file and line)."""
     if path.is_dir():
-        raise CheckpointError(f"{path} is a folder, not a tokenizer file; tokenizer.model must be the tiktoken BPE "
-                              "file of the checkpoint")
-    hint = ("is this a SentencePiece (Llama 2) tokenizer.model or a corrupted download? Llama 3/4 need the tiktoken "
-            "file (copy it from the checkpoint's original download)")
+        raise CheckpointError(
+            f"{path} is a folder, not a tokenizer file; tokenizer.model must be the tiktoken BPE file of the checkpoint"
+        )
+    hint = (
+        "is this a SentencePiece (Llama 2) tokenizer.model or a corrupted download? Llama 3/4 need the tiktoken "
+        "file (copy it from the checkpoint's original download)"
+    )
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -103,8 +127,9 @@ def load_bpe_ranks(path: Path) -> dict[bytes, int]:
         text = data.decode("ascii")  # base64 and decimal ranks only
     except UnicodeDecodeError as exc:
         line_no = data.count(b"\n", 0, exc.start) + 1
-        raise CheckpointError(f"{path}:{line_no} holds binary data (byte {exc.start}), not '<base64> <rank>' lines; "
-                              f"{hint}") from exc
+        raise CheckpointError(
+            f"{path}:{line_no} holds binary data (byte {exc.start}), not '<base64> <rank>' lines; {hint}"
+        ) from exc
     ranks: dict[bytes, int] = {}
     for line_no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -125,8 +150,9 @@ def load_bpe_ranks(path: Path) -> dict[bytes, int]:
         raise CheckpointError(f"{path}: the BPE ranks are not 0..{len(ranks) - 1} without gaps or repeats; {hint}")
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:  # byte-level BPE must be able to encode any byte (tiktoken panics otherwise)
-        raise CheckpointError(f"{path} has no token for {len(missing)} single byte(s) (e.g. {bytes([missing[0]])!r}); "
-                              f"{hint}")
+        raise CheckpointError(
+            f"{path} has no token for {len(missing)} single byte(s) (e.g. {bytes([missing[0]])!r}); {hint}"
+        )
     return ranks
 
 

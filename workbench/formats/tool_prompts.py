@@ -27,8 +27,18 @@ from workbench.formats.tooldefs import ToolDefinition, ToolParam
 from workbench.types import Message
 
 _MONTHS = (
-    "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 )
 
 TOOL_CHOICE_REQUIRED = "You MUST use one of the provided functions/tools to answer the user query."

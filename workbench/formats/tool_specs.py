@@ -141,28 +141,35 @@ def _from_openai_function(fn: dict[str, Any]) -> ToolDefinition:
     if not isinstance(schema, dict):
         raise ToolError(f"'parameters' of tool {name!r} must be a JSON Schema object, got {type(schema).__name__}")
     if schema.get("type", "object") != "object":
-        raise ToolError(f"'parameters' of tool {name!r} has type {schema.get('type')!r}; tool parameters are a JSON "
-                        "Schema of type 'object' with 'properties'")
+        raise ToolError(
+            f"'parameters' of tool {name!r} has type {schema.get('type')!r}; tool parameters are a JSON "
+            "Schema of type 'object' with 'properties'"
+        )
     props = schema.get("properties")
     if props is None:
         props = {}
     if not isinstance(props, dict):
-        raise ToolError(f"'parameters.properties' of tool {name!r} must be an object mapping each parameter name to "
-                        f"its JSON Schema, got {type(props).__name__} {props!r:.80}")
+        raise ToolError(
+            f"'parameters.properties' of tool {name!r} must be an object mapping each parameter name to "
+            f"its JSON Schema, got {type(props).__name__} {props!r:.80}"
+        )
     required_list = schema.get("required")
     if required_list is None:
         required_list = []
     if not isinstance(required_list, (list, tuple)) or not all(isinstance(r, str) for r in required_list):
-        raise ToolError(f"'parameters.required' of tool {name!r} must be a list of parameter names, got "
-                        f"{required_list!r:.80}")
+        raise ToolError(
+            f"'parameters.required' of tool {name!r} must be a list of parameter names, got {required_list!r:.80}"
+        )
     required = set(required_list)
     params: dict[str, ToolParam] = {}
     for pname, pschema in props.items():
         if pschema is None or pschema is True:  # JSON Schema's "anything"
             pschema = {}
         if not isinstance(pschema, dict):
-            raise ToolError(f"'parameters.properties.{pname}' of tool {name!r} must be a JSON Schema object, got "
-                            f"{type(pschema).__name__} {pschema!r:.80}")
+            raise ToolError(
+                f"'parameters.properties.{pname}' of tool {name!r} must be a JSON Schema object, got "
+                f"{type(pschema).__name__} {pschema!r:.80}"
+            )
         pschema = dict(pschema)
         json_type = pschema.get("type")
         if isinstance(json_type, list):  # e.g. ["string", "null"]
@@ -171,8 +178,10 @@ def _from_openai_function(fn: dict[str, Any]) -> ToolDefinition:
             non_null = [t for t in json_type if t != "null"]
             json_type = non_null[0] if len(non_null) == 1 else json_type
         elif json_type is not None and not isinstance(json_type, str):
-            raise ToolError(f"'type' of parameter {pname!r} of tool {name!r} must be a string or list of strings, got "
-                            f"{json_type!r:.80}")
+            raise ToolError(
+                f"'type' of parameter {pname!r} of tool {name!r} must be a string or list of strings, got "
+                f"{json_type!r:.80}"
+            )
         param_type = json_type if isinstance(json_type, str) else ("any" if json_type is None else "|".join(json_type))
         description = pschema.get("description")
         if description is not None and not isinstance(description, str):

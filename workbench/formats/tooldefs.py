@@ -21,13 +21,24 @@ from workbench.types import check_json_value, check_tool_name
 BUILTIN_TOOLS = ("brave_search", "wolfram_alpha", "photogen", "code_interpreter")
 
 _JSON_TYPES = {
-    "str": "string", "string": "string", "text": "string",
-    "int": "integer", "integer": "integer",
-    "float": "number", "number": "number", "double": "number",
-    "bool": "boolean", "boolean": "boolean",
-    "list": "array", "array": "array", "tuple": "array",
-    "dict": "object", "object": "object", "map": "object",
-    "null": "null", "none": "null",
+    "str": "string",
+    "string": "string",
+    "text": "string",
+    "int": "integer",
+    "integer": "integer",
+    "float": "number",
+    "number": "number",
+    "double": "number",
+    "bool": "boolean",
+    "boolean": "boolean",
+    "list": "array",
+    "array": "array",
+    "tuple": "array",
+    "dict": "object",
+    "object": "object",
+    "map": "object",
+    "null": "null",
+    "none": "null",
 }
 
 
@@ -95,8 +106,12 @@ class ToolDefinition:
         out: dict[str, Any] = {"tool_name": self.tool_name, "description": self.description}
         if self.parameters is not None:
             out["parameters"] = {
-                name: {"param_type": p.param_type, "description": p.description, "required": p.required,
-                       "default": p.default}
+                name: {
+                    "param_type": p.param_type,
+                    "description": p.description,
+                    "required": p.required,
+                    "default": p.default,
+                }
                 for name, p in self.parameters.items()
             }
         return out

@@ -65,15 +65,17 @@ class PackedBatch(NamedTuple):
     slots: list[int]
 
 
-def packed_batches(items: Sequence[tuple[int, Sequence[int]]], starts: Sequence[int],
-                   model: Transformer) -> Iterator[PackedBatch]:
+def packed_batches(
+    items: Sequence[tuple[int, Sequence[int]]], starts: Sequence[int], model: Transformer
+) -> Iterator[PackedBatch]:
     """The packed forwards that compute ``items`` (slot, tokens) from ``starts`` (what a held prefix already
     covers), in order, each under :func:`packed_token_limit` tokens."""
     lengths = [len(tokens) - n for (_, tokens), n in zip(items, starts)]
     for group in packed_groups(lengths, packed_token_limit(model)):
         tokens = torch.tensor([[t for j in group for t in items[j][1][starts[j] :]]], device=model.device)  # [1, N]
-        yield PackedBatch(group, tokens, [lengths[j] for j in group], [starts[j] for j in group],
-                          [items[j][0] for j in group])
+        yield PackedBatch(
+            group, tokens, [lengths[j] for j in group], [starts[j] for j in group], [items[j][0] for j in group]
+        )
 
 
 def padded_groups(order: Sequence[int], lengths: Sequence[int]) -> Iterator[list[int]]:

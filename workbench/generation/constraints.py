@@ -53,8 +53,11 @@ def build_lltokenizer(tokenizer: Any) -> Any:
             ends = {tokenizer.eot_id, tokenizer.eom_id, tokenizer.eos_id}
             specials = {name: i for name, i in tokenizer.special_tokens.items() if i in ends}
             _TOKENIZER_CACHE[key] = llguidance.LLTokenizer.from_tiktoken(
-                encoder=tokenizer.bpe_ranks, special_tokens=specials, pattern=tokenizer.pattern,
-                eos_token=tokenizer.eot_id, n_vocab=tokenizer.n_words,
+                encoder=tokenizer.bpe_ranks,
+                special_tokens=specials,
+                pattern=tokenizer.pattern,
+                eos_token=tokenizer.eot_id,
+                n_vocab=tokenizer.n_words,
             )
         return _TOKENIZER_CACHE[key]
 
@@ -166,8 +169,9 @@ class GrammarRuntime:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-masks")
         if self._prefetch_buffer.shape[0] < len(states):
-            self._prefetch_buffer = np.zeros((max(len(states), 2 * self._prefetch_buffer.shape[0]), self._words),
-                                             dtype=np.int32)
+            self._prefetch_buffer = np.zeros(
+                (max(len(states), 2 * self._prefetch_buffer.shape[0]), self._words), dtype=np.int32
+            )
         keys = [(s, s.consumed) for s in states]
         self._pending = (keys, self._worker.submit(self._fill_into, list(states), self._prefetch_buffer))
 
@@ -213,8 +217,9 @@ class GrammarRuntime:
                     _set_bit(masks[i], token, True)
         return masks
 
-    def mask_logits(self, logits: torch.Tensor, rows: Sequence[MaskRow],
-                    argmax: Sequence[int] | None = None) -> dict[int, int]:
+    def mask_logits(
+        self, logits: torch.Tensor, rows: Sequence[MaskRow], argmax: Sequence[int] | None = None
+    ) -> dict[int, int]:
         """Apply each constrained row's grammar to its logits ``[n, V]``; returns the tokens of argmax-only rows.
 
         A row that samples or reports logprobs gets the tokens its grammar forbids set to -inf (in place), so

@@ -79,8 +79,10 @@ class StaticDecode:
     def bucket(self, width: int, high: int) -> tuple[int, int]:
         """The smallest (width, span) bucket holding ``width`` rows whose highest position is ``high``."""
         if width > self.widths[-1] or high >= self.spans[-1]:
-            raise ValueError(f"{width} rows up to position {high} exceed the cache "
-                             f"({self.widths[-1]} slots, {self.spans[-1]} positions)")
+            raise ValueError(
+                f"{width} rows up to position {high} exceed the cache "
+                f"({self.widths[-1]} slots, {self.spans[-1]} positions)"
+            )
         return next(w for w in self.widths if w >= width), next(s for s in self.spans if s > high)
 
     def _step(self, b: _Bucket) -> None:
@@ -147,6 +149,10 @@ class StaticDecode:
 
     def info(self) -> dict[str, Any]:
         """What ``Engine.info()`` reports about graphed decoding."""
-        return {"graphs": self.captured, "capture_s": None if self.capture_s is None else round(self.capture_s, 3),
-                "widths": list(self.widths), "spans": list(self.spans), "replays": self.replays}
-
+        return {
+            "graphs": self.captured,
+            "capture_s": None if self.capture_s is None else round(self.capture_s, 3),
+            "widths": list(self.widths),
+            "spans": list(self.spans),
+            "replays": self.replays,
+        }

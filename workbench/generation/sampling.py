@@ -101,8 +101,10 @@ def _check_stop(value: Any) -> tuple[str, ...]:
 
 def _check_repetition_penalty(value: Any) -> float:
     if _not_number(value) or not math.isfinite(value) or value <= 0:
-        raise SamplingError(f"repetition_penalty must be a finite number > 0 (1.0 = off, > 1 discourages "
-                            f"repeating a token of the prompt or the reply), got {value!r}")
+        raise SamplingError(
+            f"repetition_penalty must be a finite number > 0 (1.0 = off, > 1 discourages "
+            f"repeating a token of the prompt or the reply), got {value!r}"
+        )
     return float(value)
 
 
@@ -112,9 +114,17 @@ def _check_flag(value: Any) -> bool:
     return value
 
 
-def _option(default: Any, check: Callable[[Any], Any], doc: str, *, keyword: Any = dataclasses.MISSING,
-            annotation: str | None = None, batch_annotation: str | None = None, key: str = "always",
-            user: bool = True) -> Any:
+def _option(
+    default: Any,
+    check: Callable[[Any], Any],
+    doc: str,
+    *,
+    keyword: Any = dataclasses.MISSING,
+    annotation: str | None = None,
+    batch_annotation: str | None = None,
+    key: str = "always",
+    user: bool = True,
+) -> Any:
     """One setting of :class:`SamplingParams`.
 
     doc: its description (the engine's docstrings list it); keyword / annotation: the default and type the
@@ -122,9 +132,18 @@ def _option(default: Any, check: Callable[[Any], Any], doc: str, *, keyword: Any
     batch_annotation: a batch method's (one value per row); key: ``"always"`` (the run store's key holds it) or
     ``"unless_default"`` (held only when set: a field added later leaves existing keys byte-identical); user:
     False for a setting that is no engine keyword (benchmarks only)."""
-    return field(default=default, metadata={
-        "check": check, "doc": doc, "keyword": default if keyword is dataclasses.MISSING else keyword,
-        "annotation": annotation, "batch_annotation": batch_annotation, "key": key, "user": user})
+    return field(
+        default=default,
+        metadata={
+            "check": check,
+            "doc": doc,
+            "keyword": default if keyword is dataclasses.MISSING else keyword,
+            "annotation": annotation,
+            "batch_annotation": batch_annotation,
+            "key": key,
+            "user": user,
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -144,30 +163,52 @@ class SamplingParams:
     """
 
     max_tokens: int | None = _option(
-        None, _check_max_tokens, "most tokens to generate per row; None runs until a stop token or max_seq_len.")
+        None, _check_max_tokens, "most tokens to generate per row; None runs until a stop token or max_seq_len."
+    )
     temperature: float = _option(
-        0.0, _check_temperature, "0 (default) always picks the most likely token (greedy, deterministic);\n"
-        "higher values sample more freely.")
+        0.0,
+        _check_temperature,
+        "0 (default) always picks the most likely token (greedy, deterministic);\nhigher values sample more freely.",
+    )
     top_p: float = _option(
-        1.0, _check_top_p, "nucleus sampling, only from the smallest set of tokens whose probability reaches\n"
-        "top_p (1.0 = off).")
+        1.0,
+        _check_top_p,
+        "nucleus sampling, only from the smallest set of tokens whose probability reaches\ntop_p (1.0 = off).",
+    )
     top_k: int = _option(0, _check_top_k, "sample only among the k most likely tokens (0 = off).")
     seed: int | tuple[int | None, ...] | None = _option(
-        None, _check_seeds, "makes sampled rows reproducible; every row gets its own generator seeded with it,\n"
+        None,
+        _check_seeds,
+        "makes sampled rows reproducible; every row gets its own generator seeded with it,\n"
         "so a prompt gives the same tokens alone or inside any batch (batch methods: one seed or a list with\n"
-        "one per row).", annotation="int | None", batch_annotation="int | Sequence[int | None] | None")
+        "one per row).",
+        annotation="int | None",
+        batch_annotation="int | Sequence[int | None] | None",
+    )
     logprobs: int = _option(
-        0, _check_logprobs, "k > 0 records each generated token's log-probability and its k most likely\n"
-        f"alternatives (``result.logprobs``); up to {MAX_LOGPROBS}.")
+        0,
+        _check_logprobs,
+        "k > 0 records each generated token's log-probability and its k most likely\n"
+        f"alternatives (``result.logprobs``); up to {MAX_LOGPROBS}.",
+    )
     stop: tuple[str, ...] = _option(
-        (), _check_stop, "a string or list of strings that end generation; the text is cut before it.",
-        keyword=None, annotation="str | Sequence[str] | None")
+        (),
+        _check_stop,
+        "a string or list of strings that end generation; the text is cut before it.",
+        keyword=None,
+        annotation="str | Sequence[str] | None",
+    )
     repetition_penalty: float = _option(
-        1.0, _check_repetition_penalty, "> 1 makes every token already in the prompt or the reply less likely\n"
+        1.0,
+        _check_repetition_penalty,
+        "> 1 makes every token already in the prompt or the reply less likely\n"
         "(its logit divided by the penalty if positive, multiplied if negative: transformers' definition);\n"
-        "1.0 = off.", key="unless_default")
-    ignore_stop_tokens: bool = _option(False, _check_flag, "benchmarks only: run every row to max_tokens.",
-                                       key="unless_default", user=False)
+        "1.0 = off.",
+        key="unless_default",
+    )
+    ignore_stop_tokens: bool = _option(
+        False, _check_flag, "benchmarks only: run every row to max_tokens.", key="unless_default", user=False
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -188,8 +229,10 @@ class SamplingParams:
         if isinstance(sampling, dict):
             sampling = cls(**sampling)
         if not isinstance(sampling, cls):
-            raise SamplingError(f"sampling= takes a workbench SamplingParams (wb.SamplingParams(temperature=0.7, "
-                                f"...)) or a dict of its fields, got {type(sampling).__name__}")
+            raise SamplingError(
+                f"sampling= takes a workbench SamplingParams (wb.SamplingParams(temperature=0.7, "
+                f"...)) or a dict of its fields, got {type(sampling).__name__}"
+            )
         return dataclasses.replace(sampling, **keywords) if keywords else sampling
 
     @classmethod
@@ -213,8 +256,10 @@ class SamplingParams:
         if not isinstance(self.seed, tuple):
             return self, None
         if len(self.seed) != rows:
-            raise SamplingError(f"seed has {len(self.seed)} entries for {rows} prompts; give one seed for all rows "
-                                "or one entry (None for none) per row")
+            raise SamplingError(
+                f"seed has {len(self.seed)} entries for {rows} prompts; give one seed for all rows "
+                "or one entry (None for none) per row"
+            )
         return dataclasses.replace(self, seed=None), list(self.seed)
 
     @property

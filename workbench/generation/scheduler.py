@@ -42,10 +42,18 @@ class Scheduler:
     behind that reuse belong to ``prefix_cache`` (:class:`~workbench.generation.prefix_cache.PrefixCache`).
     """
 
-    def __init__(self, model: Transformer, *, stop_tokens: dict[int, StopReason],
-                 decode_text: Callable[[Sequence[int]], str],
-                 max_batch_size: int, max_seq_len: int, grammars: Any = None,
-                 share_prefixes: bool = True, image_token: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        stop_tokens: dict[int, StopReason],
+        decode_text: Callable[[Sequence[int]], str],
+        max_batch_size: int,
+        max_seq_len: int,
+        grammars: Any = None,
+        share_prefixes: bool = True,
+        image_token: int | None = None,
+    ) -> None:
         self.model = model
         self.grammars = grammars  # structured.GrammarRuntime (token masks of constrained rows), or None
         self.image_token = image_token  # <|patch|>: where prefill places image embeddings
@@ -120,8 +128,7 @@ class Scheduler:
                 yield from self._decode(slots, active[-1] + 1)
 
     @torch.inference_mode()
-    def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
-               ) -> list[torch.Tensor]:
+    def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None) -> list[torch.Tensor]:
         """Teacher-forced float32 logits ``[len, V]`` of each sequence (batched, padded); ``images`` gives each
         row's images as its requests would (tiles, or a Llama 3.2 Vision ImageSet), or None."""
         out: list[torch.Tensor | None] = [None] * len(token_lists)
@@ -134,8 +141,9 @@ class Scheduler:
                 out[i] = logits[j, : len(token_lists[i])].cpu()
         return out  # type: ignore[return-value]
 
-    def score(self, sequences: Sequence[Sequence[int]],
-              starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def score(
+        self, sequences: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Log-probs and greedy flags of ``sequences[i][starts[i]:]`` (:func:`workbench.generation.scoring.score`),
         on this scheduler's model and cache slots."""
         return scoring.score(self.model, self.prefix_cache, sequences, starts)
@@ -154,8 +162,12 @@ class Scheduler:
     def _first_image_position(self, tokens: list[int]) -> int:
         return tokens.index(self.image_token) if self.image_token in tokens else len(tokens)
 
-    def _fill(self, items: list[tuple[int, list[int]]], images: list[torch.Tensor | None] | None = None,
-              caps: list[int | None] | None = None) -> torch.Tensor:
+    def _fill(
+        self,
+        items: list[tuple[int, list[int]]],
+        images: list[torch.Tensor | None] | None = None,
+        caps: list[int | None] | None = None,
+    ) -> torch.Tensor:
         """Write the keys/values of ``items`` (slot, tokens) into their slots; last-token logits [n, V].
 
         Each item starts from the longest prefix any slot holds (the prefix cache copies it into the item's
@@ -173,8 +185,9 @@ class Scheduler:
         out = torch.empty(len(items), self.model.args.vocab_size, device=device)
         if images is None or all(t is None for t in images):  # text only: rows packed end to end, no padding
             for batch in batching.packed_batches(items, starts, self.model):
-                out[batch.rows] = self.model.forward_packed(batch.tokens, batch.lengths, batch.starts, self.cache,
-                                                            batch.slots)
+                out[batch.rows] = self.model.forward_packed(
+                    batch.tokens, batch.lengths, batch.starts, self.cache, batch.slots
+                )
             return out
         for group in batching.padded_groups(range(len(items)), suffix_lengths):
             tokens = batching.padded([items[j][1][starts[j] :] for j in group], device)
@@ -183,9 +196,14 @@ class Scheduler:
             group_starts = [starts[j] for j in group]
             tiles = [images[j] for j in group]
             extra = {"images": tiles, "image_token": self.image_token} if any(t is not None for t in tiles) else {}
-            logits = self.model.forward_full(tokens, cache=self.cache, cache_rows=rows, logit_index=last,
-                                             starts=group_starts if any(group_starts) else None,
-                                             **extra)
+            logits = self.model.forward_full(
+                tokens,
+                cache=self.cache,
+                cache_rows=rows,
+                logit_index=last,
+                starts=group_starts if any(group_starts) else None,
+                **extra,
+            )
             out[group] = logits
         return out
 
@@ -198,8 +216,11 @@ class Scheduler:
                 self.prefix_cache.hold(slot, prefix)
         # positions from the first image on hold image embeddings: never reused, never lent to other rows
         caps = [self._first_image_position(r.prompt) if r.image_tiles is not None else None for _, r in admitted]
-        logits = self._fill([(slot, request.prompt) for slot, request in admitted],
-                            [request.image_tiles for _, request in admitted], caps)  # [n, V]
+        logits = self._fill(
+            [(slot, request.prompt) for slot, request in admitted],
+            [request.image_tiles for _, request in admitted],
+            caps,
+        )  # [n, V]
         for (slot, request), cap in zip(admitted, caps):
             request.rng, request.grammar = request.params.make_rng(), self._start_grammar(request)
             if request.params.penalized:
@@ -230,17 +251,25 @@ class Scheduler:
         if self.static is not None:  # fixed shapes (a CUDA graph replay on a GPU); argmax taken on the device
             logits, greedy = self.static(tokens, positions)  # [W, V], [W]
         else:
-            logits = self.model.forward_decode(torch.tensor(tokens, device=device),
-                                               torch.tensor(positions, device=device),
-                                               self.cache, span=(low, high))  # [W, V]
+            logits = self.model.forward_decode(
+                torch.tensor(tokens, device=device),
+                torch.tensor(positions, device=device),
+                self.cache,
+                span=(low, high),
+            )  # [W, V]
         for i in live:
             slots[i].fed += 1  # type: ignore[union-attr]
         if len(live) < width:
             logits, greedy = logits[live], None if greedy is None else greedy[live]
         yield from self._advance_all([(i, slots[i]) for i in live], logits, slots, greedy)
 
-    def _advance_all(self, rows: list[tuple[int, Request]], logits: torch.Tensor, slots: list[Request | None],
-                     argmax: torch.Tensor | None = None) -> Iterator[Event]:
+    def _advance_all(
+        self,
+        rows: list[tuple[int, Request]],
+        logits: torch.Tensor,
+        slots: list[Request | None],
+        argmax: torch.Tensor | None = None,
+    ) -> Iterator[Event]:
         """Pick every row's next token from ``logits`` [n, V] (one argmax for all greedy rows; ``argmax`` [n]
         when the step already took it on the device)."""
         chosen: dict[int, int] = {}  # rows whose grammar already decided their greedy token
@@ -267,8 +296,9 @@ class Scheduler:
                 token = greedy[k] if params.greedy else sample_token(logits[k], params, row.rng)
             yield from self._advance(row, token, logits[k], slots, slot)
 
-    def _advance(self, row: Request, token: int, logits: torch.Tensor, slots: list[Request | None],
-                 slot: int) -> Iterator[Event]:
+    def _advance(
+        self, row: Request, token: int, logits: torch.Tensor, slots: list[Request | None], slot: int
+    ) -> Iterator[Event]:
         """Emit the row's new ``token`` and free the slot if the row is done."""
         params = row.params
         logprob = self._logprob(logits, token, params.logprobs) if params.logprobs else None
@@ -291,8 +321,9 @@ class Scheduler:
         stop_at = self._stop_string_hit(row) if params.stop else None
         if stop_at is not None:
             slots[slot] = None
-            yield Event(index, token, logprob, stop_reason="end_of_turn", truncate_text_at=stop_at,
-                        count=len(row.tokens))
+            yield Event(
+                index, token, logprob, stop_reason="end_of_turn", truncate_text_at=stop_at, count=len(row.tokens)
+            )
             return
         limit = params.max_tokens if params.max_tokens is not None else self.max_seq_len
         if len(row.tokens) >= limit or row.position + 1 >= self.max_seq_len:
@@ -306,8 +337,9 @@ class Scheduler:
     def _see_prompt(self, slot: int, prompt: list[int]) -> None:
         """Start a penalized row's record of seen tokens: its prompt's ids."""
         if self.seen is None:
-            self.seen = torch.zeros(self.max_batch_size, self.model.args.vocab_size, dtype=torch.bool,
-                                    device=self.model.device)
+            self.seen = torch.zeros(
+                self.max_batch_size, self.model.args.vocab_size, dtype=torch.bool, device=self.model.device
+            )
         self.seen[slot].zero_()
         self.seen[slot, torch.tensor(prompt, device=self.model.device)] = True
 
@@ -317,8 +349,9 @@ class Scheduler:
         device = logits.device
         at = torch.tensor(ks, device=device)  # [m]
         slot_ids = torch.tensor([rows[k][0] for k in ks], device=self.seen.device)  # type: ignore[union-attr]
-        penalty = torch.tensor([[rows[k][1].params.repetition_penalty] for k in ks], device=device,
-                               dtype=logits.dtype)  # [m, 1]
+        penalty = torch.tensor(
+            [[rows[k][1].params.repetition_penalty] for k in ks], device=device, dtype=logits.dtype
+        )  # [m, 1]
         logits[at] = apply_repetition_penalty(logits[at], self.seen[slot_ids].to(device), penalty)  # type: ignore[index]
 
     def _start_grammar(self, request: Request) -> Any:
@@ -328,16 +361,20 @@ class Scheduler:
             raise RuntimeError("a constrained request reached a scheduler built without a grammar runtime")
         return self.grammars.start(request.constraint)
 
-    def _mask_grammars(self, rows: list[tuple[int, Request]], logits: torch.Tensor, slots: list[Request | None],
-                       argmax: list[int]) -> Generator[Event, None, dict[int, int]]:
+    def _mask_grammars(
+        self, rows: list[tuple[int, Request]], logits: torch.Tensor, slots: list[Request | None], argmax: list[int]
+    ) -> Generator[Event, None, dict[int, int]]:
         """Apply every constrained row's token mask to its logits (one batched mask computation per step);
         returns the tokens it chose for greedy rows (see ``GrammarRuntime.mask_logits``).
 
         A row whose grammar allows no token at all (an unsatisfiable schema) ends as ``out_of_tokens``.
         """
 
-        constrained = [MaskRow(k, row.grammar, row.params.greedy and not row.params.logprobs)
-                       for k, (_, row) in enumerate(rows) if row.grammar is not None]
+        constrained = [
+            MaskRow(k, row.grammar, row.params.greedy and not row.params.logprobs)
+            for k, (_, row) in enumerate(rows)
+            if row.grammar is not None
+        ]
         chosen = self.grammars.mask_logits(logits, constrained, argmax)
         for item in constrained:
             if item.state.dead:

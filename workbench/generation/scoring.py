@@ -34,8 +34,9 @@ SCORE_CHUNK_BYTES = 64 * 2**20
 
 
 @torch.inference_mode()
-def score(model: Transformer, prefix_cache: PrefixCache, sequences: Sequence[Sequence[int]],
-          starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def score(
+    model: Transformer, prefix_cache: PrefixCache, sequences: Sequence[Sequence[int]], starts: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Score ``sequences[i][starts[i]:]``, each token given every token before it, on ``model`` and the KV
     cache whose slots ``prefix_cache`` keeps (the scheduler's :meth:`~workbench.generation.scheduler.Scheduler.score`).
 
@@ -64,8 +65,9 @@ def score(model: Transformer, prefix_cache: PrefixCache, sequences: Sequence[Seq
     return _project(model, sequences, starts, inputs, first, hidden)
 
 
-def _wave_hidden(model: Transformer, prefix_cache: PrefixCache,
-                 rows: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
+def _wave_hidden(
+    model: Transformer, prefix_cache: PrefixCache, rows: list[tuple[int, list[int], int]]
+) -> list[torch.Tensor]:
     """Prefill each (slot, tokens, first) into its slot and return the final hidden states of positions
     ``first..len-1`` of each row ([len - first, D]); positions before ``first`` may come from a prefix."""
     # prefixes several rows share and no slot holds: computed once, in the first sharer's slot
@@ -77,8 +79,9 @@ def _wave_hidden(model: Transformer, prefix_cache: PrefixCache,
     return _fill_hidden(model, prefix_cache, rows)
 
 
-def _fill_hidden(model: Transformer, prefix_cache: PrefixCache,
-                 rows: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
+def _fill_hidden(
+    model: Transformer, prefix_cache: PrefixCache, rows: list[tuple[int, list[int], int]]
+) -> list[torch.Tensor]:
     """Write each row's keys/values into its slot, starting from the longest prefix a slot holds (never past
     position ``first``, which is computed), and return the hidden states of positions ``first..`` of each."""
     starts = prefix_cache.prepare(rows)
@@ -93,9 +96,14 @@ def _fill_hidden(model: Transformer, prefix_cache: PrefixCache,
     return out
 
 
-def _project(model: Transformer, sequences: Sequence[Sequence[int]], starts: Sequence[int],
-             inputs: dict[tuple[int, ...], int], first: list[int],
-             hidden: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def _project(
+    model: Transformer,
+    sequences: Sequence[Sequence[int]],
+    starts: Sequence[int],
+    inputs: dict[tuple[int, ...], int],
+    first: list[int],
+    hidden: list[torch.Tensor | None],
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Project the needed hidden states in chunks and reduce each chunk to its targets' log-probs."""
     offsets, total = [], 0
     for h in hidden:

@@ -203,13 +203,17 @@ class ModelArgs:
                 "tokenizer.model; point workbench.load() at that folder"
             )
         if not path.is_file():
-            raise ModelArgsError(f"{path} is a folder, not a file; params.json must be the checkpoint's JSON "
-                                 "file of model arguments — re-download it")
+            raise ModelArgsError(
+                f"{path} is a folder, not a file; params.json must be the checkpoint's JSON "
+                "file of model arguments — re-download it"
+            )
         try:
             params = json.loads(path.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as exc:
-            raise ModelArgsError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); params.json must be "
-                                 "a JSON file — re-download it") from exc
+            raise ModelArgsError(
+                f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); params.json must be "
+                "a JSON file — re-download it"
+            ) from exc
         except (json.JSONDecodeError, RecursionError) as exc:
             raise ModelArgsError(f"{path} is not valid JSON ({exc}); fix or re-download params.json") from exc
         except OSError as exc:
@@ -224,8 +228,9 @@ class ModelArgs:
         def bad(msg: str) -> ModelArgsError:
             return ModelArgsError(f"{source}: {msg}")
 
-        def check_range(name: str, value: float | int | None, low: float, high: float, *, low_open: bool = False,
-                        hint: str = "") -> None:
+        def check_range(
+            name: str, value: float | int | None, low: float, high: float, *, low_open: bool = False, hint: str = ""
+        ) -> None:
             if value is None:
                 return
             if isinstance(value, float) and not math.isfinite(value):
@@ -240,8 +245,15 @@ class ModelArgs:
         if self.vocab_size != -1:
             check_range("vocab_size", self.vocab_size, 1, _MAX_VOCAB, hint=" (or -1: taken from the tokenizer)")
         check_range("multiple_of", self.multiple_of, 1, _MAX_DIM)
-        for name in ("ffn_dim_multiplier", "ffn_exp", "norm_eps", "rope_theta", "rope_scaling_factor",
-                     "rope_high_freq_factor", "floor_scale"):
+        for name in (
+            "ffn_dim_multiplier",
+            "ffn_exp",
+            "norm_eps",
+            "rope_theta",
+            "rope_scaling_factor",
+            "rope_high_freq_factor",
+            "floor_scale",
+        ):
             check_range(name, getattr(self, name), 0.0, _MAX_FLOAT, low_open=True)
         check_range("attn_scale", self.attn_scale, -_MAX_FLOAT, _MAX_FLOAT)
         if self.n_kv_heads is not None:
@@ -272,12 +284,18 @@ class ModelArgs:
             _validate_vision(self.vision_args, bad)
         sizes = [("the dense feed-forward hidden size", self.dense_hidden_dim(), "ffn_dim_multiplier, multiple_of")]
         if self.moe_args is not None:
-            sizes.append(("the expert hidden size", self.moe_hidden_dim(),
-                          "ffn_exp, ffn_dim_multiplier, moe_args.capacity_factor, multiple_of"))
+            sizes.append(
+                (
+                    "the expert hidden size",
+                    self.moe_hidden_dim(),
+                    "ffn_exp, ffn_dim_multiplier, moe_args.capacity_factor, multiple_of",
+                )
+            )
         for what, size, fields_ in sizes:
             if not 1 <= size <= _MAX_HIDDEN:
-                raise bad(f"{what} computed from dim={self.dim} and {fields_} is {size}; it must be in "
-                          f"1..{_MAX_HIDDEN}")
+                raise bad(
+                    f"{what} computed from dim={self.dim} and {fields_} is {size}; it must be in 1..{_MAX_HIDDEN}"
+                )
 
 
 # Upper limits far above any published Llama (405B: dim 16384, 126 layers, 128 heads; vocab 202048) that keep
@@ -307,12 +325,19 @@ def _validate_vision(v: VisionArgs, bad: Any) -> None:
     grid = v.image_size.width // v.patch_size.width
     ratio = v.pixel_shuffle_ratio
     if not 0 < ratio <= 1 or abs(grid * ratio - round(grid * ratio)) > 1e-9:
-        raise bad(f"vision_args.pixel_shuffle_ratio ({ratio}) must shrink the {grid}x{grid} patch grid "
-                  "to whole patches")
+        raise bad(
+            f"vision_args.pixel_shuffle_ratio ({ratio}) must shrink the {grid}x{grid} patch grid to whole patches"
+        )
 
 
-_NESTED = {"moe_args": MoEArgs, "quantization_args": QuantizationArgs, "lora_args": LoRAArgs,
-           "vision_args": VisionArgs, "vision_args.image_size": Size, "vision_args.patch_size": Size}
+_NESTED = {
+    "moe_args": MoEArgs,
+    "quantization_args": QuantizationArgs,
+    "lora_args": LoRAArgs,
+    "vision_args": VisionArgs,
+    "vision_args.image_size": Size,
+    "vision_args.patch_size": Size,
+}
 
 
 def _convert(name: str, value: Any, annotation: Any, source: str) -> Any:
@@ -330,9 +355,7 @@ def _convert(name: str, value: Any, annotation: Any, source: str) -> Any:
         missing = sorted(k for k, f in nested_known.items() if k not in value and _required(f))
         if missing:
             raise ModelArgsError(f"{source}: field(s) {missing} missing in {name!r}; add them to params.json")
-        return nested_cls(
-            **{k: _convert(f"{name}.{k}", v, nested_known[k].type, source) for k, v in value.items()}
-        )
+        return nested_cls(**{k: _convert(f"{name}.{k}", v, nested_known[k].type, source) for k, v in value.items()})
 
     text = str(annotation)
     if value is None:

@@ -69,8 +69,10 @@ class ImageSet:
 
     def __post_init__(self) -> None:
         if not (len(self.tiles) == len(self.aspects) == len(self.spans)):
-            raise ValueError(f"{len(self.tiles)} images, {len(self.aspects)} aspect ratios and {len(self.spans)} "
-                             "<|image|> tokens: each image needs one <|image|> token in the prompt")
+            raise ValueError(
+                f"{len(self.tiles)} images, {len(self.aspects)} aspect ratios and {len(self.spans)} "
+                "<|image|> tokens: each image needs one <|image|> token in the prompt"
+            )
 
     @property
     def first_position(self) -> int:
@@ -129,8 +131,9 @@ class CrossAttention(nn.Module):
         v = self.wv(vision).view(seq, self.n_local_kv_heads, self.head_dim).transpose(0, 1)
         return self.k_norm(k), v
 
-    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
-                sees_any: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, sees_any: torch.Tensor
+    ) -> torch.Tensor:
         """``x`` [1, T, D], keys/values [Hkv, S, hd], ``visible`` bool [T, S], ``sees_any`` [T, 1] -> [1, T, D]."""
         seq = x.shape[1]
         q = self.q_norm(self.wq(x).view(1, seq, self.n_local_heads, self.head_dim)).transpose(1, 2)  # [1, H, T, hd]
@@ -155,8 +158,7 @@ class CrossAttentionTransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps, **kw)
         self.gate_ffwd = nn.Parameter(torch.empty(1, **kw), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         """One row: ``x`` [1, T, D], its image keys/values [Hkv, S, hd] and ``visible`` bool [T, S] -> [1, T, D]."""
         sees_any = visible.any(dim=-1, keepdim=True).to(x.dtype)  # [T, 1]: full_text_row_masked_out_mask
         h = x + self.gate_attn.tanh() * self.attention(self.attention_norm(x), keys, values, visible, sees_any)
@@ -164,8 +166,9 @@ class CrossAttentionTransformerBlock(nn.Module):
         return h + self.gate_ffwd.tanh() * ffn
 
 
-def image_state(layers: Sequence[CrossAttentionTransformerBlock], vision_tokens: torch.Tensor,
-                images: ImageSet) -> ImageState:
+def image_state(
+    layers: Sequence[CrossAttentionTransformerBlock], vision_tokens: torch.Tensor, images: ImageSet
+) -> ImageState:
     """Keys/values of every cross layer for one row's images.
 
     ``vision_tokens`` [I, C, N, D] (the projection's output for the row's I images, C tiles each, padding tiles

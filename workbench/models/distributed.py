@@ -45,8 +45,9 @@ def ensure_model_parallel(size: int = 1, backend: str = "gloo") -> None:
         fs_init.initialize_model_parallel(size)
 
 
-def init_worker_group(*, rank: int, world_size: int, store_host: str, store_port: int, backend: str,
-                      timeout_s: float) -> dist.ProcessGroup:
+def init_worker_group(
+    *, rank: int, world_size: int, store_host: str, store_port: int, backend: str, timeout_s: float
+) -> dist.ProcessGroup:
     """Join the workers' process group through the kernel's TCPStore, set up fairscale, and return a
     gloo *control* group for the small CPU-side agreements between generation steps.
 
@@ -55,8 +56,10 @@ def init_worker_group(*, rank: int, world_size: int, store_host: str, store_port
     every later collective, so a vanished peer turns into an error instead of a hang.
     """
     if dist.is_initialized():
-        raise ConfigError("this process already has a torch.distributed group; model-parallel workers need a fresh "
-                          "process (workbench starts them itself)")
+        raise ConfigError(
+            "this process already has a torch.distributed group; model-parallel workers need a fresh "
+            "process (workbench starts them itself)"
+        )
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(store_host, store_port, world_size, is_master=False, timeout=timeout)
     if backend == "nccl":

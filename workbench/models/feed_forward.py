@@ -19,8 +19,9 @@ from workbench.models.layers import ColumnParallel, RowParallel, divide
 class FeedForward(nn.Module):
     """SwiGLU MLP: w2(silu(w1 x) * w3 x); the sum over ranks is skipped for a MoE's shared expert."""
 
-    def __init__(self, dim: int, hidden_dim: int, *, reduce: bool = True, device: torch.device | str,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, dim: int, hidden_dim: int, *, reduce: bool = True, device: torch.device | str, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.reduce = reduce
         self.w1 = ColumnParallel(dim, hidden_dim, gather_output=False, device=device, dtype=dtype)
@@ -53,8 +54,9 @@ def _grouped_ok(x: torch.Tensor, *weights: torch.Tensor) -> bool:
 class Experts(nn.Module):
     """Routed experts as stacked weights: w1/w3 [E, D, F/mp], w2 [E, F/mp, D] (Meta's layout)."""
 
-    def __init__(self, num_experts: int, dim: int, hidden_dim: int, *, device: torch.device | str,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, num_experts: int, dim: int, hidden_dim: int, *, device: torch.device | str, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         local_hidden = divide(hidden_dim, model_parallel_size(), "expert hidden size")
         self.num_experts = num_experts
@@ -104,8 +106,9 @@ class MoE(nn.Module):
         self.mp_size = model_parallel_size()
         hidden = args.moe_hidden_dim()
         self.experts = Experts(args.moe_args.num_experts, args.dim, hidden, device=device, dtype=dtype)
-        self.router_DE = nn.Parameter(torch.empty(args.dim, args.moe_args.num_experts, device=device, dtype=dtype),
-                                      False)
+        self.router_DE = nn.Parameter(
+            torch.empty(args.dim, args.moe_args.num_experts, device=device, dtype=dtype), False
+        )
         self.shared_expert = FeedForward(args.dim, hidden, reduce=False, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,16 @@ class KVCache:
     values: list[torch.Tensor]  # per layer [B, H_kv_local, S, D]
 
     @classmethod
-    def allocate(cls, n_layers: int, batch: int, kv_heads: int, seq_len: int, head_dim: int,
-                 device: torch.device, dtype: torch.dtype) -> KVCache:
+    def allocate(
+        cls,
+        n_layers: int,
+        batch: int,
+        kv_heads: int,
+        seq_len: int,
+        head_dim: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> KVCache:
         shape = (batch, kv_heads, seq_len, head_dim)
         return cls(
             keys=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)],

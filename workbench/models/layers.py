@@ -32,8 +32,16 @@ def divide(numerator: int, denominator: int, what: str) -> int:
 class ColumnParallel(ColumnParallelLinear):
     """Y = X A^T with A split on the output dim; the weight is [out / mp, in]."""
 
-    def __init__(self, in_features: int, out_features: int, *, gather_output: bool,
-                 device: torch.device | str, dtype: torch.dtype, bias: bool = False) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        gather_output: bool,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        bias: bool = False,
+    ) -> None:
         nn.Module.__init__(self)
         self.in_features = in_features
         self.out_features = out_features
@@ -62,9 +70,13 @@ class ColumnParallel(ColumnParallelLinear):
         Returns whether the packed path is on (off when oneDNN is missing or disagrees with ``linear``).
         """
         weight = self.weight
-        if (weight.device.type != "cpu" or weight.dtype != torch.float32 or self.mp_size != 1
-                or not torch.backends.mkldnn.is_available()
-                or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        if (
+            weight.device.type != "cpu"
+            or weight.dtype != torch.float32
+            or self.mp_size != 1
+            or not torch.backends.mkldnn.is_available()
+            or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        ):
             return False
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
@@ -120,8 +132,9 @@ def _version(tensor: torch.Tensor) -> int:
 class RowParallel(RowParallelLinear):
     """Y = X A^T with A split on the input dim (input already split); outputs are summed across ranks."""
 
-    def __init__(self, in_features: int, out_features: int, *, device: torch.device | str,
-                 dtype: torch.dtype, bias: bool = False) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, *, device: torch.device | str, dtype: torch.dtype, bias: bool = False
+    ) -> None:
         nn.Module.__init__(self)
         self.in_features = in_features
         self.out_features = out_features
@@ -146,8 +159,9 @@ class RowParallel(RowParallelLinear):
 class VocabParallel(VocabParallelEmbedding):
     """Token embedding split on the vocabulary dim; each rank embeds the ids in its range."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, device: torch.device | str,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, *, device: torch.device | str, dtype: torch.dtype
+    ) -> None:
         nn.Module.__init__(self)
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim

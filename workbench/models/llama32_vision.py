@@ -51,16 +51,21 @@ def is_cross_attention_vision(args: ModelArgs) -> bool:
 
 def cross_attention_layer_count(args: ModelArgs) -> int:
     """``vision_num_cross_attention_layers``, or the nested ``vision_model.cross_attention_adapter.num_layers``."""
-    nested = (args.vision_model or {}).get("cross_attention_adapter", {}) if isinstance(args.vision_model, dict) \
-        else {}
+    nested = (args.vision_model or {}).get("cross_attention_adapter", {}) if isinstance(args.vision_model, dict) else {}
     if isinstance(nested, dict) and "num_layers" in nested:
         return int(nested["num_layers"])
     return args.vision_num_cross_attention_layers
 
 
 class CrossAttentionTextModel(Transformer):
-    def __init__(self, args: ModelArgs, *, max_seq_len: int, device: torch.device | str = "meta",
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        args: ModelArgs,
+        *,
+        max_seq_len: int,
+        device: torch.device | str = "meta",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(args, max_seq_len=max_seq_len, device=device, dtype=dtype)
         kw = dict(device=device, dtype=dtype)
         self.learnable_embedding = VocabParallel(max(model_parallel_size(), 8), args.dim, **kw)
@@ -126,9 +131,17 @@ class CrossAttentionTextModel(Transformer):
 
     # ----------------------------------------------------------------------------- forwards
     @torch.inference_mode()
-    def forward_full(self, tokens: torch.Tensor, *, cache: Any = None, cache_rows: torch.Tensor | None = None,
-                     logit_index: torch.Tensor | None = None, images: Sequence[Any] | None = None,
-                     image_token: int | None = None, starts: list[int] | None = None) -> torch.Tensor:
+    def forward_full(
+        self,
+        tokens: torch.Tensor,
+        *,
+        cache: Any = None,
+        cache_rows: torch.Tensor | None = None,
+        logit_index: torch.Tensor | None = None,
+        images: Sequence[Any] | None = None,
+        image_token: int | None = None,
+        starts: list[int] | None = None,
+    ) -> torch.Tensor:
         """As :meth:`Transformer.forward_full`; ``images`` holds one :class:`ImageSet` (or None) per row.  With
         ``cache_rows`` the rows' image states stay with their cache slots for the decode steps that follow."""
         if image_token is not None:
@@ -148,8 +161,9 @@ class CrossAttentionTextModel(Transformer):
                     self._slot_states[slot] = state
         self._row_states = states
         try:
-            return super().forward_full(tokens, cache=cache, cache_rows=cache_rows, logit_index=logit_index,
-                                        starts=starts)
+            return super().forward_full(
+                tokens, cache=cache, cache_rows=cache_rows, logit_index=logit_index, starts=starts
+            )
         finally:
             self._row_states = None
 

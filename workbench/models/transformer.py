@@ -155,8 +155,7 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)  # [B, T, Hq*D]
         return self.wo(out)
 
-    def _attend_segments(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor,
-                         ctx: StepContext) -> torch.Tensor:
+    def _attend_segments(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Attention of a packed prefill, one row at a time: ``xq`` [1, N, Hq, D], ``xk``/``xv`` [1, N, Hkv, D]
         -> [1, N, Hq*D].  The linears ran on the N real tokens (no padding); only attention needs the
         rows apart, and each row attends to its own cached prefix and its own tokens."""
@@ -202,8 +201,14 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, args: ModelArgs, *, max_seq_len: int, device: torch.device | str = "meta",
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        args: ModelArgs,
+        *,
+        max_seq_len: int,
+        device: torch.device | str = "meta",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         self.args = args
         self.max_seq_len = max_seq_len
@@ -232,8 +237,13 @@ class Transformer(nn.Module):
 
     def new_cache(self, batch: int, seq_len: int, dtype: torch.dtype | None = None) -> KVCache:
         return KVCache.allocate(
-            self.args.n_layers, batch, self.n_local_kv_heads(), seq_len, self.args.rope_head_dim,
-            self.device, dtype or self.dtype,
+            self.args.n_layers,
+            batch,
+            self.n_local_kv_heads(),
+            seq_len,
+            self.args.rope_head_dim,
+            self.device,
+            dtype or self.dtype,
         )
 
     def rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,8 +262,9 @@ class Transformer(nn.Module):
         scales = torch.log(torch.floor((pos + 1.0) / self.args.floor_scale) + 1.0) * self.args.attn_scale + 1.0
         return scales[:, :, None, None]  # [B, T, 1, 1]
 
-    def _extend_context(self, tokens: torch.Tensor, starts: list[int], cache: KVCache,
-                        cache_rows: torch.Tensor) -> StepContext:
+    def _extend_context(
+        self, tokens: torch.Tensor, starts: list[int], cache: KVCache, cache_rows: torch.Tensor
+    ) -> StepContext:
         """Masks and positions for rows that continue cached prefixes of lengths ``starts``."""
         bsz, seqlen = tokens.shape
         device = tokens.device
@@ -270,11 +281,23 @@ class Transformer(nn.Module):
         chunk = self.args.attention_chunk_size
         if chunk is not None and kv_len > chunk:
             local_mask = (causal & (key_pos // chunk == query_pos // chunk))[:, None]  # [B, 1, T, S]
-        return StepContext(positions, cos, sin, causal[:, None], local_mask, self.temperature_at(positions), cache,
-                           cache_rows, decode=False, kv_len=kv_len, extend=True)
+        return StepContext(
+            positions,
+            cos,
+            sin,
+            causal[:, None],
+            local_mask,
+            self.temperature_at(positions),
+            cache,
+            cache_rows,
+            decode=False,
+            kv_len=kv_len,
+            extend=True,
+        )
 
-    def _packed_context(self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache,
-                        cache_rows: list[int]) -> StepContext:
+    def _packed_context(
+        self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache, cache_rows: list[int]
+    ) -> StepContext:
         """Positions, RoPE tables and per-row masks of a packed prefill (``tokens`` [1, N])."""
         device = tokens.device
         chunk = self.args.attention_chunk_size
@@ -293,12 +316,23 @@ class Transformer(nn.Module):
             offset += length
         positions = torch.cat(pieces)[None]  # [1, N]
         cos, sin = self.rope_at(positions)
-        return StepContext(positions, cos, sin, None, None, self.temperature_at(positions), cache, None,
-                           decode=False, segments=segments)
+        return StepContext(
+            positions,
+            cos,
+            sin,
+            None,
+            None,
+            self.temperature_at(positions),
+            cache,
+            None,
+            decode=False,
+            segments=segments,
+        )
 
     @torch.inference_mode()
-    def forward_packed(self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache,
-                       cache_rows: list[int]) -> torch.Tensor:
+    def forward_packed(
+        self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache, cache_rows: list[int]
+    ) -> torch.Tensor:
         """Prefill of rows laid end to end: ``tokens`` [1, N] (row ``b`` is ``lengths[b]`` tokens, to be
         placed at positions ``starts[b]..`` of cache slot ``cache_rows[b]``, whose positions
         ``0..starts[b]-1`` already hold its prefix) -> float32 logits of each row's last token [B, V].
@@ -313,8 +347,9 @@ class Transformer(nn.Module):
         return self._logits(h[0, ends])  # [B, V]
 
     @torch.inference_mode()
-    def hidden_packed(self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache,
-                      cache_rows: list[int]) -> torch.Tensor:
+    def hidden_packed(
+        self, tokens: torch.Tensor, lengths: list[int], starts: list[int], cache: KVCache, cache_rows: list[int]
+    ) -> torch.Tensor:
         """:meth:`forward_packed` without the output projection: final hidden states of every packed token
         [N, D] (keys/values written alike).  Scoring projects only the positions it needs (:meth:`project`)."""
         ctx = self._packed_context(tokens, lengths, starts, cache, cache_rows)
@@ -354,7 +389,6 @@ class Transformer(nn.Module):
         if self.vision_loaded:
             return
         if self.args.vision_args is None or self.vision_loader is None:
-
             raise ImageError("this model has no vision encoder (params.json has no vision_args); it is text-only")
         self.attach_vision(self.vision_loader())
 
@@ -365,8 +399,9 @@ class Transformer(nn.Module):
         self.ensure_vision()
         return encode_tiles(self.vision_embeddings, self.vision_projection, tiles.to(self.device))
 
-    def _merge_images(self, h: torch.Tensor, tokens: torch.Tensor, images: Sequence[torch.Tensor | None],
-                      image_token: int) -> torch.Tensor:
+    def _merge_images(
+        self, h: torch.Tensor, tokens: torch.Tensor, images: Sequence[torch.Tensor | None], image_token: int
+    ) -> torch.Tensor:
         """Replace the embeddings of each row's ``image_token`` positions by its images' patch embeddings."""
         rows = [b for b, tiles in enumerate(images) if tiles is not None]
         feats = self.encode_images(torch.cat([images[b] for b in rows])).to(h.dtype)  # [N, P, D]
@@ -377,7 +412,6 @@ class Transformer(nn.Module):
             start += count
             mask = tokens[b] == image_token  # [T]
             if int(mask.sum()) != row_feats.shape[0]:
-
                 raise InputError(
                     f"prompt row {b} has {int(mask.sum())} <|patch|> tokens but its images give {row_feats.shape[0]} "
                     "patch embeddings; build image prompts with engine.formatter.encode_prompt"
@@ -387,10 +421,17 @@ class Transformer(nn.Module):
 
     # ----------------------------------------------------------------------------- forwards
     @torch.inference_mode()
-    def forward_full(self, tokens: torch.Tensor, *, cache: KVCache | None = None,
-                     cache_rows: torch.Tensor | None = None, logit_index: torch.Tensor | None = None,
-                     images: Sequence[torch.Tensor | None] | None = None, image_token: int | None = None,
-                     starts: list[int] | None = None) -> torch.Tensor:
+    def forward_full(
+        self,
+        tokens: torch.Tensor,
+        *,
+        cache: KVCache | None = None,
+        cache_rows: torch.Tensor | None = None,
+        logit_index: torch.Tensor | None = None,
+        images: Sequence[torch.Tensor | None] | None = None,
+        image_token: int | None = None,
+        starts: list[int] | None = None,
+    ) -> torch.Tensor:
         """Whole sequences from position 0: ``tokens`` [B, T] -> float32 logits [B, T, V].
 
         With ``cache`` the keys/values are written to cache slots ``cache_rows`` [B] (prefill).
@@ -414,8 +455,9 @@ class Transformer(nn.Module):
                 idx = torch.arange(seqlen, device=tokens.device)
                 local_mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] // chunk == idx[:, None] // chunk)
                 local_mask = local_mask[None, None]  # [1, 1, T, T]
-            ctx = StepContext(positions, cos, sin, None, local_mask, self.temperature_at(positions), cache, cache_rows,
-                              decode=False)
+            ctx = StepContext(
+                positions, cos, sin, None, local_mask, self.temperature_at(positions), cache, cache_rows, decode=False
+            )
         h = self.embed(tokens)  # [B, T, D]
         if images is not None and any(tiles is not None for tiles in images):
             assert image_token is not None, "images need the <|patch|> token id"
@@ -427,8 +469,9 @@ class Transformer(nn.Module):
         return self._logits(h)  # [B, T, V]
 
     @torch.inference_mode()
-    def forward_decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                       span: tuple[int, int] | None = None) -> torch.Tensor:
+    def forward_decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, span: tuple[int, int] | None = None
+    ) -> torch.Tensor:
         """One token per cache slot 0..B-1: ``tokens``/``positions`` [B] -> float32 logits [B, V].
 
         ``span`` is (lowest, highest) position when the caller knows it (saves a device-to-host read);
@@ -455,8 +498,9 @@ class Transformer(nn.Module):
         h = step(tokens, positions, cos, sin, global_mask, local_mask, cache, kv_len, local_start)  # [B, 1, D]
         return self._logits(h)[:, 0]  # [B, V]
 
-    def forward_decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                              span: int) -> torch.Tensor:
+    def forward_decode_static(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, span: int
+    ) -> torch.Tensor:
         """A decode step with fixed shapes, as a CUDA graph needs (``workbench.generation.graphs``): ``tokens``
         [W], ``positions`` [W, 1] -> float32 logits [W, V].  Every row attends to keys ``0..span-1``, masked
         past its own position (and outside its chunk in chunked layers), so the shapes depend on ``W`` and
@@ -471,13 +515,33 @@ class Transformer(nn.Module):
         h = self._decode_layers(tokens, positions, cos, sin, causal[:, None, None, :], local_mask, cache, span, 0)
         return self._logits(h)[:, 0]  # [W, V]
 
-    def _decode_layers(self, tokens: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                       global_mask: torch.Tensor | None, local_mask: torch.Tensor | None, cache: KVCache, kv_len: int,
-                       local_start: int) -> torch.Tensor:
+    def _decode_layers(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        global_mask: torch.Tensor | None,
+        local_mask: torch.Tensor | None,
+        cache: KVCache,
+        kv_len: int,
+        local_start: int,
+    ) -> torch.Tensor:
         """The transformer layers of one decode step (what ``compile_decode`` compiles): hidden states
         [B, 1, D].  The output projection stays outside: its packed CPU kernel is not traceable."""
-        ctx = StepContext(positions, cos, sin, global_mask, local_mask, self.temperature_at(positions), cache, None,
-                          decode=True, kv_len=kv_len, local_start=local_start)
+        ctx = StepContext(
+            positions,
+            cos,
+            sin,
+            global_mask,
+            local_mask,
+            self.temperature_at(positions),
+            cache,
+            None,
+            decode=True,
+            kv_len=kv_len,
+            local_start=local_start,
+        )
         return self.run_layers(self.embed(tokens[:, None]), ctx)  # [B, 1, D]
 
     def compile_decode(self, enabled: bool = True) -> None:

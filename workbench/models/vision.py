@@ -191,13 +191,15 @@ class VisionEmbeddings(nn.Module):
 class VisionModel(nn.Module):
     """``vision_embeddings`` + ``vision_projection``: tiles -> one text-model embedding per ``<|patch|>`` token."""
 
-    def __init__(self, args: ModelArgs, *, device: torch.device | str = "meta", dtype: torch.dtype = torch.float32
-                 ) -> None:
+    def __init__(
+        self, args: ModelArgs, *, device: torch.device | str = "meta", dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
         assert args.vision_args is not None
         self.vision_embeddings = VisionEmbeddings(args.vision_args, device=device, dtype=dtype)
-        self.vision_projection = ColumnParallel(args.vision_args.output_dim, args.dim, gather_output=True,
-                                                device=device, dtype=dtype)
+        self.vision_projection = ColumnParallel(
+            args.vision_args.output_dim, args.dim, gather_output=True, device=device, dtype=dtype
+        )
 
     def forward(self, tiles: torch.Tensor) -> torch.Tensor:
         return encode_tiles(self.vision_embeddings, self.vision_projection, tiles)

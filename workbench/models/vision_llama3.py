@@ -71,15 +71,18 @@ class VisionDims:
         return self.width * (len(self.intermediate) + 1)
 
     @classmethod
-    def from_shapes(cls, shapes: Mapping[str, Sequence[int]], *, n_shards: int = 1, source: str = "checkpoint"
-                    ) -> VisionDims:
+    def from_shapes(
+        cls, shapes: Mapping[str, Sequence[int]], *, n_shards: int = 1, source: str = "checkpoint"
+    ) -> VisionDims:
         """Dimensions from ``{key: shape}`` of one saved shard (``n_shards`` shards in all), Meta's key names."""
 
         def shape(name: str) -> Sequence[int]:
             key = ENCODER_PREFIX + name
             if key not in shapes:
-                raise CheckpointError(f"{source}: the Llama 3.2 Vision key {key!r} is missing; is this a "
-                                      "Llama 3.2 Vision checkpoint (vision_chunk_size in params.json)?")
+                raise CheckpointError(
+                    f"{source}: the Llama 3.2 Vision key {key!r} is missing; is this a "
+                    "Llama 3.2 Vision checkpoint (vision_chunk_size in params.json)?"
+                )
             return tuple(shapes[key])
 
         width = shape("class_embedding")[0]
@@ -88,17 +91,25 @@ class VisionDims:
         positions = shape("positional_embedding")[0] - 1
         grid = math.isqrt(positions)
         if patch * patch * 3 != patch_in or grid * grid != positions:
-            raise CheckpointError(f"{source}: conv1._linear.weight {list(shape('conv1._linear.weight'))} / "
-                                  f"positional_embedding {list(shape('positional_embedding'))} are not a square "
-                                  "patch grid of 3-channel patches")
+            raise CheckpointError(
+                f"{source}: conv1._linear.weight {list(shape('conv1._linear.weight'))} / "
+                f"positional_embedding {list(shape('positional_embedding'))} are not a square "
+                "patch grid of 3-channel patches"
+            )
 
         def count(stack: str) -> int:
             prefix = f"{ENCODER_PREFIX}{stack}.resblocks."
             return len({k[len(prefix) :].split(".")[0] for k in shapes if k.startswith(prefix)})
 
-        dims = cls(width=width, patch=patch, grid=grid, max_tiles=shape("pre_tile_pos_embed.embedding")[0],
-                   n_local_layers=count("transformer"), n_global_layers=count("global_transformer"),
-                   mlp_hidden=shape("transformer.resblocks.0.mlp.c_fc.weight")[0] * n_shards)
+        dims = cls(
+            width=width,
+            patch=patch,
+            grid=grid,
+            max_tiles=shape("pre_tile_pos_embed.embedding")[0],
+            n_local_layers=count("transformer"),
+            n_global_layers=count("global_transformer"),
+            mlp_hidden=shape("transformer.resblocks.0.mlp.c_fc.weight")[0] * n_shards,
+        )
         if dims.n_local_layers <= max(dims.intermediate):
             raise CheckpointError(
                 f"{source}: the vision encoder has {dims.n_local_layers} local layers, but Meta's encoder returns "
@@ -160,14 +171,17 @@ class ImageBlock(nn.Module):
 
 
 class ImageTransformer(nn.Module):
-    def __init__(self, dims: VisionDims, n_layers: int, *, gated: bool, device: torch.device | str,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, dims: VisionDims, n_layers: int, *, gated: bool, device: torch.device | str, dtype: torch.dtype
+    ) -> None:
         super().__init__()
-        self.resblocks = nn.ModuleList(ImageBlock(dims, gated=gated, device=device, dtype=dtype)
-                                       for _ in range(n_layers))
+        self.resblocks = nn.ModuleList(
+            ImageBlock(dims, gated=gated, device=device, dtype=dtype) for _ in range(n_layers)
+        )
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor, keep: Sequence[int] = ()
-                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, allowed: torch.Tensor, keep: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run the blocks; also return the *inputs* of the blocks whose index is in ``keep``."""
         kept = []
         for index, block in enumerate(self.resblocks):
@@ -199,8 +213,9 @@ def encoder_padding(tokens: int) -> int:
     return 8 - tokens % 8
 
 
-def encoder_mask(aspect: Sequence[tuple[int, int]], chunks: int, tokens: int, padded: int,
-                 device: torch.device) -> torch.Tensor:
+def encoder_mask(
+    aspect: Sequence[tuple[int, int]], chunks: int, tokens: int, padded: int, device: torch.device
+) -> torch.Tensor:
     """bool [M, 1, C*S, C*S]: everything may attend to everything except padding to padding (Meta's rule)."""
     real = torch.zeros(len(aspect), chunks, padded, dtype=torch.bool, device=device)  # [M, C, S]
     for m, (rows, cols) in enumerate(aspect):
@@ -260,13 +275,20 @@ class VisionEncoder(nn.Module):
 class CrossAttentionVision(nn.Module):
     """``vision_model``: the encoder and ``vision_projection`` (tokens -> the text model's dim)."""
 
-    def __init__(self, dims: VisionDims, text_dim: int, *, device: torch.device | str = "meta",
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        dims: VisionDims,
+        text_dim: int,
+        *,
+        device: torch.device | str = "meta",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         self.dims = dims
         self.vision_encoder = VisionEncoder(dims, device=device, dtype=dtype)
-        self.vision_projection = ColumnParallel(dims.output_dim, text_dim, gather_output=True, bias=True,
-                                                device=device, dtype=dtype)
+        self.vision_projection = ColumnParallel(
+            dims.output_dim, text_dim, gather_output=True, bias=True, device=device, dtype=dtype
+        )
 
     @torch.inference_mode()
     def forward(self, tiles: torch.Tensor, aspect: Sequence[tuple[int, int]]) -> torch.Tensor:

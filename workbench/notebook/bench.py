@@ -65,9 +65,23 @@ DEFAULT_MODES: tuple[str | None, ...] = (None, "bf16", "fp8_mixed", "int4_mixed"
 
 
 THROUGHPUT_COLUMNS = (
-    "mode", "prompt_len", "batch_size", "repeats", "generated_tokens", "total_s", "total_s_min", "total_s_max",
-    "tok_s", "tok_s_min", "tok_s_max", "prefill_tok_s", "decode_tok_s", "ttft_s", "latency_p50_s",
-    "latency_p90_s", "speedup_vs_batch1",
+    "mode",
+    "prompt_len",
+    "batch_size",
+    "repeats",
+    "generated_tokens",
+    "total_s",
+    "total_s_min",
+    "total_s_max",
+    "tok_s",
+    "tok_s_min",
+    "tok_s_max",
+    "prefill_tok_s",
+    "decode_tok_s",
+    "ttft_s",
+    "latency_p50_s",
+    "latency_p90_s",
+    "speedup_vs_batch1",
 )
 
 
@@ -89,14 +103,21 @@ def _random_prompts(engine: Any, lengths: Sequence[int], seed: int) -> list[list
 def fixed_length_run(engine: Any, prompts: list[list[int]], max_tokens: int) -> list[Any]:
     """Greedy generation of exactly ``max_tokens`` tokens for every prompt (stop tokens are kept as ordinary
     tokens): the same work whatever the model writes — what a timing must compare."""
-    params = dataclasses.replace(SamplingParams.create(max_tokens=max_tokens, temperature=0.0),
-                                 ignore_stop_tokens=True)
+    params = dataclasses.replace(SamplingParams.create(max_tokens=max_tokens, temperature=0.0), ignore_stop_tokens=True)
     return engine.generate_tokens(prompts, params, progress=False)
 
 
-def throughput(engine: Engine, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_lens: Sequence[int] = (32,),
-               max_tokens: int = 32, repeats: int = 3, warmup: int = 1, modes: Sequence[str | None] | None = None,
-               progress: bool | None = None) -> pd.DataFrame:
+def throughput(
+    engine: Engine,
+    *,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    prompt_lens: Sequence[int] = (32,),
+    max_tokens: int = 32,
+    repeats: int = 3,
+    warmup: int = 1,
+    modes: Sequence[str | None] | None = None,
+    progress: bool | None = None,
+) -> pd.DataFrame:
     """Tokens per second of batched generation for every (mode, prompt length, batch size): one row each.
 
     Each cell is measured after ``warmup`` untimed calls, ``repeats`` times (medians, with min/max as the
@@ -136,21 +157,33 @@ def throughput(engine: Engine, *, batch_sizes: Sequence[int] = (1, 2, 4, 8), pro
                 for _ in range(repeats):
                     seconds, _ = _timed(engine, _random_prompts(engine, [prompt_len] * batch, next(fresh)), 1)
                     firsts.append(seconds)
-                    seconds, tokens = _timed(engine, _random_prompts(engine, [prompt_len] * batch, next(fresh)),
-                                             max_tokens)
+                    seconds, tokens = _timed(
+                        engine, _random_prompts(engine, [prompt_len] * batch, next(fresh)), max_tokens
+                    )
                     totals.append(seconds)
                     generated.append(tokens)
                 total, first, tokens = float(np.median(totals)), float(np.median(firsts)), int(np.median(generated))
                 rates = [g / t for g, t in zip(generated, totals)]
-                rows.append({
-                    "mode": mode or "none", "prompt_len": prompt_len, "batch_size": batch, "repeats": repeats,
-                    "generated_tokens": tokens, "total_s": total, "total_s_min": min(totals),
-                    "total_s_max": max(totals), "tok_s": float(np.median(rates)), "tok_s_min": min(rates),
-                    "tok_s_max": max(rates), "prefill_tok_s": batch * prompt_len / first, "ttft_s": first,
-                    "decode_tok_s": _decode_rate(tokens, batch, total, first),
-                    "latency_p50_s": float(np.percentile(totals, 50)),
-                    "latency_p90_s": float(np.percentile(totals, 90)),
-                })
+                rows.append(
+                    {
+                        "mode": mode or "none",
+                        "prompt_len": prompt_len,
+                        "batch_size": batch,
+                        "repeats": repeats,
+                        "generated_tokens": tokens,
+                        "total_s": total,
+                        "total_s_min": min(totals),
+                        "total_s_max": max(totals),
+                        "tok_s": float(np.median(rates)),
+                        "tok_s_min": min(rates),
+                        "tok_s_max": max(rates),
+                        "prefill_tok_s": batch * prompt_len / first,
+                        "ttft_s": first,
+                        "decode_tok_s": _decode_rate(tokens, batch, total, first),
+                        "latency_p50_s": float(np.percentile(totals, 50)),
+                        "latency_p90_s": float(np.percentile(totals, 90)),
+                    }
+                )
                 bar.update(1)
     finally:
         if engine.settings.quantization != original:
@@ -173,9 +206,15 @@ def _decode_rate(tokens: int, rows: int, total_s: float, prefill_s: float) -> fl
     return max(tokens - rows, 0) / max(total_s - prefill_s, 1e-9)
 
 
-def quantization(engine_or_settings: Any, prompts: Sequence[str | Sequence[int]], *,
-                 modes: Sequence[str | None] = DEFAULT_MODES, max_tokens: int = 32,
-                 repeats: int = 1, progress: bool | None = None) -> pd.DataFrame:
+def quantization(
+    engine_or_settings: Any,
+    prompts: Sequence[str | Sequence[int]],
+    *,
+    modes: Sequence[str | None] = DEFAULT_MODES,
+    max_tokens: int = 32,
+    repeats: int = 1,
+    progress: bool | None = None,
+) -> pd.DataFrame:
     """One row per mode: memory, speed, and accuracy against the unquantized model (see module doc).
 
     ``engine_or_settings``: a loaded :class:`~workbench.engine.engine.Engine` (toggled through ``modes`` and
@@ -231,16 +270,23 @@ def memory_table(table: pd.DataFrame) -> MemoryTable:
         out[mode] = [stored_types(by_part.get(part, {})) for part in parts]
     sums = {"weights": {mode: human_bytes(n) for mode, n in zip(table.index, table["weights_bytes"])}}
     if "packed_bytes" in table.columns:
-        sums["output: CPU packed copy"] = {mode: f"float32 {human_bytes(n)}" if n else "-"
-                                           for mode, n in zip(table.index, table["packed_bytes"])}
+        sums["output: CPU packed copy"] = {
+            mode: f"float32 {human_bytes(n)}" if n else "-" for mode, n in zip(table.index, table["packed_bytes"])
+        }
         sums["total"] = {mode: human_bytes(n) for mode, n in zip(table.index, table["resident_bytes"])}
     else:
         sums["total"] = sums.pop("weights")
     return MemoryTable(pd.concat([out, pd.DataFrame(list(sums.values()), index=pd.Index(list(sums), name="part"))]))
 
 
-def _measure(engine: Engine, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
-             repeats: int, progress: bool | None = None) -> pd.DataFrame:
+def _measure(
+    engine: Engine,
+    prompts: Sequence[str | Sequence[int]],
+    modes: list[str | None],
+    max_tokens: int,
+    repeats: int,
+    progress: bool | None = None,
+) -> pd.DataFrame:
     with progress_bar(len(modes), desc="quantization modes", unit="mode", progress=progress) as bar:
         return _measure_modes(engine, prompts, modes, max_tokens, repeats, bar)
 
@@ -251,8 +297,14 @@ def _reply_logprobs(engine: Engine, sequences: list[list[int]], starts: list[int
     return [torch.log_softmax(engine.logits([seq])[0][start:], dim=-1) for seq, start in zip(sequences, starts)]
 
 
-def _measure_modes(engine: Engine, prompts: Sequence[str | Sequence[int]], modes: list[str | None], max_tokens: int,
-                   repeats: int, bar: Any) -> pd.DataFrame:
+def _measure_modes(
+    engine: Engine,
+    prompts: Sequence[str | Sequence[int]],
+    modes: list[str | None],
+    max_tokens: int,
+    repeats: int,
+    bar: Any,
+) -> pd.DataFrame:
     encoded = [engine.tokenizer.encode(p, bos=True) if isinstance(p, str) else list(p) for p in prompts]
     engine.set_quantization(None, progress=False)
     ref_runs = engine.batch_completion(encoded, max_tokens=max_tokens, temperature=0.0, progress=False)
@@ -291,38 +343,43 @@ def _measure_modes(engine: Engine, prompts: Sequence[str | Sequence[int]], modes
         same = sum(m == len(r.tokens) and _ends_alike(r, q, engine) for m, r, q in zip(matched, ref_runs, runs))
         low, high = wilson_interval(same, len(encoded))
         packed = memory.get("packed_bytes", 0)
-        rows.append({
-            "mode": mode or "none",
-            "weights_bytes": memory["weights_bytes"],
-            "weights_ratio": memory["weights_bytes"] / baseline_bytes,
-            "packed_bytes": packed,
-            "resident_bytes": memory["weights_bytes"] + packed,
-            "resident_ratio": (memory["weights_bytes"] + packed) / baseline_resident,
-            "quantized_bytes": memory.get("quantized_bytes", 0),
-            "scale_bytes": memory.get("scale_bytes", 0),
-            "quantized_vs_bf16": ((memory.get("quantized_bytes", 0) + memory.get("scale_bytes", 0))
-                                  / memory["quantized_bf16_bytes"]) if memory.get("quantized_bf16_bytes") else None,
-            "kernels": ",".join(sorted(memory.get("by_kernel", {}))) or "-",
-            "by_part": memory.get("by_part", {}),
-            "load_s": load_s,
-            "prompt_tokens": prompt_tokens,
-            "generated_tokens": generated,
-            "repeats": repeats,
-            "prefill_tok_s": prompt_tokens / prefill_s,
-            "prefill_tok_s_min": prompt_tokens / max(prefills),
-            "prefill_tok_s_max": prompt_tokens / min(prefills),
-            "decode_tok_s": float(np.median(decodes)),
-            "decode_tok_s_min": min(decodes),
-            "decode_tok_s_max": max(decodes),
-            "positions": positions,
-            "top1_agreement": agree / positions,
-            "mean_kl": kl_sum / positions,
-            "greedy_match": sum(matched) / max(sum(len(r.tokens) for r in ref_runs), 1),
-            "rows": len(encoded),
-            "same_reply": same / len(encoded),
-            "same_reply_low": low,
-            "same_reply_high": high,
-        })
+        rows.append(
+            {
+                "mode": mode or "none",
+                "weights_bytes": memory["weights_bytes"],
+                "weights_ratio": memory["weights_bytes"] / baseline_bytes,
+                "packed_bytes": packed,
+                "resident_bytes": memory["weights_bytes"] + packed,
+                "resident_ratio": (memory["weights_bytes"] + packed) / baseline_resident,
+                "quantized_bytes": memory.get("quantized_bytes", 0),
+                "scale_bytes": memory.get("scale_bytes", 0),
+                "quantized_vs_bf16": (
+                    (memory.get("quantized_bytes", 0) + memory.get("scale_bytes", 0)) / memory["quantized_bf16_bytes"]
+                )
+                if memory.get("quantized_bf16_bytes")
+                else None,
+                "kernels": ",".join(sorted(memory.get("by_kernel", {}))) or "-",
+                "by_part": memory.get("by_part", {}),
+                "load_s": load_s,
+                "prompt_tokens": prompt_tokens,
+                "generated_tokens": generated,
+                "repeats": repeats,
+                "prefill_tok_s": prompt_tokens / prefill_s,
+                "prefill_tok_s_min": prompt_tokens / max(prefills),
+                "prefill_tok_s_max": prompt_tokens / min(prefills),
+                "decode_tok_s": float(np.median(decodes)),
+                "decode_tok_s_min": min(decodes),
+                "decode_tok_s_max": max(decodes),
+                "positions": positions,
+                "top1_agreement": agree / positions,
+                "mean_kl": kl_sum / positions,
+                "greedy_match": sum(matched) / max(sum(len(r.tokens) for r in ref_runs), 1),
+                "rows": len(encoded),
+                "same_reply": same / len(encoded),
+                "same_reply_low": low,
+                "same_reply_high": high,
+            }
+        )
         bar.update(1)
     return pd.DataFrame(rows).set_index("mode")
 

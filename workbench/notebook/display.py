@@ -84,15 +84,19 @@ def completion_html(result: Completion | ChatCompletion, title: str = "Completio
         mean = sum(lp.logprob for lp in result.logprobs) / len(result.logprobs)
         meta.append(badge(f"mean logprob {mean:.2f}"))
         body = f'<div style="{_PRE}">{logprob_tokens_html(result.logprobs)}</div>'
-        body += '<div style="color:#888;font-size:11px">shading: probability of each token (hover for the top ' \
-                "alternatives)</div>"
+        body += (
+            '<div style="color:#888;font-size:11px">shading: probability of each token (hover for the top '
+            "alternatives)</div>"
+        )
     else:
         text = result.text if isinstance(result, Completion) else None
         body = f'<div style="{_PRE}">{text_with_specials(text)}</div>' if text is not None else ""
     if isinstance(result, ChatCompletion):
         body = messages_html([result.message]) + (body if result.logprobs else "")
-    return (f'<div style="{_BOX}border:1px solid #ddd;border-radius:6px;padding:6px 8px;max-width:100%">'
-            f"<b>{esc(title)}</b> {''.join(meta)}{body}</div>")
+    return (
+        f'<div style="{_BOX}border:1px solid #ddd;border-radius:6px;padding:6px 8px;max-width:100%">'
+        f"<b>{esc(title)}</b> {''.join(meta)}{body}</div>"
+    )
 
 
 def _call_json(call: ToolCall) -> str:
@@ -110,8 +114,7 @@ def tool_call_html(call: ToolCall, number: int) -> str:
     )
 
 
-def message_html(message: Message, calls: dict[str, tuple[int, ToolCall]] | None = None,
-                 extra: str = "") -> str:
+def message_html(message: Message, calls: dict[str, tuple[int, ToolCall]] | None = None, extra: str = "") -> str:
     """One message as a role-styled card; tool results name the call (number, tool) they answer."""
     calls = {} if calls is None else calls
     role = message.role
@@ -127,14 +130,18 @@ def message_html(message: Message, calls: dict[str, tuple[int, ToolCall]] | None
     if message.stop_reason:
         head += " " + badge(message.stop_reason)
     body = f'<div style="{_PRE}">{text_with_specials(content)}</div>' if content else ""
-    cards = "".join(tool_call_html(c, calls[c.call_id][0]) if c.call_id in calls else tool_call_html(c, 0)
-                    for c in message.tool_calls)
+    cards = "".join(
+        tool_call_html(c, calls[c.call_id][0]) if c.call_id in calls else tool_call_html(c, 0)
+        for c in message.tool_calls
+    )
     error = ""
     if message.parse_error:
         error = f'<div style="color:#c62828">could not parse a tool call: {esc(message.parse_error)}</div>'
     # wb-msg / wb-msg-<role> / wb-call: stable hooks for styling and for the real-browser test
-    return (f'<div class="wb-msg wb-msg-{esc(role)}" style="border-left:3px solid {accent};background:{background};'
-            f'padding:4px 8px;margin:4px 0;border-radius:4px">{head}{body}{cards}{error}{extra}</div>')
+    return (
+        f'<div class="wb-msg wb-msg-{esc(role)}" style="border-left:3px solid {accent};background:{background};'
+        f'padding:4px 8px;margin:4px 0;border-radius:4px">{head}{body}{cards}{error}{extra}</div>'
+    )
 
 
 def transcript_html(transcript: Any) -> str:
@@ -143,8 +150,10 @@ def transcript_html(transcript: Any) -> str:
     footer = ""
     if ended:
         color = "#388e3c" if ended == "answered" else "#c62828"
-        footer = (f'<div style="{_BOX}color:#777;font-size:12px">ended: {badge(ended, "#fff", color)}'
-                  f" · {getattr(transcript, 'generated_tokens', 0)} generated tokens</div>")
+        footer = (
+            f'<div style="{_BOX}color:#777;font-size:12px">ended: {badge(ended, "#fff", color)}'
+            f" · {getattr(transcript, 'generated_tokens', 0)} generated tokens</div>"
+        )
     return messages_html(transcript) + footer
 
 
@@ -164,8 +173,11 @@ def messages_html(messages: Sequence[Any], extras: dict[int, str] | None = None)
     msgs = coerce_messages(list(messages))
     calls = number_calls(msgs)
     extras = extras or {}
-    return f'<div style="{_BOX}">' + "".join(message_html(m, calls, extras.get(i, ""))
-                                              for i, m in enumerate(msgs)) + "</div>"
+    return (
+        f'<div style="{_BOX}">'
+        + "".join(message_html(m, calls, extras.get(i, "")) for i, m in enumerate(msgs))
+        + "</div>"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- engine
@@ -176,8 +188,10 @@ def engine_html(engine: Engine) -> str:
     fmt = engine.formatter
     rows = [
         ("model", model_label(engine)),
-        ("family / prompt format", f"{info['family']} · tools: {fmt.model.tool_style or 'none'}, "
-                                   f"calls as {fmt.default_tool_prompt_format}"),
+        (
+            "family / prompt format",
+            f"{info['family']} · tools: {fmt.model.tool_style or 'none'}, calls as {fmt.default_tool_prompt_format}",
+        ),
         ("parameters", human_count(info["parameters"])),
         ("dtype · device", f"{info['dtype']} · {info['device']} · model-parallel {info['model_parallel_size']}"),
         ("quantization", info["quantization"] or "none"),
@@ -186,10 +200,15 @@ def engine_html(engine: Engine) -> str:
         ("checkpoint", short_path(info["checkpoint"])),
         ("run store", short_path(info["run_store"])),
     ]
-    cells = "".join(f'<tr><td style="color:#777;padding:0 10px 0 0;text-align:left">{esc(k)}</td>'
-                    f'<td style="text-align:left">{esc(v)}</td></tr>' for k, v in rows)
-    return (f'<div style="{_BOX}border:1px solid #ddd;border-radius:6px;padding:6px 10px;display:inline-block">'
-            f"<b>workbench Engine</b><table style=\"border-collapse:collapse\">{cells}</table></div>")
+    cells = "".join(
+        f'<tr><td style="color:#777;padding:0 10px 0 0;text-align:left">{esc(k)}</td>'
+        f'<td style="text-align:left">{esc(v)}</td></tr>'
+        for k, v in rows
+    )
+    return (
+        f'<div style="{_BOX}border:1px solid #ddd;border-radius:6px;padding:6px 10px;display:inline-block">'
+        f'<b>workbench Engine</b><table style="border-collapse:collapse">{cells}</table></div>'
+    )
 
 
 # ---------------------------------------------------------------------------------------------- frames
@@ -215,15 +234,27 @@ def to_frame(items: Any) -> Any:
         return pd.DataFrame()
     first = items[0]
     if isinstance(first, TokenLogprob):
-        return pd.DataFrame([{
-            "token": lp.token, "text": lp.text, "logprob": lp.logprob, "prob": math.exp(lp.logprob),
-            "top": {k: round(v, 4) for k, v in lp.top_logprobs.items()},
-        } for lp in items])
+        return pd.DataFrame(
+            [
+                {
+                    "token": lp.token,
+                    "text": lp.text,
+                    "logprob": lp.logprob,
+                    "prob": math.exp(lp.logprob),
+                    "top": {k: round(v, 4) for k, v in lp.top_logprobs.items()},
+                }
+                for lp in items
+            ]
+        )
     if isinstance(first, (Completion, ChatCompletion)):
         rows = []
         for r in items:
-            row = {"text": r.text, "stop_reason": r.stop_reason, "tokens": len(r.tokens),
-                   "prompt_tokens": r.prompt_tokens}
+            row = {
+                "text": r.text,
+                "stop_reason": r.stop_reason,
+                "tokens": len(r.tokens),
+                "prompt_tokens": r.prompt_tokens,
+            }
             if isinstance(r, ChatCompletion):
                 row["tool_calls"] = [f"{c.tool_name}({_call_json(c)})" for c in r.message.tool_calls]
             if r.logprobs:
@@ -240,21 +271,24 @@ def to_frame(items: Any) -> Any:
 def _messages_frame(dialogs: Sequence[Sequence[Any]]) -> Any:
     import pandas as pd
 
-
     rows = []
     for d, dialog in enumerate(dialogs):
         msgs = coerce_messages(list(dialog))
         calls = number_calls(msgs)
         for turn, m in enumerate(msgs):
             answers = calls.get(m.call_id) if m.role == "tool" else None
-            rows.append({
-                "dialog": d, "turn": turn, "role": m.role,
-                "content": m.content if isinstance(m.content, str) else str(m.content),
-                "tool_calls": [f"{c.tool_name}({_call_json(c)})" for c in m.tool_calls],
-                "answers_call": f"{answers[1].tool_name} #{answers[0]}" if answers else None,
-                "stop_reason": m.stop_reason,
-                "dialog_ended": getattr(dialog, "stop_reason", None),
-            })
+            rows.append(
+                {
+                    "dialog": d,
+                    "turn": turn,
+                    "role": m.role,
+                    "content": m.content if isinstance(m.content, str) else str(m.content),
+                    "tool_calls": [f"{c.tool_name}({_call_json(c)})" for c in m.tool_calls],
+                    "answers_call": f"{answers[1].tool_name} #{answers[0]}" if answers else None,
+                    "stop_reason": m.stop_reason,
+                    "dialog_ended": getattr(dialog, "stop_reason", None),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -289,8 +323,11 @@ class PromptView:
     def _token_span(self, token: int) -> str:
         text = self.tokenizer.decode([token])
         special = self.tokenizer.is_special(token)
-        style = ("color:#fff;background:#7e57c2;border-radius:3px;padding:0 2px" if special
-                 else "border-bottom:1px dotted #bbb")
+        style = (
+            "color:#fff;background:#7e57c2;border-radius:3px;padding:0 2px"
+            if special
+            else "border-bottom:1px dotted #bbb"
+        )
         return f'<span title="{token}" style="{style}">{esc(text)}</span>'
 
     def _repr_html_(self) -> str:
@@ -299,20 +336,32 @@ class PromptView:
             role = label.split()[0]
             _, accent = ROLE_COLORS.get(role, ("#fff", "#999"))
             tokens = "".join(self._token_span(t) for t in ids)
-            rows.append(f'<div style="border-left:3px solid {accent};padding:2px 6px;margin:3px 0">'
-                        f"{badge(label, '#fff', accent)}{badge(f'{len(ids)} tokens')}"
-                        f'<div style="{_PRE}">{tokens}</div></div>')
-        grid = "".join(f'<span style="display:inline-block;border:1px solid #ddd;margin:1px;padding:0 3px;'
-                       f'font-size:11px"><span style="color:#999">{t}</span> {esc(self.tokenizer.decode([t]))}</span>'
-                       for t in self.ids)
-        return (f'<div style="{_BOX}"><b>Prompt</b> {badge(f"{len(self.ids)} tokens")} {badge(self.model)}'
-                f'<div style="color:#888;font-size:11px">special tokens in purple; hover a token for its id</div>'
-                f"{''.join(rows)}<details><summary>token by token</summary>"
-                f'<div style="font-family:var(--jp-code-font-family,monospace)">{grid}</div></details></div>')
+            rows.append(
+                f'<div style="border-left:3px solid {accent};padding:2px 6px;margin:3px 0">'
+                f"{badge(label, '#fff', accent)}{badge(f'{len(ids)} tokens')}"
+                f'<div style="{_PRE}">{tokens}</div></div>'
+            )
+        grid = "".join(
+            f'<span style="display:inline-block;border:1px solid #ddd;margin:1px;padding:0 3px;'
+            f'font-size:11px"><span style="color:#999">{t}</span> {esc(self.tokenizer.decode([t]))}</span>'
+            for t in self.ids
+        )
+        return (
+            f'<div style="{_BOX}"><b>Prompt</b> {badge(f"{len(self.ids)} tokens")} {badge(self.model)}'
+            f'<div style="color:#888;font-size:11px">special tokens in purple; hover a token for its id</div>'
+            f"{''.join(rows)}<details><summary>token by token</summary>"
+            f'<div style="font-family:var(--jp-code-font-family,monospace)">{grid}</div></details></div>'
+        )
 
 
-def prompt_view(formatter: Any, messages: Any, tools: Any = None, tool_choice: Any = "auto",
-                tool_prompt_format: Any = None, model: str | None = None) -> PromptView:
+def prompt_view(
+    formatter: Any,
+    messages: Any,
+    tools: Any = None,
+    tool_choice: Any = "auto",
+    tool_prompt_format: Any = None,
+    model: str | None = None,
+) -> PromptView:
     """Split a dialog's exact prompt into its messages (the same ids as ``formatter.encode_dialog``)."""
     sent, fmt = formatter.prepare_dialog(messages, tools, tool_choice, tool_prompt_format)
     chat = formatter.chat
@@ -324,8 +373,15 @@ def prompt_view(formatter: Any, messages: Any, tools: Any = None, tool_choice: A
     return view
 
 
-def show_prompt(messages: Any, tools: Any = None, *, engine: Engine | None = None, model: str | None = None,
-                tool_choice: Any = "auto", tool_prompt_format: Any = None) -> PromptView:
+def show_prompt(
+    messages: Any,
+    tools: Any = None,
+    *,
+    engine: Engine | None = None,
+    model: str | None = None,
+    tool_choice: Any = "auto",
+    tool_prompt_format: Any = None,
+) -> PromptView:
     """The exact prompt a dialog becomes, as HTML: special tokens highlighted, token counts per message,
     and a token-by-token view (displays itself; ``.ids`` and ``.text`` hold the raw prompt).
 
@@ -335,14 +391,16 @@ def show_prompt(messages: Any, tools: Any = None, *, engine: Engine | None = Non
     """
 
     if engine is None and model is None:
-
         engine = current()
         if engine is None:
-            raise InputError("show_prompt needs a model: pass engine=... or model='Llama3.2-3B-Instruct' "
-                             "(a model id works without loading anything)")
+            raise InputError(
+                "show_prompt needs a model: pass engine=... or model='Llama3.2-3B-Instruct' "
+                "(a model id works without loading anything)"
+            )
     if engine is not None and model is None:
-        return prompt_view(engine.formatter, messages, tools, tool_choice, tool_prompt_format,
-                           model=model_label(engine))
+        return prompt_view(
+            engine.formatter, messages, tools, tool_choice, tool_prompt_format, model=model_label(engine)
+        )
 
     info = resolve_model(model)
     tokenizer = Tokenizer.for_checkpoint(None, info.chat_family)

@@ -16,8 +16,10 @@ from workbench.errors import MissingExtraError
 EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "lab": (("ipykernel", "matplotlib", "pandas", "ipywidgets"), 'pip install -e ".[lab]"'),
     "cluster": (("ray",), 'pip install -e ".[cluster]"'),
-    "evals": (("lm_eval", "inspect_ai", "bfcl_eval", "filelock"),
-              'pip install -e ".[evals]" && pip install --no-deps "bfcl-eval==2026.3.23"'),
+    "evals": (
+        ("lm_eval", "inspect_ai", "bfcl_eval", "filelock"),
+        'pip install -e ".[evals]" && pip install --no-deps "bfcl-eval==2026.3.23"',
+    ),
 }
 
 

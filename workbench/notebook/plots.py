@@ -35,8 +35,11 @@ def _series(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame, dict[str, Any]
         key = key if isinstance(key, tuple) else (key,)
         label = ", ".join(f"prompt {v} tokens" if k == "prompt_len" else str(v) for k, v in zip(keys, key))
         length = key[1] if len(key) > 1 else lengths[0]
-        style = {"color": f"C{modes.index(key[0])}", "ls": ("-", "--", ":", "-.")[lengths.index(length) % 4],
-                 "marker": "os^D"[lengths.index(length) % 4]}
+        style = {
+            "color": f"C{modes.index(key[0])}",
+            "ls": ("-", "--", ":", "-.")[lengths.index(length) % 4],
+            "marker": "os^D"[lengths.index(length) % 4],
+        }
         out.append((label, group.sort_values("batch_size"), style))
     return out
 
@@ -45,8 +48,17 @@ def _legend_below(fig: Figure, ax: Any, title: str | None = None, ncols: int = 3
     """One axes' legend under it, never on the data."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        ax.legend(handles, labels, title=title, fontsize=8, title_fontsize=8, loc="upper center",
-                  bbox_to_anchor=(0.5, -0.2), ncols=min(ncols, len(labels)), frameon=False)
+        ax.legend(
+            handles,
+            labels,
+            title=title,
+            fontsize=8,
+            title_fontsize=8,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.2),
+            ncols=min(ncols, len(labels)),
+            frameon=False,
+        )
 
 
 def _batch_axis(ax: Any, frame: pd.DataFrame) -> None:
@@ -61,8 +73,16 @@ def _batch_axis(ax: Any, frame: pd.DataFrame) -> None:
 def _figure_legend(fig: Figure, ax: Any, title: str) -> None:
     """One legend for the whole figure, under the axes (never on the data)."""
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, title=title, loc="lower center", ncols=min(4, len(labels)), fontsize=8,
-               title_fontsize=8, frameon=False)
+    fig.legend(
+        handles,
+        labels,
+        title=title,
+        loc="lower center",
+        ncols=min(4, len(labels)),
+        fontsize=8,
+        title_fontsize=8,
+        frameon=False,
+    )
 
 
 def _tokens_per_row(frame: pd.DataFrame) -> str:
@@ -103,8 +123,10 @@ def latency(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figure:
     call, first = fig.subplots(1, 2)
     for label, group, style in _series(frame):
         x = group["batch_size"]
-        spread = [(group["total_s"] - group["total_s_min"]).clip(lower=0),
-                  (group["total_s_max"] - group["total_s"]).clip(lower=0)]
+        spread = [
+            (group["total_s"] - group["total_s_min"]).clip(lower=0),
+            (group["total_s_max"] - group["total_s"]).clip(lower=0),
+        ]
         call.errorbar(x, group["total_s"], yerr=spread, capsize=3, label=label, **style)
         first.plot(x, group["ttft_s"], label=label, **style)
     for ax in (call, first):
@@ -158,8 +180,11 @@ def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figu
     types = sorted(_stored_types(frame).items(), key=lambda kv: (kv[0] == PACKED_LABEL, -sum(kv[1])))
     for color, (label, values) in enumerate(types):
         visible = max(values) >= 0.01 * max(totals)  # a segment under 1% of the axis is a hairline
-        style = {"hatch": "//", "color": "#cfd8dc", "edgecolor": "#607d8b"} if label == PACKED_LABEL else \
-            {"color": f"C{color}"}
+        style = (
+            {"hatch": "//", "color": "#cfd8dc", "edgecolor": "#607d8b"}
+            if label == PACKED_LABEL
+            else {"color": f"C{color}"}
+        )
         axes[0].bar(xs, values, bottom=bottom, label=label if visible else "_hidden", **style)
         bottom = [b + v for b, v in zip(bottom, values)]
         if not visible:
@@ -174,14 +199,19 @@ def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figu
     axes[0].set_ylabel("weights in memory (MiB)")
     axes[0].set_title("memory")
     width = 0.4
-    for offset, column, label in ((-width / 2, "prefill_tok_s", "prefill (prompt tokens/s)"),
-                                  (width / 2, "decode_tok_s", "decode (generated tokens/s)")):
+    for offset, column, label in (
+        (-width / 2, "prefill_tok_s", "prefill (prompt tokens/s)"),
+        (width / 2, "decode_tok_s", "decode (generated tokens/s)"),
+    ):
         base = float(frame[column].iloc[0])
         values = frame[column] / base
-        errors = [(values - frame[f"{column}_min"] / base).clip(lower=0),
-                  (frame[f"{column}_max"] / base - values).clip(lower=0)]
-        bars = axes[1].bar([x + offset for x in xs], values, width, yerr=errors, capsize=3, label=label,
-                           color=SPEED_COLORS[column])
+        errors = [
+            (values - frame[f"{column}_min"] / base).clip(lower=0),
+            (frame[f"{column}_max"] / base - values).clip(lower=0),
+        ]
+        bars = axes[1].bar(
+            [x + offset for x in xs], values, width, yerr=errors, capsize=3, label=label, color=SPEED_COLORS[column]
+        )
         axes[1].bar_label(bars, labels=[f"{v:.0f}" for v in frame[column]], fontsize=8, padding=3)
     top = 1.0
     for column in ("prefill_tok_s", "decode_tok_s"):
@@ -194,8 +224,10 @@ def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figu
     values = frame["same_reply"].astype(float)
     errors = [(values - frame["same_reply_low"]).clip(lower=0), (frame["same_reply_high"] - values).clip(lower=0)]
     bars = axes[2].bar(xs, values, yerr=errors, capsize=3, color="#90a4ae")
-    labels = [f"{int(round(v * n))}/{int(n)}\ntop-1 {t:.3f}\nKL {k:.0e}" for v, n, t, k in
-              zip(values, frame["rows"], frame["top1_agreement"], frame["mean_kl"])]
+    labels = [
+        f"{int(round(v * n))}/{int(n)}\ntop-1 {t:.3f}\nKL {k:.0e}"
+        for v, n, t, k in zip(values, frame["rows"], frame["top1_agreement"], frame["mean_kl"])
+    ]
     axes[2].bar_label(bars, labels=labels, fontsize=8, padding=3)
     axes[2].set_ylabel(f"same greedy reply as {modes[0]} (95% Wilson)")
     axes[2].set_ylim(0, 1.45)
@@ -205,9 +237,12 @@ def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figu
         ax.set_xticks(xs, modes, rotation=20)
         ax.grid(axis="y", alpha=0.3)
     first = frame.iloc[0]
-    fig.suptitle(f"{int(first['rows'])} prompts, {int(first['generated_tokens']) // int(first['rows'])} generated "
-                 f"tokens each; agreement over {int(first['positions'])} reply positions; speeds over "
-                 f"{int(first['repeats'])} runs", fontsize=10)
+    fig.suptitle(
+        f"{int(first['rows'])} prompts, {int(first['generated_tokens']) // int(first['rows'])} generated "
+        f"tokens each; agreement over {int(first['positions'])} reply positions; speeds over "
+        f"{int(first['repeats'])} runs",
+        fontsize=10,
+    )
     return _finish(fig, save)
 
 
@@ -218,8 +253,13 @@ def show(fig: Figure) -> Any:
     return display(fig)
 
 
-def peers(results: dict[str, dict[str, Any]], *, baseline: str = "workbench", save: str | Path | None = None,
-          title: str | None = None) -> Figure:
+def peers(
+    results: dict[str, dict[str, Any]],
+    *,
+    baseline: str = "workbench",
+    save: str | Path | None = None,
+    title: str | None = None,
+) -> Figure:
     """Tokens/s of each contender on the same prompts (the results of ``bench/peers.py``'s ``measure``:
     name -> {"tok_s", "seconds", ...}), with the ``baseline``'s speed-up over each peer written on its bar."""
     names = list(results)
@@ -233,8 +273,7 @@ def peers(results: dict[str, dict[str, Any]], *, baseline: str = "workbench", sa
         label = f"{rate:.0f} tok/s"
         if name != baseline and base is not None:
             label += f"\n{baseline} {base / rate:.1f}×"
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                    fontsize=9)
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("generated tokens / s")
     ax.set_ylim(0, max(rates) * 1.3)
     ax.set_title(title or "the same prompts and weights, greedy")

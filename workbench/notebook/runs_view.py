@@ -45,15 +45,17 @@ def _cut(value: Any, limit: int = CELL_CHARS) -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return ""
     text = " ".join(str(value).split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def grid_frame(compared: pd.DataFrame) -> pd.DataFrame:
     """The grid's rows from an ordered compare frame: status, item, each score in both runs, both outputs cut
     to :data:`CELL_CHARS` (what the browser receives)."""
     scores = score_names(compared)
-    columns: dict[str, list[Any]] = {"status": list(compared["status"]),
-                                     "item": [_cut(v, 60) for v in compared["item"]]}
+    columns: dict[str, list[Any]] = {
+        "status": list(compared["status"]),
+        "item": [_cut(v, 60) for v in compared["item"]],
+    }
     for score in scores:
         pairs = zip(compared[f"{score}_a"], compared[f"{score}_b"])
         columns[score] = [f"{_cut(a, 8)} → {_cut(b, 8)}" for a, b in pairs]
@@ -62,8 +64,9 @@ def grid_frame(compared: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
-def filter_items(compared: pd.DataFrame, *, changed_only: bool = False, regressed_only: bool = False,
-                 search: str = "") -> pd.DataFrame:
+def filter_items(
+    compared: pd.DataFrame, *, changed_only: bool = False, regressed_only: bool = False, search: str = ""
+) -> pd.DataFrame:
     """The rows of an ordered compare frame the filters keep; the search is case-insensitive over the item and
     both full outputs and tool calls."""
     keep = pd.Series(True, index=compared.index)
@@ -86,15 +89,23 @@ class RunsView:
     it.  For scripted use and tests: :meth:`select` picks runs and the baseline, :meth:`set_filters` filters
     the grid, :meth:`open_item` opens an item's transcripts; ``items`` is the grid's compare frame in order."""
 
-    def __init__(self, names: Sequence[str], *, baseline: str | None = None,
-                 store: str | Path | Store | None = None, page_rows: int = PAGE_ROWS) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        *,
+        baseline: str | None = None,
+        store: str | Path | Store | None = None,
+        page_rows: int = PAGE_ROWS,
+    ) -> None:
         self.store = open_store(store)
         known = self.store.run_names()
         names = list(dict.fromkeys(names)) or known[-2:]
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise InputError(f"no run named {unknown[0]!r} in the run store {str(self.store.path)!r} "
-                             f"(runs: {', '.join(known) or 'none'}); wb.runs.table() lists them")
+            raise InputError(
+                f"no run named {unknown[0]!r} in the run store {str(self.store.path)!r} "
+                f"(runs: {', '.join(known) or 'none'}); wb.runs.table() lists them"
+            )
         if not names:
             raise InputError(f"the run store {str(self.store.path)!r} holds no runs yet; store some with run=...")
         self.page_rows = page_rows
@@ -102,8 +113,9 @@ class RunsView:
         self.names = names
         self.items = pd.DataFrame()
         self.shown = pd.DataFrame()
-        self.pick = widgets.SelectMultiple(options=known, value=tuple(names), description="runs",
-                                           rows=min(6, max(2, len(known))))
+        self.pick = widgets.SelectMultiple(
+            options=known, value=tuple(names), description="runs", rows=min(6, max(2, len(known)))
+        )
         self.pick.add_class("wb-runs-pick")
         self.baseline = widgets.Dropdown(description="baseline")
         self.baseline.add_class("wb-runs-baseline")
@@ -122,13 +134,22 @@ class RunsView:
         self.grid.add_class("wb-runs-grid")
         self.detail = widgets.HTML("<p class='wb-muted'>click an item to see both transcripts</p>")
         self.detail.add_class("wb-runs-detail")
-        self.widget = widgets.VBox([
-            widgets.HTML(f"<style>{STYLE}</style>"),
-            widgets.HBox([self.pick, widgets.VBox([self.baseline, self.other])]),
-            self.runs_box, self.summary_box,
-            widgets.HBox([self.changed_only, self.regressed_only, self.search]), self.counts,
-            self.grid, self.detail,
-        ]).add_class("wb-runs-view").add_class("wb-runs")
+        self.widget = (
+            widgets.VBox(
+                [
+                    widgets.HTML(f"<style>{STYLE}</style>"),
+                    widgets.HBox([self.pick, widgets.VBox([self.baseline, self.other])]),
+                    self.runs_box,
+                    self.summary_box,
+                    widgets.HBox([self.changed_only, self.regressed_only, self.search]),
+                    self.counts,
+                    self.grid,
+                    self.detail,
+                ]
+            )
+            .add_class("wb-runs-view")
+            .add_class("wb-runs")
+        )
         self._choose(names, baseline or names[0])
         self.pick.observe(lambda change: self._choose(list(change["new"]), self.baseline.value), "value")
         self.baseline.observe(lambda change: self._choose(list(self.pick.value), change["new"]), "value")
@@ -138,9 +159,17 @@ class RunsView:
         self.grid.observe(lambda change: self._open_selected(change["new"]), "selected_rows")
 
     def _grid_options(self) -> dict[str, Any]:
-        return {"select": {"style": "single"}, "pageLength": self.page_rows, "lengthMenu": [self.page_rows, 50, 100],
-                "maxBytes": 0, "showIndex": False, "classes": "display compact", "order": [],
-                "autoWidth": False, "style": "table-layout:auto;width:100%;margin:0"}
+        return {
+            "select": {"style": "single"},
+            "pageLength": self.page_rows,
+            "lengthMenu": [self.page_rows, 50, 100],
+            "maxBytes": 0,
+            "showIndex": False,
+            "classes": "display compact",
+            "order": [],
+            "autoWidth": False,
+            "style": "table-layout:auto;width:100%;margin:0",
+        }
 
     # -------------------------------------------------------------------------------------------- state
     def _choose(self, names: list[str], baseline: str | None) -> None:
@@ -188,18 +217,26 @@ class RunsView:
         self._filter()
 
     def _filter(self) -> None:
-        self.shown = filter_items(self.items, changed_only=self.changed_only.value,
-                                  regressed_only=self.regressed_only.value, search=self.search.value)
-        self.grid.update(grid_frame(self.shown) if len(self.shown) else pd.DataFrame({"status": [], "item": []}),
-                         selected_rows=[], **self._grid_options())
+        self.shown = filter_items(
+            self.items,
+            changed_only=self.changed_only.value,
+            regressed_only=self.regressed_only.value,
+            search=self.search.value,
+        )
+        self.grid.update(
+            grid_frame(self.shown) if len(self.shown) else pd.DataFrame({"status": [], "item": []}),
+            selected_rows=[],
+            **self._grid_options(),
+        )
 
     def _open_selected(self, selected: list[int]) -> None:
         if selected and selected[0] < len(self.shown):
             self.open_item(self.shown["item"].iloc[selected[0]])
 
     # -------------------------------------------------------------------------------------------- actions
-    def select(self, names: Sequence[str] | None = None, *, baseline: str | None = None,
-               other: str | None = None) -> RunsView:
+    def select(
+        self, names: Sequence[str] | None = None, *, baseline: str | None = None, other: str | None = None
+    ) -> RunsView:
         """Pick the runs, the baseline and the run compared with it (as the controls do)."""
         if names is not None:
             self.pick.value = tuple(names)
@@ -209,8 +246,9 @@ class RunsView:
             self.other.value = other
         return self
 
-    def set_filters(self, *, changed_only: bool | None = None, regressed_only: bool | None = None,
-                    search: str | None = None) -> RunsView:
+    def set_filters(
+        self, *, changed_only: bool | None = None, regressed_only: bool | None = None, search: str | None = None
+    ) -> RunsView:
         if changed_only is not None:
             self.changed_only.value = changed_only
         if regressed_only is not None:
@@ -227,16 +265,19 @@ class RunsView:
         right = runs.transcript(other, item, store=self.store) if other is not None else []
         row = self.items[self.items["item"] == item] if len(self.items) else self.items
         status = row["status"].iloc[0] if len(row) else ""
-        self.detail.value = (f"<h3>{esc(item)} <span class='wb-change-{esc(status)}'>{esc(status)}</span></h3>"
-                             + side_by_side_html(baseline, transcript_text(left), other or "",
-                                                 transcript_text(right)))
+        self.detail.value = (
+            f"<h3>{esc(item)} <span class='wb-change-{esc(status)}'>{esc(status)}</span></h3>"
+            + side_by_side_html(baseline, transcript_text(left), other or "", transcript_text(right))
+        )
         return self.detail.value
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = f"runs view: {', '.join(self.names)} (baseline {self.baseline.value})"
-        bundle["text/html"] = (f"<style>{STYLE}</style><div class='wb-runs'>{self.runs_box.value}"
-                               f"{self.summary_box.value}{self.counts.value}</div>")
+        bundle["text/html"] = (
+            f"<style>{STYLE}</style><div class='wb-runs'>{self.runs_box.value}"
+            f"{self.summary_box.value}{self.counts.value}</div>"
+        )
         return bundle
 
 

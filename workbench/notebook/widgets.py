@@ -104,11 +104,20 @@ class ChatPlayground:
     that calls tools is followed by another).  Sampling defaults can be changed in the controls.
     """
 
-    def __init__(self, engine: Engine | None = None, tools: Sequence[Any] = (), *, system: str | None = None,
-                 max_turns: int = 4, tool_choice: str = "auto", max_tokens: int = 128, temperature: float = 0.0,
-                 top_p: float = 1.0, code_interpreter: bool | CodeInterpreter = False) -> None:
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        tools: Sequence[Any] = (),
+        *,
+        system: str | None = None,
+        max_turns: int = 4,
+        tool_choice: str = "auto",
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        code_interpreter: bool | CodeInterpreter = False,
+    ) -> None:
         if engine is None:
-
             engine = current()
             if engine is None:
                 raise WorkbenchError("ChatPlayground needs an engine: run engine = workbench.load(...) first")
@@ -134,52 +143,88 @@ class ChatPlayground:
         self.transcript = widgets.HTML(layout=widgets.Layout(width="100%"))
         self.transcript.add_class("wb-transcript")
         self.input = _prompt_box("Ask something… (Enter sends, Shift+Enter adds a line)")
-        self.send_button = widgets.Button(description="Send", button_style="primary", icon="paper-plane",
-                                          layout=widgets.Layout(width="90px"))
-        self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop", disabled=True,
-                                          layout=widgets.Layout(width="90px"))
+        self.send_button = widgets.Button(
+            description="Send", button_style="primary", icon="paper-plane", layout=widgets.Layout(width="90px")
+        )
+        self.stop_button = widgets.Button(
+            description="Stop", button_style="danger", icon="stop", disabled=True, layout=widgets.Layout(width="90px")
+        )
         self.clear_button = widgets.Button(description="Clear", icon="trash", layout=widgets.Layout(width="90px"))
         self.status = widgets.HTML("ready")
-        self.tools_select = widgets.SelectMultiple(options=names, value=tuple(names), rows=min(max(len(names), 1), 4),
-                                                   description="tools", style={"description_width": "initial"})
-        self.tool_choice = widgets.Dropdown(options=["auto", "required", "none", *names], value=tool_choice,
-                                            description="tool_choice", style={"description_width": "initial"},
-                                            layout=widgets.Layout(width="220px"))
+        self.tools_select = widgets.SelectMultiple(
+            options=names,
+            value=tuple(names),
+            rows=min(max(len(names), 1), 4),
+            description="tools",
+            style={"description_width": "initial"},
+        )
+        self.tool_choice = widgets.Dropdown(
+            options=["auto", "required", "none", *names],
+            value=tool_choice,
+            description="tool_choice",
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width="220px"),
+        )
         style = {"description_width": "initial"}
-        self.temperature = widgets.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05,
-                                               description="temperature", style=style)
+        self.temperature = widgets.FloatSlider(
+            value=temperature, min=0.0, max=2.0, step=0.05, description="temperature", style=style
+        )
         self.top_p = widgets.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description="top_p", style=style)
-        self.max_tokens = widgets.IntSlider(value=max_tokens, min=1, max=max(self.engine.max_seq_len - 1, 1),
-                                            description="max_tokens", style=style)
+        self.max_tokens = widgets.IntSlider(
+            value=max_tokens, min=1, max=max(self.engine.max_seq_len - 1, 1), description="max_tokens", style=style
+        )
         self.send_button.on_click(lambda _b: self.send(wait=False))
         self.stop_button.on_click(lambda _b: self.stop())
         self.clear_button.on_click(lambda _b: self.clear())
         if anywidget is not None:
             self.input.observe(lambda _change: self.send(wait=False), names="submits")
-        controls = widgets.HBox([self.tools_select, widgets.VBox([self.tool_choice, self.max_tokens]),
-                                 widgets.VBox([self.temperature, self.top_p])])
-        scroller = widgets.Box([self.transcript], layout=widgets.Layout(
-            max_height="420px", overflow="auto", display="flex", flex_flow="column-reverse",  # stays at the bottom
-            border="1px solid #ddd", padding="4px"))
+        controls = widgets.HBox(
+            [
+                self.tools_select,
+                widgets.VBox([self.tool_choice, self.max_tokens]),
+                widgets.VBox([self.temperature, self.top_p]),
+            ]
+        )
+        scroller = widgets.Box(
+            [self.transcript],
+            layout=widgets.Layout(
+                max_height="420px",
+                overflow="auto",
+                display="flex",
+                flex_flow="column-reverse",  # stays at the bottom
+                border="1px solid #ddd",
+                padding="4px",
+            ),
+        )
         buttons = widgets.HBox([self.send_button, self.stop_button, self.clear_button, self.status])
         self.controls = widgets.Accordion([controls], titles=("controls",))
         self.widget = widgets.VBox([self.header, scroller, self.input, buttons, self.controls])
         self.widget.add_class("wb-playground")
         # stable CSS hooks (styling, and the real-browser test finds the parts by them)
-        for part, name in ((self.input, "wb-prompt"), (self.send_button, "wb-send"), (self.stop_button, "wb-stop"),
-                           (self.clear_button, "wb-clear"), (self.status, "wb-status"), (self.controls, "wb-controls"),
-                           (self.tools_select, "wb-tools"), (self.tool_choice, "wb-tool-choice"),
-                           (self.temperature, "wb-temperature"), (self.top_p, "wb-top-p"),
-                           (self.max_tokens, "wb-max-tokens")):
+        for part, name in (
+            (self.input, "wb-prompt"),
+            (self.send_button, "wb-send"),
+            (self.stop_button, "wb-stop"),
+            (self.clear_button, "wb-clear"),
+            (self.status, "wb-status"),
+            (self.controls, "wb-controls"),
+            (self.tools_select, "wb-tools"),
+            (self.tool_choice, "wb-tool-choice"),
+            (self.temperature, "wb-temperature"),
+            (self.top_p, "wb-top-p"),
+            (self.max_tokens, "wb-max-tokens"),
+        ):
             part.add_class(name)
 
     def _header_html(self) -> str:
         engine = self.engine
         fmt = engine.formatter
         quant = engine.settings.quantization or "none"
-        return (f'<div style="font-size:13px"><b>Chat playground</b> · {display.esc(display.model_label(engine))} · '
-                f"prompt format {display.esc(engine.family)} (calls as {fmt.default_tool_prompt_format}) · "
-                f"quantization {display.esc(quant)} · max_seq_len {engine.max_seq_len}</div>")
+        return (
+            f'<div style="font-size:13px"><b>Chat playground</b> · {display.esc(display.model_label(engine))} · '
+            f"prompt format {display.esc(engine.family)} (calls as {fmt.default_tool_prompt_format}) · "
+            f"quantization {display.esc(quant)} · max_seq_len {engine.max_seq_len}</div>"
+        )
 
     # ------------------------------------------------------------------------------------------ actions
     def send(self, text: str | None = None, *, wait: bool = True) -> list[Message]:
@@ -227,8 +272,11 @@ class ChatPlayground:
 
     # ------------------------------------------------------------------------------------------ the turn
     def _sampling(self) -> dict[str, Any]:
-        return {"max_tokens": int(self.max_tokens.value), "temperature": float(self.temperature.value),
-                "top_p": float(self.top_p.value)}
+        return {
+            "max_tokens": int(self.max_tokens.value),
+            "temperature": float(self.temperature.value),
+            "top_p": float(self.top_p.value),
+        }
 
     def _tool_defs(self) -> list[Any]:
         chosen = set(self.tools_select.value)
@@ -273,8 +321,9 @@ class ChatPlayground:
             for round_ in range(self.max_turns):
                 if self._stop:
                     break
-                ids = self._prompt(tools, choice if round_ == 0 else ("auto" if choice != "none" else "none"),
-                                   sampling["max_tokens"])
+                ids = self._prompt(
+                    tools, choice if round_ == 0 else ("auto" if choice != "none" else "none"), sampling["max_tokens"]
+                )
                 reply = self._stream_reply(ids, tools, choice if round_ == 0 else "auto", sampling)
                 self.prompts[len(self.messages)] = ids
                 self.messages.append(reply.message)
@@ -311,15 +360,19 @@ class ChatPlayground:
         self._streaming = ""
         generated = 0
         reply: ChatCompletion | None = None
-        stream = self.engine.chat_completion(self._sent(), tools=tools or None, tool_choice=choice, stream=True,
-                                             **sampling)
+        stream = self.engine.chat_completion(
+            self._sent(), tools=tools or None, tool_choice=choice, stream=True, **sampling
+        )
         for item in stream:
             if self._stop:  # Stop landed before this call started: cancel it now
                 self.engine.cancel()
             if isinstance(item, ChatCompletion):
                 reply = item
-            elif isinstance(item, (TextDelta, ToolCallDelta)) and item.text and (
-                    not isinstance(item, ToolCallDelta) or item.parse_status == "in_progress"):
+            elif (
+                isinstance(item, (TextDelta, ToolCallDelta))
+                and item.text
+                and (not isinstance(item, ToolCallDelta) or item.parse_status == "in_progress")
+            ):
                 self._streaming += item.text
                 generated += 1
                 if not self._stop:  # "stopping…" stays up until the cancellation lands
@@ -343,26 +396,32 @@ class ChatPlayground:
         for index, ids in self.prompts.items():
             text = self.engine.tokenizer.decode(ids)
             body = display.text_with_specials(text)
-            extras[index] = (f'<details class="wb-prompt"><summary style="color:#777;font-size:11px;cursor:pointer">'
-                             f"prompt · {len(ids)} tokens</summary><div style=\"white-space:pre-wrap;"
-                             f'font-family:monospace;font-size:11px;background:#fafafa;padding:4px">{body}</div>'
-                             "</details>")
+            extras[index] = (
+                f'<details class="wb-prompt"><summary style="color:#777;font-size:11px;cursor:pointer">'
+                f'prompt · {len(ids)} tokens</summary><div style="white-space:pre-wrap;'
+                f'font-family:monospace;font-size:11px;background:#fafafa;padding:4px">{body}</div>'
+                "</details>"
+            )
         return extras
 
     def transcript_html(self) -> str:
         parts = []
         if self.first_sent > 0 and any(m.role != "system" for m in self.messages[: self.first_sent]):
             dropped = sum(m.role != "system" for m in self.messages[: self.first_sent])
-            parts.append(f'<div class="wb-trim-note" style="color:#8d6e63;font-size:12px;margin:2px 0">✂ {dropped} '
-                         f"older message(s) are no longer sent to the model, so the dialog fits "
-                         f"max_seq_len={self.engine.max_seq_len} (system prompt and tools kept)</div>")
+            parts.append(
+                f'<div class="wb-trim-note" style="color:#8d6e63;font-size:12px;margin:2px 0">✂ {dropped} '
+                f"older message(s) are no longer sent to the model, so the dialog fits "
+                f"max_seq_len={self.engine.max_seq_len} (system prompt and tools kept)</div>"
+            )
         extras = self._extras()
         parts.append(display.messages_html(self.messages, extras))
         if self._streaming is not None:
             parts.append(display.message_html(Message(role="assistant", content=self._streaming + "▌")))
         if self.error:
-            parts.append(f'<div class="wb-error" style="color:#c62828;border:1px solid #ef9a9a;padding:4px;'
-                         f'border-radius:4px">⚠ {display.esc(self.error)}</div>')
+            parts.append(
+                f'<div class="wb-error" style="color:#c62828;border:1px solid #ef9a9a;padding:4px;'
+                f'border-radius:4px">⚠ {display.esc(self.error)}</div>'
+            )
         if not self.messages and self._streaming is None and not self.error:
             parts.append('<div style="color:#999">No messages yet.</div>')
         return "".join(parts)
@@ -402,18 +461,23 @@ class QuantizationToggle:
 
     LABELS = {None: "none (full precision)", "bf16": "bf16", "fp8_mixed": "fp8_mixed", "int4_mixed": "int4_mixed"}
 
-    def __init__(self, engine: Engine | None = None,
-                 modes: Sequence[str | None] = (None, "bf16", "fp8_mixed", "int4_mixed"),
-                 on_change: Callable[[str | None], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        modes: Sequence[str | None] = (None, "bf16", "fp8_mixed", "int4_mixed"),
+        on_change: Callable[[str | None], None] | None = None,
+    ) -> None:
         if engine is None:
-
             engine = current()
         self.engine = engine
         self.on_change = on_change
-        self.dropdown = widgets.Dropdown(options=[(self.LABELS.get(m, str(m)), m) for m in modes],
-                                         value=engine.settings.quantization, description="quantization",
-                                         style={"description_width": "initial"},
-                                         layout=widgets.Layout(width="320px"))
+        self.dropdown = widgets.Dropdown(
+            options=[(self.LABELS.get(m, str(m)), m) for m in modes],
+            value=engine.settings.quantization,
+            description="quantization",
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width="320px"),
+        )
         self.status = widgets.HTML(self._summary())
         self.widget = widgets.HBox([self.dropdown, self.status])
         self._reverting = False
@@ -444,9 +508,11 @@ class QuantizationToggle:
                 self.dropdown.value = old
             finally:
                 self._reverting = False
-            self.status.value = (f'<span style="color:#c62828">could not switch to {display.esc(new)}: '
-                                 f"{display.esc(type(exc).__name__)}: {display.esc(exc)}</span> — still "
-                                 f"{display.esc(old or 'none')}")
+            self.status.value = (
+                f'<span style="color:#c62828">could not switch to {display.esc(new)}: '
+                f"{display.esc(type(exc).__name__)}: {display.esc(exc)}</span> — still "
+                f"{display.esc(old or 'none')}"
+            )
             return
         finally:
             self.dropdown.disabled = False
@@ -462,19 +528,21 @@ class QuantizationToggle:
         return bundle
 
 
-def quantization_toggle(engine: Engine | None = None,
-                        modes: Sequence[str | None] = (None, "bf16", "fp8_mixed", "int4_mixed"),
-                        on_change: Callable[[str | None], None] | None = None) -> QuantizationToggle:
+def quantization_toggle(
+    engine: Engine | None = None,
+    modes: Sequence[str | None] = (None, "bf16", "fp8_mixed", "int4_mixed"),
+    on_change: Callable[[str | None], None] | None = None,
+) -> QuantizationToggle:
     """A :class:`QuantizationToggle` (displays itself)."""
     return QuantizationToggle(engine, modes, on_change)
 
 
-def prompt_inspector(messages: Any, tools: Any = None, *, engine: Engine | None = None,
-                     model: str | None = None) -> Any:
+def prompt_inspector(
+    messages: Any, tools: Any = None, *, engine: Engine | None = None, model: str | None = None
+) -> Any:
     """The prompt inspector (:func:`workbench.show_prompt`) in a widget, with a tool_choice selector."""
     names = []
     if tools:
-
         names = [d.tool_name for d in coerce_tools(tools)]
     choice = widgets.Dropdown(options=["auto", "required", "none", *names], value="auto", description="tool_choice")
     out = widgets.HTML()

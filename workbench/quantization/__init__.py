@@ -54,8 +54,19 @@ from workbench.quantization.prequantized import RowScales, rank_scales, scale_fi
 MODES: tuple[str | None, ...] = (None, "bf16", "fp8_mixed", "int4_mixed")
 
 __all__ = [
-    "MODES", "Fp8Weight", "Int4Weight", "QuantizedExperts", "QuantizedFeedForward", "QuantizedWeight", "Target",
-    "check_mode", "check_supported", "load_options", "quantization_plan", "quantize_model", "summary",
+    "MODES",
+    "Fp8Weight",
+    "Int4Weight",
+    "QuantizedExperts",
+    "QuantizedFeedForward",
+    "QuantizedWeight",
+    "Target",
+    "check_mode",
+    "check_supported",
+    "load_options",
+    "quantization_plan",
+    "quantize_model",
+    "summary",
 ]
 
 
@@ -165,8 +176,7 @@ def quantize_model(model: Transformer, mode: str | None, *, settings: Any = None
 
 
 # ------------------------------------------------------------------------------------------ replacement
-def _replace(model: Transformer, target: Target, *, device: torch.device, kernel: str,
-             direct: dict[str, Pair]) -> None:
+def _replace(model: Transformer, target: Target, *, device: torch.device, kernel: str, direct: dict[str, Pair]) -> None:
     parent_path, _, attr = f"layers.{target.layer}.{target.path}".rpartition(".")
     parent = model.get_submodule(parent_path)
     old = getattr(parent, attr)
@@ -197,8 +207,10 @@ def _replace(model: Transformer, target: Target, *, device: torch.device, kernel
             w2q = make_weight(target.fmt, w2, device=device, kernel=kernel)
         new = QuantizedFeedForward(w13, w2q, hidden=hidden, reduce=old.reduce)
     else:
-        raise QuantizationError(f"layers.{target.layer}.{target.path} is a {type(old).__name__}, which cannot be "
-                                "quantized; it was already quantized — reload the checkpoint instead")
+        raise QuantizationError(
+            f"layers.{target.layer}.{target.path} is a {type(old).__name__}, which cannot be "
+            "quantized; it was already quantized — reload the checkpoint instead"
+        )
     setattr(parent, attr, new)
 
 
@@ -233,6 +245,7 @@ def _apply_prequantized(model: Transformer, scales: dict[str, RowScales], fp8_ta
     stored; every other pre-quantized weight (not quantized by this mode, or merged from shards with
     different scales) is dequantized in place to the model dtype.
     """
+
     def exact(key: str) -> bool:
         return key in scales and scales[key].scale is not None
 
@@ -265,8 +278,9 @@ def _apply_prequantized(model: Transformer, scales: dict[str, RowScales], fp8_ta
             continue
         dense = _dequantize_blocks(w, row_scales, key).to(param.dtype)  # [E?, N, K]
         module_path, _, name = key.rpartition(".")
-        setattr(model.get_submodule(module_path), name,
-                nn.Parameter(_oriented(dense).contiguous(), requires_grad=False))
+        setattr(
+            model.get_submodule(module_path), name, nn.Parameter(_oriented(dense).contiguous(), requires_grad=False)
+        )
     return direct
 
 
@@ -301,8 +315,14 @@ def summary(model: nn.Module) -> list[dict[str, Any]]:
     for name, module in model.named_modules():
         if isinstance(module, QuantizedWeight):
             stored = sum(t.numel() * t.element_size() for t in module.buffers(recurse=False))
-            rows.append({
-                "name": name, "format": module.FORMAT, "kernel": module.kernel, "shape": list(module.shape),
-                "bytes": stored, "bf16_bytes": 2 * module.logical_numel(),
-            })
+            rows.append(
+                {
+                    "name": name,
+                    "format": module.FORMAT,
+                    "kernel": module.kernel,
+                    "shape": list(module.shape),
+                    "bytes": stored,
+                    "bf16_bytes": 2 * module.logical_numel(),
+                }
+            )
     return rows

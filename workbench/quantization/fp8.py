@@ -79,8 +79,14 @@ def quantize_per_token(x: torch.Tensor, activation_scale_ub: float) -> tuple[tor
     return xq, scale
 
 
-def linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, *, kernel: Fp8Kernel,
-           activation_scale_ub: float = ACTIVATION_SCALE_UB) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    kernel: Fp8Kernel,
+    activation_scale_ub: float = ACTIVATION_SCALE_UB,
+) -> torch.Tensor:
     """``x`` [M, K] @ W^T for W = (``q`` [N, K], ``scale`` [N]) -> [M, N] in ``x.dtype``."""
     if kernel == "scaled_mm":
         return _scaled_mm_linear(x, q, scale, activation_scale_ub)

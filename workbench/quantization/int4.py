@@ -114,8 +114,9 @@ def pack(codes: torch.Tensor, layout: Int4Layout, kernel: Int4Kernel) -> torch.T
     return _nibbles(codes).contiguous()  # uint8 [N', K'/2]
 
 
-def dequantize_codes(codes: torch.Tensor, scales_and_zeros: torch.Tensor, layout: Int4Layout,
-                     dtype: torch.dtype) -> torch.Tensor:
+def dequantize_codes(
+    codes: torch.Tensor, scales_and_zeros: torch.Tensor, layout: Int4Layout, dtype: torch.dtype
+) -> torch.Tensor:
     """Codes [N', K'] + scales_and_zeros [G, N', 2] -> ``W`` [N', K'] in ``dtype`` (float32 arithmetic)."""
     sz = scales_and_zeros.float().transpose(0, 1)  # [N', G, 2]
     groups = codes.view(layout.n_padded, layout.groups, layout.group_size).float()  # [N', G, g]
@@ -123,18 +124,19 @@ def dequantize_codes(codes: torch.Tensor, scales_and_zeros: torch.Tensor, layout
     return w.view(layout.n_padded, layout.k_padded).to(dtype)
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, layout: Int4Layout,
-           kernel: Int4Kernel) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, layout: Int4Layout, kernel: Int4Kernel
+) -> torch.Tensor:
     """``x`` [M, K] @ W^T -> [M, N] in ``x.dtype``."""
     out_dtype = x.dtype
     if layout.k_padded > layout.k:
         x = F.pad(x, (0, layout.k_padded - layout.k))  # [M, K']
     if kernel == "cpu":
-        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16).contiguous(), packed, layout.group_size,
-                                              scales_and_zeros)
+        y = torch._weight_int4pack_mm_for_cpu(
+            x.to(torch.bfloat16).contiguous(), packed, layout.group_size, scales_and_zeros
+        )
     elif kernel == "cuda":
-        y = torch._weight_int4pack_mm(x.to(torch.bfloat16).contiguous(), packed, layout.group_size,
-                                      scales_and_zeros)
+        y = torch._weight_int4pack_mm(x.to(torch.bfloat16).contiguous(), packed, layout.group_size, scales_and_zeros)
     else:
         y = F.linear(x, dequantize_codes(_unnibble(packed), scales_and_zeros, layout, x.dtype))
     if layout.n_padded > layout.n:
@@ -142,8 +144,13 @@ def linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor
     return y.to(out_dtype)  # [M, N]
 
 
-def dequantize(packed: torch.Tensor, scales_and_zeros: torch.Tensor, layout: Int4Layout, kernel: Int4Kernel,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize(
+    packed: torch.Tensor,
+    scales_and_zeros: torch.Tensor,
+    layout: Int4Layout,
+    kernel: Int4Kernel,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """The ``[N, K]`` weight a packed matrix stands for (for inspection and tests, not the forward pass).
 
     Kernel layouts are opaque (tiled), so for them the weight is read back through the kernel itself

@@ -64,8 +64,14 @@ class Fp8Weight(QuantizedWeight):
     FORMAT = "fp8"
     SCALE_BUFFERS = ("scale",)
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, *, kernel: fp8.Fp8Kernel,
-                 activation_scale_ub: float = fp8.ACTIVATION_SCALE_UB) -> None:
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        *,
+        kernel: fp8.Fp8Kernel,
+        activation_scale_ub: float = fp8.ACTIVATION_SCALE_UB,
+    ) -> None:
         super().__init__()
         assert q.dtype == fp8.FP8_DTYPE and scale.shape == q.shape[:-1], (q.dtype, q.shape, scale.shape)
         self.register_buffer("weight", q.contiguous())  # e4m3 [E?, N, K]
@@ -98,8 +104,15 @@ class Int4Weight(QuantizedWeight):
     DTYPE_LABELS = {"packed": "int4"}
     SCALE_BUFFERS = ("scales_and_zeros",)
 
-    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, *, layout: int4.Int4Layout,
-                 kernel: int4.Int4Kernel, shape: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        packed: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        *,
+        layout: int4.Int4Layout,
+        kernel: int4.Int4Kernel,
+        shape: tuple[int, ...],
+    ) -> None:
         super().__init__()
         self.register_buffer("packed", packed)  # [E?, *kernel packing], N'*K'/2 bytes per matrix
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # bf16 [E?, G, N', 2]
@@ -131,10 +144,12 @@ class Int4Weight(QuantizedWeight):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if len(self.shape) == 2:
             return int4.dequantize(self.packed, self.scales_and_zeros, self.layout, self.kernel, dtype)
-        return torch.stack([
-            int4.dequantize(p, sz, self.layout, self.kernel, dtype)
-            for p, sz in zip(self.packed, self.scales_and_zeros)
-        ])
+        return torch.stack(
+            [
+                int4.dequantize(p, sz, self.layout, self.kernel, dtype)
+                for p, sz in zip(self.packed, self.scales_and_zeros)
+            ]
+        )
 
 
 def make_weight(fmt: str, w: torch.Tensor, *, device: torch.device, kernel: str) -> QuantizedWeight:

@@ -41,22 +41,58 @@ def table(*, store: str | Path | Store | None = None) -> pd.DataFrame:
     for summary in open_store(store).summaries():
         prov = summary["provenance"]
         load = prov.get("load", {})
-        records.append({
-            "run": summary["name"], "rows": summary["rows"], "items": summary["items"],
-            "computed": summary["computed"], "scores": summary["scores"], "tags": summary["tags"],
-            "note": summary["note"], "sessions": summary["sessions"], "created_at": _when(summary["created_at"]),
-            "last_row_at": _when(summary["last_row_at"]), "updated_at": _when(summary["updated_at"]),
-            "size": human_bytes(summary["bytes"]), "bytes": summary["bytes"], "model": prov.get("model"),
-            "checkpoint_identity": prov.get("checkpoint_identity"), "checkpoint_path": prov.get("checkpoint_path"),
-            "quantization": load.get("quantization"), "dtype": load.get("dtype"),
-            "model_parallel_size": load.get("model_parallel_size"), "device": prov.get("device"),
-            "workbench_version": prov.get("workbench_version"), "host": prov.get("host"),
-            "git_commit": prov.get("git_commit"),
-        })
-    columns = ["run", "rows", "items", "computed", "scores", "tags", "note", "sessions", "created_at", "last_row_at",
-               "updated_at", "size", "bytes", "model", "checkpoint_identity",
-               "checkpoint_path", "quantization", "dtype", "model_parallel_size", "device", "workbench_version",
-               "host", "git_commit"]
+        records.append(
+            {
+                "run": summary["name"],
+                "rows": summary["rows"],
+                "items": summary["items"],
+                "computed": summary["computed"],
+                "scores": summary["scores"],
+                "tags": summary["tags"],
+                "note": summary["note"],
+                "sessions": summary["sessions"],
+                "created_at": _when(summary["created_at"]),
+                "last_row_at": _when(summary["last_row_at"]),
+                "updated_at": _when(summary["updated_at"]),
+                "size": human_bytes(summary["bytes"]),
+                "bytes": summary["bytes"],
+                "model": prov.get("model"),
+                "checkpoint_identity": prov.get("checkpoint_identity"),
+                "checkpoint_path": prov.get("checkpoint_path"),
+                "quantization": load.get("quantization"),
+                "dtype": load.get("dtype"),
+                "model_parallel_size": load.get("model_parallel_size"),
+                "device": prov.get("device"),
+                "workbench_version": prov.get("workbench_version"),
+                "host": prov.get("host"),
+                "git_commit": prov.get("git_commit"),
+            }
+        )
+    columns = [
+        "run",
+        "rows",
+        "items",
+        "computed",
+        "scores",
+        "tags",
+        "note",
+        "sessions",
+        "created_at",
+        "last_row_at",
+        "updated_at",
+        "size",
+        "bytes",
+        "model",
+        "checkpoint_identity",
+        "checkpoint_path",
+        "quantization",
+        "dtype",
+        "model_parallel_size",
+        "device",
+        "workbench_version",
+        "host",
+        "git_commit",
+    ]
     return pd.DataFrame.from_records(records, columns=columns)
 
 
@@ -85,15 +121,30 @@ def output_fields(output: Any) -> dict[str, Any]:
         text = _message_text(output[-1]) if len(output) else ""
         stop, tokens = output.stop_reason, []
         calls = [c for m in replies for c in m.tool_calls]
-        return {"output": text, "stop_reason": stop, "generated_tokens": output.generated_tokens,
-                "tool_calls": "; ".join(_calls_text(calls)), "n_tool_calls": len(calls)}
+        return {
+            "output": text,
+            "stop_reason": stop,
+            "generated_tokens": output.generated_tokens,
+            "tool_calls": "; ".join(_calls_text(calls)),
+            "n_tool_calls": len(calls),
+        }
     elif isinstance(output, ScoredRow):
-        return {"output": f"logprob {output.logprob:.4f}", "stop_reason": None,
-                "generated_tokens": len(output.logprobs), "tool_calls": "", "n_tool_calls": 0}
+        return {
+            "output": f"logprob {output.logprob:.4f}",
+            "stop_reason": None,
+            "generated_tokens": len(output.logprobs),
+            "tool_calls": "",
+            "n_tool_calls": 0,
+        }
     else:
         text, stop, tokens = str(output), None, []
-    return {"output": text, "stop_reason": stop, "generated_tokens": len(tokens),
-            "tool_calls": "; ".join(_calls_text(calls)), "n_tool_calls": len(calls)}
+    return {
+        "output": text,
+        "stop_reason": stop,
+        "generated_tokens": len(tokens),
+        "tool_calls": "; ".join(_calls_text(calls)),
+        "n_tool_calls": len(calls),
+    }
 
 
 def prompt_text(request: Any) -> str:
@@ -118,19 +169,37 @@ def row_record(row: StoredRow) -> dict[str, Any]:
     load = prov.get("load", {})
     timings = row.timings
     return {
-        "run": row.run, "item": row.item, "turn": row.turn, "kind": row.kind, "prompt": prompt_text(row.request),
+        "run": row.run,
+        "item": row.item,
+        "turn": row.turn,
+        "kind": row.kind,
+        "prompt": prompt_text(row.request),
         **output_fields(row.output),
-        "prompt_tokens": len(row.prompt_ids), "seed": row.seed, "seed_drawn": row.seed_drawn,
-        "temperature": row.sampling.get("temperature"), "top_p": row.sampling.get("top_p"),
-        "top_k": row.sampling.get("top_k"), "max_tokens": row.sampling.get("max_tokens"),
-        "computed": row.computed, "stored_at": _when(row.created_at),
-        "seconds": timings.get("seconds"), "model": prov.get("model"),
-        "checkpoint_identity": prov.get("checkpoint_identity"), "checkpoint_path": prov.get("checkpoint_path"),
-        "quantization": load.get("quantization"), "dtype": load.get("dtype"),
-        "model_parallel_size": load.get("model_parallel_size"), "device": prov.get("device"),
-        "workbench_version": prov.get("workbench_version"), "torch_version": prov.get("torch_version"),
-        "numerics_version": prov.get("numerics_version"), "host": prov.get("host"),
-        "git_commit": prov.get("git_commit"), "key": row.key, "match": row.match, **row.scores,
+        "prompt_tokens": len(row.prompt_ids),
+        "seed": row.seed,
+        "seed_drawn": row.seed_drawn,
+        "temperature": row.sampling.get("temperature"),
+        "top_p": row.sampling.get("top_p"),
+        "top_k": row.sampling.get("top_k"),
+        "max_tokens": row.sampling.get("max_tokens"),
+        "computed": row.computed,
+        "stored_at": _when(row.created_at),
+        "seconds": timings.get("seconds"),
+        "model": prov.get("model"),
+        "checkpoint_identity": prov.get("checkpoint_identity"),
+        "checkpoint_path": prov.get("checkpoint_path"),
+        "quantization": load.get("quantization"),
+        "dtype": load.get("dtype"),
+        "model_parallel_size": load.get("model_parallel_size"),
+        "device": prov.get("device"),
+        "workbench_version": prov.get("workbench_version"),
+        "torch_version": prov.get("torch_version"),
+        "numerics_version": prov.get("numerics_version"),
+        "host": prov.get("host"),
+        "git_commit": prov.get("git_commit"),
+        "key": row.key,
+        "match": row.match,
+        **row.scores,
     }
 
 
@@ -147,28 +216,85 @@ def rows(name: str, *, store: str | Path | Store | None = None) -> pd.DataFrame:
         prov = sessions.get(r["session"], {})
         load = prov.get("load", {})
         sampling = r["sampling"]
-        records.append({
-            "run": name, "item": r["item"], "turn": r["turn"], "kind": r["kind"], "prompt": prompt_text(r["request"]),
-            "output": r["output"], "stop_reason": r["stop_reason"], "generated_tokens": r["generated_tokens"],
-            "tool_calls": r["tool_calls"], "n_tool_calls": r["n_tool_calls"], "prompt_tokens": r["prompt_tokens"],
-            "seed": sampling.get("seed"), "seed_drawn": r["seed_drawn"], "temperature": sampling.get("temperature"),
-            "top_p": sampling.get("top_p"), "top_k": sampling.get("top_k"), "max_tokens": sampling.get("max_tokens"),
-            "computed": r["computed"], "stored_at": _when(r["created_at"]), "seconds": r["timings"].get("seconds"),
-            "model": prov.get("model"), "checkpoint_identity": prov.get("checkpoint_identity"),
-            "checkpoint_path": prov.get("checkpoint_path"), "quantization": load.get("quantization"),
-            "dtype": load.get("dtype"), "model_parallel_size": load.get("model_parallel_size"),
-            "device": prov.get("device"), "workbench_version": prov.get("workbench_version"),
-            "torch_version": prov.get("torch_version"), "numerics_version": prov.get("numerics_version"),
-            "host": prov.get("host"), "git_commit": prov.get("git_commit"), "key": r["key"], "match": r["match"],
-            "tokens": r["tokens"], "row_id": r["row_id"], **r["scores"]})
+        records.append(
+            {
+                "run": name,
+                "item": r["item"],
+                "turn": r["turn"],
+                "kind": r["kind"],
+                "prompt": prompt_text(r["request"]),
+                "output": r["output"],
+                "stop_reason": r["stop_reason"],
+                "generated_tokens": r["generated_tokens"],
+                "tool_calls": r["tool_calls"],
+                "n_tool_calls": r["n_tool_calls"],
+                "prompt_tokens": r["prompt_tokens"],
+                "seed": sampling.get("seed"),
+                "seed_drawn": r["seed_drawn"],
+                "temperature": sampling.get("temperature"),
+                "top_p": sampling.get("top_p"),
+                "top_k": sampling.get("top_k"),
+                "max_tokens": sampling.get("max_tokens"),
+                "computed": r["computed"],
+                "stored_at": _when(r["created_at"]),
+                "seconds": r["timings"].get("seconds"),
+                "model": prov.get("model"),
+                "checkpoint_identity": prov.get("checkpoint_identity"),
+                "checkpoint_path": prov.get("checkpoint_path"),
+                "quantization": load.get("quantization"),
+                "dtype": load.get("dtype"),
+                "model_parallel_size": load.get("model_parallel_size"),
+                "device": prov.get("device"),
+                "workbench_version": prov.get("workbench_version"),
+                "torch_version": prov.get("torch_version"),
+                "numerics_version": prov.get("numerics_version"),
+                "host": prov.get("host"),
+                "git_commit": prov.get("git_commit"),
+                "key": r["key"],
+                "match": r["match"],
+                "tokens": r["tokens"],
+                "row_id": r["row_id"],
+                **r["scores"],
+            }
+        )
     return frame_of(name, records)
 
 
 ROW_COLUMNS = [
-    "run", "item", "turn", "kind", "prompt", "output", "stop_reason", "generated_tokens", "tool_calls", "n_tool_calls",
-    "prompt_tokens", "seed", "seed_drawn", "temperature", "top_p", "top_k", "max_tokens", "computed", "stored_at",
-    "seconds", "model", "checkpoint_identity", "checkpoint_path", "quantization", "dtype", "model_parallel_size",
-    "device", "workbench_version", "torch_version", "numerics_version", "host", "git_commit", "key", "match",
+    "run",
+    "item",
+    "turn",
+    "kind",
+    "prompt",
+    "output",
+    "stop_reason",
+    "generated_tokens",
+    "tool_calls",
+    "n_tool_calls",
+    "prompt_tokens",
+    "seed",
+    "seed_drawn",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "computed",
+    "stored_at",
+    "seconds",
+    "model",
+    "checkpoint_identity",
+    "checkpoint_path",
+    "quantization",
+    "dtype",
+    "model_parallel_size",
+    "device",
+    "workbench_version",
+    "torch_version",
+    "numerics_version",
+    "host",
+    "git_commit",
+    "key",
+    "match",
 ]
 _INT_COLUMNS = ("turn", "top_k", "max_tokens", "model_parallel_size", "numerics_version")
 _NOT_SCORES = {"tokens", "row_id", "request", "prompt_ids", "sampling", "timings", "provenance", "result"}
@@ -217,8 +343,9 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def compare_requests(a: str, b: str, *, store: str | Path | Store | None = None, differing_only: bool = True
-                     ) -> pd.DataFrame:
+def compare_requests(
+    a: str, b: str, *, store: str | Path | Store | None = None, differing_only: bool = True
+) -> pd.DataFrame:
     """The requests both runs answered (matched by the request itself: prompt ids, images, sampling, kind —
     not the checkpoint or load settings), one row each where the outputs differ (all of them with
     ``differing_only=False``): both outputs, stop reasons, tool calls, and the first differing token.
@@ -237,23 +364,53 @@ def compare_requests(a: str, b: str, *, store: str | Path | Store | None = None,
         fx, fy = output_fields(x.output), output_fields(y.output)
         tokens_x = getattr(x.output, "tokens", [])
         tokens_y = getattr(y.output, "tokens", [])
-        records.append({
-            "prompt": prompt_text(x.request), "same": same, "a_output": fx["output"], "b_output": fy["output"],
-            "a_stop_reason": fx["stop_reason"], "b_stop_reason": fy["stop_reason"],
-            "a_tool_calls": fx["tool_calls"], "b_tool_calls": fy["tool_calls"],
-            "first_differing_token": _first_difference(list(tokens_x), list(tokens_y)),
-            "a_checkpoint_identity": x.provenance.get("checkpoint_identity"),
-            "b_checkpoint_identity": y.provenance.get("checkpoint_identity"),
-            "a_quantization": x.provenance.get("load", {}).get("quantization"),
-            "b_quantization": y.provenance.get("load", {}).get("quantization"),
-            "seed": x.seed, "match": match,
-        })
-    columns = ["prompt", "same", "a_output", "b_output", "a_stop_reason", "b_stop_reason", "a_tool_calls",
-               "b_tool_calls", "first_differing_token", "a_checkpoint_identity", "b_checkpoint_identity",
-               "a_quantization", "b_quantization", "seed", "match"]
+        records.append(
+            {
+                "prompt": prompt_text(x.request),
+                "same": same,
+                "a_output": fx["output"],
+                "b_output": fy["output"],
+                "a_stop_reason": fx["stop_reason"],
+                "b_stop_reason": fy["stop_reason"],
+                "a_tool_calls": fx["tool_calls"],
+                "b_tool_calls": fy["tool_calls"],
+                "first_differing_token": _first_difference(list(tokens_x), list(tokens_y)),
+                "a_checkpoint_identity": x.provenance.get("checkpoint_identity"),
+                "b_checkpoint_identity": y.provenance.get("checkpoint_identity"),
+                "a_quantization": x.provenance.get("load", {}).get("quantization"),
+                "b_quantization": y.provenance.get("load", {}).get("quantization"),
+                "seed": x.seed,
+                "match": match,
+            }
+        )
+    columns = [
+        "prompt",
+        "same",
+        "a_output",
+        "b_output",
+        "a_stop_reason",
+        "b_stop_reason",
+        "a_tool_calls",
+        "b_tool_calls",
+        "first_differing_token",
+        "a_checkpoint_identity",
+        "b_checkpoint_identity",
+        "a_quantization",
+        "b_quantization",
+        "seed",
+        "match",
+    ]
     frame = pd.DataFrame.from_records(records, columns=columns)
-    frame.attrs.update({"a": a, "b": b, "both": len(both), "differ": n_differ,
-                        "only_a": sum(m not in right for m in left), "only_b": sum(m not in left for m in right)})
+    frame.attrs.update(
+        {
+            "a": a,
+            "b": b,
+            "both": len(both),
+            "differ": n_differ,
+            "only_a": sum(m not in right for m in left),
+            "only_b": sum(m not in left for m in right),
+        }
+    )
     return frame
 
 
@@ -262,8 +419,15 @@ def export_records(name: str, store: Store) -> Iterable[dict[str, Any]]:
     """Every row of run ``name`` with all its fields: the browsable columns plus the request, prompt ids,
     sampling, timings, provenance and the exact output (``workbench.runs.decode`` rebuilds the result)."""
     for row in store.rows(name):
-        yield {**row_record(row), "request": row.request, "prompt_ids": row.prompt_ids, "sampling": row.sampling,
-               "timings": row.timings, "provenance": row.provenance, "result": encode(row.output)}
+        yield {
+            **row_record(row),
+            "request": row.request,
+            "prompt_ids": row.prompt_ids,
+            "sampling": row.sampling,
+            "timings": row.timings,
+            "provenance": row.provenance,
+            "result": encode(row.output),
+        }
 
 
 def export(name: str, path: str | Path, *, store: str | Path | Store | None = None) -> Path:
@@ -272,8 +436,9 @@ def export(name: str, path: str | Path, *, store: str | Path | Store | None = No
     path = Path(path)
     kind = EXPORT_SUFFIXES.get(path.suffix.lower())
     if kind is None:
-        raise InputError(f"cannot tell the export format from {path.name!r}; end the file name with "
-                         f"{', '.join(EXPORT_SUFFIXES)}")
+        raise InputError(
+            f"cannot tell the export format from {path.name!r}; end the file name with {', '.join(EXPORT_SUFFIXES)}"
+        )
     st = open_store(store)
     records = export_records(name, st)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -286,8 +451,13 @@ def export(name: str, path: str | Path, *, store: str | Path | Store | None = No
         tmp.replace(path)
         return path
     nested = ("request", "sampling", "timings", "provenance", "result")
-    frame = frame_of(name, ({k: (json.dumps(v, ensure_ascii=False, default=str) if k in nested else v)
-                             for k, v in r.items()} for r in records))
+    frame = frame_of(
+        name,
+        (
+            {k: (json.dumps(v, ensure_ascii=False, default=str) if k in nested else v) for k, v in r.items()}
+            for r in records
+        ),
+    )
     if not all(s is None or -(2**63) <= s < 2**63 for s in frame["seed"]):
         frame["seed"] = [None if s is None else str(s) for s in frame["seed"]]  # a 64-bit unsigned seed: as text
     try:

@@ -60,7 +60,7 @@ def cut(value: Any, width: int) -> str:
     else:
         text = str(value)
     text = " ".join(text.split())
-    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 def text_table(records: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, int]]) -> str:
@@ -102,11 +102,30 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print(f"no runs in {open_store(args.store).path}")
         return EXIT_OK
     created, last = _column(frame, "created", "created_at"), _column(frame, "last_written", "last_row_at")
-    records = [{**r, "created": _when(r.get(created)), "last": _when(r.get(last)),
-                "size": _size(r.get("size", r.get("size_bytes")))} for r in frame.to_dict("records")]
-    print(text_table(records, [("run", "run", 24), ("rows", "rows", 7), ("items", "items", 7),
-                               ("scores", "scores", 16), ("tags", "tags", 14), ("note", "note", 20),
-                               ("last", "last written", 16), ("size", "size", 8)]))
+    records = [
+        {
+            **r,
+            "created": _when(r.get(created)),
+            "last": _when(r.get(last)),
+            "size": _size(r.get("size", r.get("size_bytes"))),
+        }
+        for r in frame.to_dict("records")
+    ]
+    print(
+        text_table(
+            records,
+            [
+                ("run", "run", 24),
+                ("rows", "rows", 7),
+                ("items", "items", 7),
+                ("scores", "scores", 16),
+                ("tags", "tags", 14),
+                ("note", "note", 20),
+                ("last", "last written", 16),
+                ("size", "size", 8),
+            ],
+        )
+    )
     return EXIT_OK
 
 
@@ -156,8 +175,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
         marks = " ".join(f"{cut(r.get(f'{s}_a'), 6)}->{cut(r.get(f'{s}_b'), 6)}" for s in scores)
         records.append({**r, "marks": marks})
     print(f"scores a->b: {', '.join(scores)}" if scores else "no scores")
-    print(text_table(records, [("status", "status", 9), ("item", "item", 24), ("marks", "scores", 12),
-                               ("output_a", args.a, 25), ("output_b", args.b, 25)]))
+    print(
+        text_table(
+            records,
+            [
+                ("status", "status", 9),
+                ("item", "item", 24),
+                ("marks", "scores", 12),
+                ("output_a", args.a, 25),
+                ("output_b", args.b, 25),
+            ],
+        )
+    )
     if len(changed) > DIFF_ITEMS:
         print(f"... and {len(changed) - DIFF_ITEMS} more changed items")
     return EXIT_OK
@@ -172,14 +201,33 @@ def cmd_summary(args: argparse.Namespace) -> int:
     records = []
     for r in frame.to_dict("records"):
         has_diff = r.get("diff") is not None and not pd.isna(r.get("diff"))
-        records.append({
-            **r, "mean_ci": f"{cut(r.get('mean'), 7)} [{cut(r.get('low'), 7)}, {cut(r.get('high'), 7)}]",
-            "diff_ci": (f"{cut(r.get('diff'), 7)} [{cut(r.get('diff_low'), 7)}, {cut(r.get('diff_high'), 7)}]"
-                        if has_diff else ""),
-            "p": cut(r.get("p_value"), 7), "verdict": verdict(r)})
-    print(text_table(records, [("run", "run", 16), ("score", "score", 14), ("n", "n", 5),
-                               ("mean_ci", "mean [95% CI]", 22), ("diff_ci", "diff [95% CI]", 24),
-                               ("p", "p", 7), ("verdict", "verdict", 19)]))
+        records.append(
+            {
+                **r,
+                "mean_ci": f"{cut(r.get('mean'), 7)} [{cut(r.get('low'), 7)}, {cut(r.get('high'), 7)}]",
+                "diff_ci": (
+                    f"{cut(r.get('diff'), 7)} [{cut(r.get('diff_low'), 7)}, {cut(r.get('diff_high'), 7)}]"
+                    if has_diff
+                    else ""
+                ),
+                "p": cut(r.get("p_value"), 7),
+                "verdict": verdict(r),
+            }
+        )
+    print(
+        text_table(
+            records,
+            [
+                ("run", "run", 16),
+                ("score", "score", 14),
+                ("n", "n", 5),
+                ("mean_ci", "mean [95% CI]", 22),
+                ("diff_ci", "diff [95% CI]", 24),
+                ("p", "p", 7),
+                ("verdict", "verdict", 19),
+            ],
+        )
+    )
     if any(r["verdict"] == NOT_SHOWN for r in records):
         print(f"{NOT_SHOWN}: the 95% interval of the paired difference covers 0")
     return EXIT_OK
@@ -233,15 +281,22 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="The run store in plain text: list, inspect, compare, summarize, "
-                                            "report and manage stored runs (the same functions as wb.runs).")
+    parser = _Parser(
+        prog=PROG,
+        description="The run store in plain text: list, inspect, compare, summarize, "
+        "report and manage stored runs (the same functions as wb.runs).",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     def command(name: str, run: Any, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--store", default=None, metavar="PATH",
-                       help="the run store file (default: $WORKBENCH_STORE, else runs.sqlite in the data folder)")
+        p.add_argument(
+            "--store",
+            default=None,
+            metavar="PATH",
+            help="the run store file (default: $WORKBENCH_STORE, else runs.sqlite in the data folder)",
+        )
         p.set_defaults(run=run)
         return p
 
@@ -250,8 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("diff", cmd_diff, "what differs between runs A (baseline) and B: settings, counts, changed items")
     p.add_argument("a")
     p.add_argument("b")
-    p = command("summary", cmd_summary, "scores of runs A B [C ...]: means and paired differences vs the baseline "
-                                        "with 95%% intervals and p-values")
+    p = command(
+        "summary",
+        cmd_summary,
+        "scores of runs A B [C ...]: means and paired differences vs the baseline with 95%% intervals and p-values",
+    )
     p.add_argument("names", nargs="+")
     p.add_argument("--baseline", default=None, help="the run the others are compared with (default: the first)")
     p = command("report", cmd_report, "write a self-contained HTML report comparing runs A B [C ...]")
@@ -284,8 +342,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``runs`` subcommand; 0 on success, 2 (one line on stderr) on bad input."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     if args.store is not None and not Path(args.store).expanduser().exists():
-        return fail(f"no run store at {args.store!r}; give --store the path of an existing runs.sqlite "
-                    f"(python -m workbench runs ls --store PATH), or leave it out for the default store")
+        return fail(
+            f"no run store at {args.store!r}; give --store the path of an existing runs.sqlite "
+            f"(python -m workbench runs ls --store PATH), or leave it out for the default store"
+        )
     try:
         return args.run(args)
     except WorkbenchError as exc:

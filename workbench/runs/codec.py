@@ -38,29 +38,53 @@ TAG = "__wb"
 def encode(result: Any) -> dict[str, Any]:
     """A result (or a list of results) as JSON-ready data that :func:`decode` turns back into an equal object."""
     if isinstance(result, Completion):
-        return {"type": "Completion", "text": result.text, "tokens": _ints(result.tokens),
-                "stop_reason": result.stop_reason, "logprobs": _enc_logprobs(result.logprobs),
-                "prompt_tokens": result.prompt_tokens, "parsed": _enc(result.parsed),
-                "format_error": result.format_error, "cached": bool(result.cached)}
+        return {
+            "type": "Completion",
+            "text": result.text,
+            "tokens": _ints(result.tokens),
+            "stop_reason": result.stop_reason,
+            "logprobs": _enc_logprobs(result.logprobs),
+            "prompt_tokens": result.prompt_tokens,
+            "parsed": _enc(result.parsed),
+            "format_error": result.format_error,
+            "cached": bool(result.cached),
+        }
     if isinstance(result, ChatCompletion):
-        return {"type": "ChatCompletion", "message": _enc_message(result.message), "tokens": _ints(result.tokens),
-                "stop_reason": result.stop_reason, "logprobs": _enc_logprobs(result.logprobs),
-                "prompt_tokens": result.prompt_tokens, "parsed": _enc(result.parsed),
-                "format_error": result.format_error, "cached": bool(result.cached)}
+        return {
+            "type": "ChatCompletion",
+            "message": _enc_message(result.message),
+            "tokens": _ints(result.tokens),
+            "stop_reason": result.stop_reason,
+            "logprobs": _enc_logprobs(result.logprobs),
+            "prompt_tokens": result.prompt_tokens,
+            "parsed": _enc(result.parsed),
+            "format_error": result.format_error,
+            "cached": bool(result.cached),
+        }
     if isinstance(result, Transcript):
-        return {"type": "Transcript", "messages": [_enc(m) for m in result], "stop_reason": result.stop_reason,
-                "generated_tokens": result.generated_tokens, "cached": bool(getattr(result, "cached", False))}
+        return {
+            "type": "Transcript",
+            "messages": [_enc(m) for m in result],
+            "stop_reason": result.stop_reason,
+            "generated_tokens": result.generated_tokens,
+            "cached": bool(getattr(result, "cached", False)),
+        }
     if isinstance(result, Message):
         return {"type": "Message", **_enc_message(result)}
     if isinstance(result, ToolCall):
         return {"type": "ToolCall", **_enc_call(result)}
     if isinstance(result, ScoredRow):
-        return {"type": "ScoredRow", "logprobs": [_float(x) for x in result.logprobs],
-                "greedy": [bool(g) for g in result.greedy]}
+        return {
+            "type": "ScoredRow",
+            "logprobs": [_float(x) for x in result.logprobs],
+            "greedy": [bool(g) for g in result.greedy],
+        }
     if isinstance(result, list):
         return {"type": "list", "items": [encode(r) for r in result]}
-    raise InputError(f"cannot store a {type(result).__name__} as a run result; results are Completion, "
-                     "ChatCompletion, Message, ToolCall, ScoredRow, Transcript or lists of them")
+    raise InputError(
+        f"cannot store a {type(result).__name__} as a run result; results are Completion, "
+        "ChatCompletion, Message, ToolCall, ScoredRow, Transcript or lists of them"
+    )
 
 
 def dumps(result: Any) -> str:
@@ -82,9 +106,16 @@ def _enc_logprobs(logprobs: list[TokenLogprob] | None) -> Any:
     if logprobs is None:
         return None
     # the bulk of a row with logprobs: finite floats pass straight through
-    return [[int(lp.token), lp.text, _float(lp.logprob),
-             [[k, v if type(v) is float and isfinite(v) else _float(v)] for k, v in lp.top_logprobs.items()],
-             _ints(lp.top_tokens)] for lp in logprobs]
+    return [
+        [
+            int(lp.token),
+            lp.text,
+            _float(lp.logprob),
+            [[k, v if type(v) is float and isfinite(v) else _float(v)] for k, v in lp.top_logprobs.items()],
+            _ints(lp.top_tokens),
+        ]
+        for lp in logprobs
+    ]
 
 
 def _enc_call(call: ToolCall) -> dict[str, Any]:
@@ -92,9 +123,14 @@ def _enc_call(call: ToolCall) -> dict[str, Any]:
 
 
 def _enc_message(message: Message) -> dict[str, Any]:
-    return {"role": message.role, "content": _enc(message.content),
-            "tool_calls": [_enc_call(c) for c in message.tool_calls], "call_id": message.call_id,
-            "stop_reason": message.stop_reason, "parse_error": message.parse_error}
+    return {
+        "role": message.role,
+        "content": _enc(message.content),
+        "tool_calls": [_enc_call(c) for c in message.tool_calls],
+        "call_id": message.call_id,
+        "stop_reason": message.stop_reason,
+        "parse_error": message.parse_error,
+    }
 
 
 def _enc(value: Any) -> Any:
@@ -127,8 +163,11 @@ def _enc(value: Any) -> Any:
         return {TAG: "image", "png": base64.b64encode(buffer.getvalue()).decode("ascii")}
     if hasattr(value, "model_dump") and not isinstance(value, type):  # a pydantic object (parsed output)
         cls = type(value)
-        return {TAG: "model", "class": f"{cls.__module__}.{cls.__qualname__}",
-                "json": _enc(value.model_dump(mode="json"))}
+        return {
+            TAG: "model",
+            "class": f"{cls.__module__}.{cls.__qualname__}",
+            "json": _enc(value.model_dump(mode="json")),
+        }
     return {TAG: "repr", "type": f"{type(value).__module__}.{type(value).__qualname__}", "repr": repr(value)}
 
 
@@ -142,18 +181,34 @@ def decode(data: Mapping[str, Any], *, parsed_type: Any = None) -> Any:
     as, when it was one)."""
     kind = data.get("type") if isinstance(data, Mapping) else None
     if kind == "Completion":
-        return Completion(text=data["text"], tokens=list(data["tokens"]), stop_reason=data["stop_reason"],
-                          logprobs=_dec_logprobs(data["logprobs"]), prompt_tokens=data["prompt_tokens"],
-                          parsed=_dec(data["parsed"], parsed_type), format_error=data["format_error"],
-                          cached=data.get("cached", False))
+        return Completion(
+            text=data["text"],
+            tokens=list(data["tokens"]),
+            stop_reason=data["stop_reason"],
+            logprobs=_dec_logprobs(data["logprobs"]),
+            prompt_tokens=data["prompt_tokens"],
+            parsed=_dec(data["parsed"], parsed_type),
+            format_error=data["format_error"],
+            cached=data.get("cached", False),
+        )
     if kind == "ChatCompletion":
-        return ChatCompletion(message=_dec_message(data["message"]), tokens=list(data["tokens"]),
-                              stop_reason=data["stop_reason"], logprobs=_dec_logprobs(data["logprobs"]),
-                              prompt_tokens=data["prompt_tokens"], parsed=_dec(data["parsed"], parsed_type),
-                              format_error=data["format_error"], cached=data.get("cached", False))
+        return ChatCompletion(
+            message=_dec_message(data["message"]),
+            tokens=list(data["tokens"]),
+            stop_reason=data["stop_reason"],
+            logprobs=_dec_logprobs(data["logprobs"]),
+            prompt_tokens=data["prompt_tokens"],
+            parsed=_dec(data["parsed"], parsed_type),
+            format_error=data["format_error"],
+            cached=data.get("cached", False),
+        )
     if kind == "Transcript":
-        return Transcript([_dec(m) for m in data["messages"]], stop_reason=data["stop_reason"],
-                          generated_tokens=data["generated_tokens"], cached=data.get("cached", False))
+        return Transcript(
+            [_dec(m) for m in data["messages"]],
+            stop_reason=data["stop_reason"],
+            generated_tokens=data["generated_tokens"],
+            cached=data.get("cached", False),
+        )
     if kind == "Message":
         return _dec_message(data)
     if kind == "ToolCall":
@@ -173,9 +228,16 @@ def loads(text: str, *, parsed_type: Any = None) -> Any:
 def _dec_logprobs(items: Any) -> list[TokenLogprob] | None:
     if items is None:
         return None
-    return [TokenLogprob(token=token, text=text, logprob=_dec(logprob),
-                         top_logprobs={k: v if type(v) is not dict else _dec(v) for k, v in top},
-                         top_tokens=top_tokens) for token, text, logprob, top, top_tokens in items]
+    return [
+        TokenLogprob(
+            token=token,
+            text=text,
+            logprob=_dec(logprob),
+            top_logprobs={k: v if type(v) is not dict else _dec(v) for k, v in top},
+            top_tokens=top_tokens,
+        )
+        for token, text, logprob, top, top_tokens in items
+    ]
 
 
 def _dec_call(data: Mapping[str, Any]) -> ToolCall:
@@ -183,9 +245,14 @@ def _dec_call(data: Mapping[str, Any]) -> ToolCall:
 
 
 def _dec_message(data: Mapping[str, Any]) -> Message:
-    return Message(role=data["role"], content=_dec(data["content"]),
-                   tool_calls=[_dec_call(c) for c in data["tool_calls"]], call_id=data["call_id"],
-                   stop_reason=data["stop_reason"], parse_error=data["parse_error"])
+    return Message(
+        role=data["role"],
+        content=_dec(data["content"]),
+        tool_calls=[_dec_call(c) for c in data["tool_calls"]],
+        call_id=data["call_id"],
+        stop_reason=data["stop_reason"],
+        parse_error=data["parse_error"],
+    )
 
 
 def _dec(value: Any, parsed_type: Any = None) -> Any:

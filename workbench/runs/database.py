@@ -135,8 +135,10 @@ _V1_TO_V2 = [
     "ALTER TABLE rows ADD COLUMN turn INTEGER",
 ]
 
-ROW_COLUMNS = ("r.id, r.key, r.match, r.kind, r.request, r.prompt_ids, r.sampling, r.seed_drawn, r.output, "
-               "r.timings, r.computed, r.created_at, r.session_id, runs.name, r.item, r.turn")
+ROW_COLUMNS = (
+    "r.id, r.key, r.match, r.kind, r.request, r.prompt_ids, r.sampling, r.seed_drawn, r.output, "
+    "r.timings, r.computed, r.created_at, r.session_id, runs.name, r.item, r.turn"
+)
 
 # Connections a forked child inherited: never used and never closed there (closing would touch the parent's
 # WAL state), only kept alive.
@@ -155,6 +157,7 @@ def check_run_name(name: Any) -> str:
     if len(name) > RUN_NAME_MAX or not name.isprintable():
         raise InputError(f"run name {name[:80]!r} must be at most {RUN_NAME_MAX} printable characters")
     return name
+
 
 @dataclass
 class StoredRow:
@@ -186,22 +189,55 @@ class StoredRow:
         return self.sampling.get("seed")
 
     def _repr_html_(self) -> str:
-        head = (f"<div style='{BOX}'><b>{esc(self.run)}</b> · {esc(self.kind)} · "
-                f"{'computed' if self.computed else 'from another run'} · seed {esc(self.seed)} · "
-                f"key <code>{esc(self.key[:12])}</code></div>")
+        head = (
+            f"<div style='{BOX}'><b>{esc(self.run)}</b> · {esc(self.kind)} · "
+            f"{'computed' if self.computed else 'from another run'} · seed {esc(self.seed)} · "
+            f"key <code>{esc(self.key[:12])}</code></div>"
+        )
         body = self.output._repr_html_() if hasattr(self.output, "_repr_html_") else f"<pre>{esc(self.output)}</pre>"
         return head + body
 
+
 def stored_row(record: Sequence[Any], parsed_type: Any = None) -> StoredRow:
     """A :class:`StoredRow` of one record of :data:`ROW_COLUMNS` (its output decoded, marked ``cached``)."""
-    (row_id, key, match, kind, request, prompt_ids, sampling, seed_drawn, output, timings, computed, created,
-     session, run_name, item, turn) = record[:16]
+    (
+        row_id,
+        key,
+        match,
+        kind,
+        request,
+        prompt_ids,
+        sampling,
+        seed_drawn,
+        output,
+        timings,
+        computed,
+        created,
+        session,
+        run_name,
+        item,
+        turn,
+    ) = record[:16]
     result = codec.loads(output, parsed_type=parsed_type)
     mark_cached(result)
-    return StoredRow(key=key, match=match, kind=kind, run=run_name, request=json.loads(request),
-                     prompt_ids=unpack_ids(prompt_ids), output=result, sampling=json.loads(sampling),
-                     seed_drawn=bool(seed_drawn), timings=json.loads(timings), computed=bool(computed),
-                     created_at=created, session=session, row_id=row_id, item=item, turn=turn)
+    return StoredRow(
+        key=key,
+        match=match,
+        kind=kind,
+        run=run_name,
+        request=json.loads(request),
+        prompt_ids=unpack_ids(prompt_ids),
+        output=result,
+        sampling=json.loads(sampling),
+        seed_drawn=bool(seed_drawn),
+        timings=json.loads(timings),
+        computed=bool(computed),
+        created_at=created,
+        session=session,
+        row_id=row_id,
+        item=item,
+        turn=turn,
+    )
 
 
 def mark_cached(result: Any) -> None:
@@ -217,8 +253,14 @@ class Database:
     """One run-store file: the connection, its schema and migrations, transactions, faults and the reading
     queries.  :class:`workbench.runs.store.Store` adds the runs engines write through."""
 
-    def __init__(self, path: str | Path, *, readonly: bool = False, busy_timeout_s: float = BUSY_TIMEOUT_S,
-                 synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        readonly: bool = False,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
+        synchronous: str = "NORMAL",
+    ) -> None:
         if synchronous not in SYNCHRONOUS:
             raise InputError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}")
         self.path = Path(path).expanduser()
@@ -256,8 +298,10 @@ class Database:
     def _connect(self) -> sqlite3.Connection:
         path = self.path
         if path.is_dir():
-            raise StoreError(f"the run store {str(path)!r} is a folder; set {STORE_ENV} to a file path (e.g. "
-                             f"{str(path / DEFAULT_NAME)!r})")
+            raise StoreError(
+                f"the run store {str(path)!r} is a folder; set {STORE_ENV} to a file path (e.g. "
+                f"{str(path / DEFAULT_NAME)!r})"
+            )
         if path.exists() and path.stat().st_size > 0:
             with open(path, "rb") as f:
                 header = f.read(len(SQLITE_HEADER))
@@ -266,8 +310,13 @@ class Database:
         elif not self.readonly:
             path.parent.mkdir(parents=True, exist_ok=True)
         mode = "ro" if self.readonly else "rwc"
-        conn = sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode={mode}", uri=True,
-                               timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(
+            f"file:{quote(str(path.absolute()))}?mode={mode}",
+            uri=True,
+            timeout=self.busy_timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
+        )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             self._check_format(conn)
@@ -279,8 +328,10 @@ class Database:
         return conn
 
     def _not_a_store(self, what: str) -> StoreError:
-        return StoreError(f"{str(self.path)!r} {what}, so it is not a workbench run store; point {STORE_ENV} at "
-                          "another file (a new one is created) or move this file away")
+        return StoreError(
+            f"{str(self.path)!r} {what}, so it is not a workbench run store; point {STORE_ENV} at "
+            "another file (a new one is created) or move this file away"
+        )
 
     def _check_format(self, conn: sqlite3.Connection) -> None:
         try:
@@ -299,15 +350,18 @@ class Database:
         version = self._schema_version(conn)
         if version < SCHEMA_VERSION:
             if self.readonly:
-                raise StoreError(f"the run store {str(self.path)!r} has store schema {version}, which this workbench "
-                                 f"upgrades to schema {SCHEMA_VERSION} in place (keeping every row); open it once "
-                                 "for writing (wb.runs.store(path)), then read-only")
+                raise StoreError(
+                    f"the run store {str(self.path)!r} has store schema {version}, which this workbench "
+                    f"upgrades to schema {SCHEMA_VERSION} in place (keeping every row); open it once "
+                    "for writing (wb.runs.store(path)), then read-only"
+                )
             self._migrate(conn)
         elif version > SCHEMA_VERSION:
             raise StoreError(
                 f"the run store {str(self.path)!r} was written by a newer workbench (store schema {version}; this "
                 f"workbench reads schema {SCHEMA_VERSION} and older); upgrade workbench (pip install -U workbench), "
-                f"or point {STORE_ENV} at another file")
+                f"or point {STORE_ENV} at another file"
+            )
         if not self.readonly:
             self._ensure_wal(conn)
         self._schema_ready = True
@@ -346,12 +400,15 @@ class Database:
                     conn.execute(statement)
                 last = -1
                 while True:
-                    page = conn.execute("SELECT id, request FROM rows WHERE id > ? ORDER BY id LIMIT 1000",
-                                        (last,)).fetchall()
+                    page = conn.execute(
+                        "SELECT id, request FROM rows WHERE id > ? ORDER BY id LIMIT 1000", (last,)
+                    ).fetchall()
                     if not page:
                         break
-                    conn.executemany("UPDATE rows SET item = ?, turn = ? WHERE id = ?",
-                                     [(*derive_item(json.loads(request)), row_id) for row_id, request in page])
+                    conn.executemany(
+                        "UPDATE rows SET item = ?, turn = ? WHERE id = ?",
+                        [(*derive_item(json.loads(request)), row_id) for row_id, request in page],
+                    )
                     last = page[-1][0]
                 conn.execute("UPDATE runs SET updated_at = (SELECT max(created_at) FROM rows WHERE run_id = runs.id)")
                 conn.execute("UPDATE runs SET updated_at = created_at WHERE updated_at IS NULL")
@@ -371,9 +428,14 @@ class Database:
                 for statement in [*_SCHEMA.split(";"), *_V2]:
                     if statement.strip():
                         conn.execute(statement)
-                conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)", [
-                    ("schema_version", str(SCHEMA_VERSION)), ("created_at", now_iso()),
-                    ("created_by", f"workbench {package_version('workbench')}")])
+                conn.executemany(
+                    "INSERT INTO meta(key, value) VALUES (?, ?)",
+                    [
+                        ("schema_version", str(SCHEMA_VERSION)),
+                        ("created_at", now_iso()),
+                        ("created_by", f"workbench {package_version('workbench')}"),
+                    ],
+                )
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             conn.execute("COMMIT")
         except BaseException:
@@ -413,10 +475,15 @@ class Database:
             return
         self._warned = True
         if consequence is None:
-            consequence = ("results are computed and returned but not stored. Free disk space or make the file "
-                           f"writable, or point {STORE_ENV} at another file")
-        warnings.warn(f"the run store {str(self.path)!r} could not be {doing} ({type(exc).__name__}: {exc}); "
-                      f"{consequence}", StoreWarning, stacklevel=3)
+            consequence = (
+                "results are computed and returned but not stored. Free disk space or make the file "
+                f"writable, or point {STORE_ENV} at another file"
+            )
+        warnings.warn(
+            f"the run store {str(self.path)!r} could not be {doing} ({type(exc).__name__}: {exc}); {consequence}",
+            StoreWarning,
+            stacklevel=3,
+        )
 
     def check(self) -> Any:
         """Open the file now: raises :class:`~workbench.errors.StoreError` for a file that is no store (or a
@@ -441,22 +508,43 @@ class Database:
             "SELECT runs.id, runs.name, runs.created_at, count(r.id), coalesce(sum(r.computed), 0), "
             "max(r.created_at), count(DISTINCT r.item), runs.tags, runs.note, runs.updated_at, "
             "coalesce(sum(length(r.request) + length(r.output) + length(r.prompt_ids) + length(r.sampling)), 0) "
-            "FROM runs LEFT JOIN rows r ON r.run_id = runs.id GROUP BY runs.id ORDER BY runs.created_at, runs.id")
+            "FROM runs LEFT JOIN rows r ON r.run_id = runs.id GROUP BY runs.id ORDER BY runs.created_at, runs.id"
+        )
         for run_id, name, created, n_rows, n_computed, last, n_items, tags, note, updated, size in rows:
             count, latest = self.query("SELECT count(*), max(id) FROM sessions WHERE run_id = ?", (run_id,))[0]
             prov = self._sessions("id = ?", (latest,)).get(latest, {}) if latest is not None else {}
-            names = [n for (n,) in self.query("SELECT DISTINCT s.name FROM scores s JOIN rows r ON r.id = s.row_id "
-                                              "WHERE r.run_id = ? ORDER BY s.name", (run_id,))]
-            out.append({"name": name, "rows": n_rows, "computed": n_computed, "sessions": count,
-                        "created_at": created, "last_row_at": last, "provenance": prov, "items": n_items,
-                        "tags": json.loads(tags), "note": note, "updated_at": updated or last or created,
-                        "scores": names, "bytes": size})
+            names = [
+                n
+                for (n,) in self.query(
+                    "SELECT DISTINCT s.name FROM scores s JOIN rows r ON r.id = s.row_id "
+                    "WHERE r.run_id = ? ORDER BY s.name",
+                    (run_id,),
+                )
+            ]
+            out.append(
+                {
+                    "name": name,
+                    "rows": n_rows,
+                    "computed": n_computed,
+                    "sessions": count,
+                    "created_at": created,
+                    "last_row_at": last,
+                    "provenance": prov,
+                    "items": n_items,
+                    "tags": json.loads(tags),
+                    "note": note,
+                    "updated_at": updated or last or created,
+                    "scores": names,
+                    "bytes": size,
+                }
+            )
         return out
 
     def _sessions(self, where: str, params: Sequence[Any] = ()) -> dict[int, dict[str, Any]]:
         found = {}
         for sid, started, ended, prov in self.query(
-                f"SELECT id, started_at, ended_at, provenance FROM sessions WHERE {where}", params):
+            f"SELECT id, started_at, ended_at, provenance FROM sessions WHERE {where}", params
+        ):
             data = json.loads(prov)
             data["session_started_at"], data["session_ended_at"] = started, ended
             found[sid] = data
@@ -467,8 +555,9 @@ class Database:
         row = self.query("SELECT id FROM runs WHERE name = ?", (name,))
         if not row:
             known = ", ".join(repr(n) for n in self.run_names()[:20]) or "none yet"
-            raise InputError(f"no run named {name!r} in the run store {str(self.path)!r} (runs: {known}); "
-                             "wb.runs.table() lists them")
+            raise InputError(
+                f"no run named {name!r} in the run store {str(self.path)!r} (runs: {known}); wb.runs.table() lists them"
+            )
         return row[0][0]
 
     def sessions(self, name: str) -> dict[int, dict[str, Any]]:
@@ -483,8 +572,11 @@ class Database:
         scores = self.scores_of(run_id)
         last = -1
         while True:
-            page = self.query(f"SELECT {ROW_COLUMNS} FROM rows r JOIN runs ON runs.id = r.run_id "
-                              "WHERE r.run_id = ? AND r.id > ? ORDER BY r.id LIMIT 256", (run_id, last))
+            page = self.query(
+                f"SELECT {ROW_COLUMNS} FROM rows r JOIN runs ON runs.id = r.run_id "
+                "WHERE r.run_id = ? AND r.id > ? ORDER BY r.id LIMIT 256",
+                (run_id, last),
+            )
             if not page:
                 return
             for record in page:
@@ -498,8 +590,9 @@ class Database:
         """Every score of a run's rows: ``{row_id: {name: value}}`` (a ``bool`` score as True/False)."""
         out: dict[int, dict[str, bool | float]] = {}
         for row_id, name, value, kind in self.query(
-                "SELECT s.row_id, s.name, s.value, s.kind FROM scores s JOIN rows r ON r.id = s.row_id "
-                "WHERE r.run_id = ?", (run_id,)):
+            "SELECT s.row_id, s.name, s.value, s.kind FROM scores s JOIN rows r ON r.id = s.row_id WHERE r.run_id = ?",
+            (run_id,),
+        ):
             out.setdefault(row_id, {})[name] = bool(value) if kind == "bool" else value
         return out
 
@@ -517,25 +610,31 @@ class Database:
         try:
             n = self.transaction(statements)
         except sqlite3.Error as exc:
-            raise StoreError(f"could not delete run {name!r} from {str(self.path)!r} ({exc}); is the file "
-                             "read-only or the disk full?") from exc
+            raise StoreError(
+                f"could not delete run {name!r} from {str(self.path)!r} ({exc}); is the file "
+                "read-only or the disk full?"
+            ) from exc
         self.forget_runs(name)
         return n
 
     # ------------------------------------------------------------------------------------ checkpoint hashes
-    def checkpoint_identity(self, folder: str | Path, *, extra_files: Iterable[str | Path] = (),
-                            progress: bool | None = None) -> CheckpointIdentity:
+    def checkpoint_identity(
+        self, folder: str | Path, *, extra_files: Iterable[str | Path] = (), progress: bool | None = None
+    ) -> CheckpointIdentity:
         """:func:`~workbench.runs.identity.checkpoint_identity` with this store's memo of file hashes."""
-        return checkpoint_identity(folder, lookup=self._known_hash, remember=self._remember_hash,
-                                   extra_files=extra_files, progress=progress)
+        return checkpoint_identity(
+            folder, lookup=self._known_hash, remember=self._remember_hash, extra_files=extra_files, progress=progress
+        )
 
     def _known_hash(self, stat: FileStat) -> str | None:
         if stat in self._hashes:
             return self._hashes[stat]
         try:
-            row = self.query("SELECT sha256 FROM file_hashes WHERE path = ? AND size = ? AND mtime_ns = ? AND "
-                             "ctime_ns = ? AND inode = ?", (stat.path, stat.size, stat.mtime_ns, stat.ctime_ns,
-                                                            stat.inode))
+            row = self.query(
+                "SELECT sha256 FROM file_hashes WHERE path = ? AND size = ? AND mtime_ns = ? AND "
+                "ctime_ns = ? AND inode = ?",
+                (stat.path, stat.size, stat.mtime_ns, stat.ctime_ns, stat.inode),
+            )
         except StoreError:
             raise
         except (sqlite3.Error, OSError) as exc:
@@ -546,10 +645,13 @@ class Database:
     def _remember_hash(self, stat: FileStat, digest: str) -> None:
         self._hashes[stat] = digest
         try:
-            self.transaction(lambda conn: conn.execute(
-                "INSERT OR REPLACE INTO file_hashes(path, size, mtime_ns, ctime_ns, inode, sha256, hashed_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (stat.path, stat.size, stat.mtime_ns, stat.ctime_ns, stat.inode, digest, time.time())))
+            self.transaction(
+                lambda conn: conn.execute(
+                    "INSERT OR REPLACE INTO file_hashes(path, size, mtime_ns, ctime_ns, inode, sha256, hashed_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (stat.path, stat.size, stat.mtime_ns, stat.ctime_ns, stat.inode, digest, time.time()),
+                )
+            )
         except StoreError:
             raise
         except (sqlite3.Error, OSError) as exc:
@@ -590,9 +692,13 @@ class Database:
             runs = self.summaries()
         except (StoreError, sqlite3.Error, OSError) as exc:
             return f"<div style='{BOX}'>run store <code>{esc(self.path)}</code>: {esc(exc)}</div>"
-        lines = "".join(f"<tr><td>{esc(r['name'])}</td><td>{r['rows']}</td><td>{r['computed']}</td>"
-                        f"<td>{esc(r['provenance'].get('model'))}</td></tr>" for r in runs)
-        return (f"<div style='{BOX}'><b>run store</b> <code>{esc(self.path)}</code> · {len(runs)} runs · "
-                f"{human_bytes(self.size_bytes())}<table><tr><th>run</th><th>rows</th><th>computed</th>"
-                f"<th>model</th></tr>{lines}</table></div>")
-
+        lines = "".join(
+            f"<tr><td>{esc(r['name'])}</td><td>{r['rows']}</td><td>{r['computed']}</td>"
+            f"<td>{esc(r['provenance'].get('model'))}</td></tr>"
+            for r in runs
+        )
+        return (
+            f"<div style='{BOX}'><b>run store</b> <code>{esc(self.path)}</code> · {len(runs)} runs · "
+            f"{human_bytes(self.size_bytes())}<table><tr><th>run</th><th>rows</th><th>computed</th>"
+            f"<th>model</th></tr>{lines}</table></div>"
+        )

@@ -72,10 +72,15 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
     files (``*.pth``, ``*.pt``, ``*.safetensors``) at the top level."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise InputError(f"checkpoint folder {folder} does not exist or is not a folder; give the folder that holds "
-                         "params.json and the consolidated.NN.pth shards")
-    chosen = [p for p in folder.iterdir() if p.is_file() and (
-        p.name == "params.json" or p.name.startswith("tokenizer") or p.suffix in _READ_SUFFIXES)]
+        raise InputError(
+            f"checkpoint folder {folder} does not exist or is not a folder; give the folder that holds "
+            "params.json and the consolidated.NN.pth shards"
+        )
+    chosen = [
+        p
+        for p in folder.iterdir()
+        if p.is_file() and (p.name == "params.json" or p.name.startswith("tokenizer") or p.suffix in _READ_SUFFIXES)
+    ]
     return sorted(chosen, key=lambda p: p.name)
 
 
@@ -90,8 +95,13 @@ def file_sha256(path: str | Path, on_bytes: Callable[[int], None] | None = None)
     return h.hexdigest()
 
 
-def hash_files(paths: Iterable[str | Path], *, lookup: Lookup | None = None, remember: Remember | None = None,
-               progress: bool | None = None) -> dict[str, str]:
+def hash_files(
+    paths: Iterable[str | Path],
+    *,
+    lookup: Lookup | None = None,
+    remember: Remember | None = None,
+    progress: bool | None = None,
+) -> dict[str, str]:
     """sha256 of each file (by real path), reusing remembered hashes whose stat still matches; new hashes
     are remembered unless the file changed while it was read."""
     stats = [FileStat.of(p) for p in paths]
@@ -101,6 +111,7 @@ def hash_files(paths: Iterable[str | Path], *, lookup: Lookup | None = None, rem
         total = sum(s.size for s in todo)
         lock = threading.Lock()
         with progress_bar(total, desc="hashing checkpoint", unit="B", progress=progress) as bar:
+
             def advance(n: int) -> None:
                 with lock:
                     bar.update(n)
@@ -117,8 +128,14 @@ def hash_files(paths: Iterable[str | Path], *, lookup: Lookup | None = None, rem
     return {s.path: known[s.path] for s in stats}  # type: ignore[misc]
 
 
-def checkpoint_identity(folder: str | Path, *, lookup: Lookup | None = None, remember: Remember | None = None,
-                        extra_files: Iterable[str | Path] = (), progress: bool | None = None) -> CheckpointIdentity:
+def checkpoint_identity(
+    folder: str | Path,
+    *,
+    lookup: Lookup | None = None,
+    remember: Remember | None = None,
+    extra_files: Iterable[str | Path] = (),
+    progress: bool | None = None,
+) -> CheckpointIdentity:
     """The content identity of the checkpoint in ``folder`` (see the module docstring).  ``extra_files``:
     files the engine reads from elsewhere (a bundled tokenizer); ``lookup`` / ``remember``: the hash memo
     (:meth:`workbench.runs.Store.checkpoint_identity` passes the store's)."""
@@ -132,8 +149,10 @@ def checkpoint_identity(folder: str | Path, *, lookup: Lookup | None = None, rem
             return CheckpointIdentity(f"demo:{ident}", str(folder), {ARTIFACT.name: artifact})
     files = checkpoint_files(folder)
     if not any(p.name == "params.json" for p in files):
-        raise InputError(f"{folder} has no params.json, so it is not a Meta checkpoint folder; give the folder that "
-                         "holds params.json and the consolidated.NN.pth shards")
+        raise InputError(
+            f"{folder} has no params.json, so it is not a Meta checkpoint folder; give the folder that "
+            "holds params.json and the consolidated.NN.pth shards"
+        )
     extra = [Path(p) for p in extra_files]
     digests = hash_files([*files, *extra], lookup=lookup, remember=remember, progress=progress)
     names: dict[str, str] = {}
@@ -143,4 +162,3 @@ def checkpoint_identity(folder: str | Path, *, lookup: Lookup | None = None, rem
         names[f"extra:{p.name}"] = digests[os.path.realpath(p)]
     ident = hashlib.sha256(json.dumps(names, sort_keys=True).encode()).hexdigest()
     return CheckpointIdentity(f"sha256:{ident}", str(folder), names)
-

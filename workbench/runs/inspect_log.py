@@ -59,8 +59,13 @@ def _calls(calls: list[Any], tool: Any) -> list[Any]:
             name, args, call_id = call.tool_name, call.arguments, call.call_id
         else:
             name, args, call_id = call.get("tool_name", ""), call.get("arguments", {}), call.get("call_id", "")
-        out.append(tool.ToolCall(id=call_id or f"call_{i}", function=str(name),
-                                 arguments=args if isinstance(args, dict) else {"value": args}))
+        out.append(
+            tool.ToolCall(
+                id=call_id or f"call_{i}",
+                function=str(name),
+                arguments=args if isinstance(args, dict) else {"value": args},
+            )
+        )
     return out
 
 
@@ -83,19 +88,25 @@ def _message(message: Any, model: Any, tool: Any) -> Any:
     return model.ChatMessageUser(content=text)
 
 
-def _sample(index: int | str, row: StoredRow, model_name: str, log: Any, model: Any, tool: Any,
-            scorer: Any = None) -> Any:
+def _sample(
+    index: int | str, row: StoredRow, model_name: str, log: Any, model: Any, tool: Any, scorer: Any = None
+) -> Any:
     request = row.request if isinstance(row.request, dict) else {}
     given = request.get("messages") if isinstance(request.get("messages"), list) else None
     inputs = [_message(m, model, tool) for m in given] if given else None
     output = row.output
     if isinstance(output, Transcript):
         messages = [_message(m, model, tool) for m in output]
-        last = next((m for m in reversed(messages) if isinstance(m, model.ChatMessageAssistant)),
-                    model.ChatMessageAssistant(content=""))
+        last = next(
+            (m for m in reversed(messages) if isinstance(m, model.ChatMessageAssistant)),
+            model.ChatMessageAssistant(content=""),
+        )
         stop = "tool_calls" if last.tool_calls else "stop"
-        usage = model.ModelUsage(input_tokens=len(row.prompt_ids), output_tokens=output.generated_tokens,
-                                 total_tokens=len(row.prompt_ids) + output.generated_tokens)
+        usage = model.ModelUsage(
+            input_tokens=len(row.prompt_ids),
+            output_tokens=output.generated_tokens,
+            total_tokens=len(row.prompt_ids) + output.generated_tokens,
+        )
         if inputs is None:
             inputs = [m for m in messages if not isinstance(m, model.ChatMessageAssistant)][:1]
     elif isinstance(output, (Completion, ChatCompletion)):
@@ -105,25 +116,44 @@ def _sample(index: int | str, row: StoredRow, model_name: str, log: Any, model: 
             last = model.ChatMessageAssistant(content=output.text)
         stop = "tool_calls" if last.tool_calls else _STOP.get(output.stop_reason, "unknown")
         messages = [*(inputs or [model.ChatMessageUser(content=prompt_text(request))]), last]
-        usage = model.ModelUsage(input_tokens=len(row.prompt_ids), output_tokens=len(output.tokens),
-                                 total_tokens=len(row.prompt_ids) + len(output.tokens))
+        usage = model.ModelUsage(
+            input_tokens=len(row.prompt_ids),
+            output_tokens=len(output.tokens),
+            total_tokens=len(row.prompt_ids) + len(output.tokens),
+        )
     else:
         last = model.ChatMessageAssistant(content=output_fields(output)["output"])
         stop, usage = "unknown", None
         messages = [*(inputs or [model.ChatMessageUser(content=prompt_text(request))]), last]
     choice = model.ChatCompletionChoice(message=last, stop_reason=stop)
-    metadata = {"key": row.key, "match": row.match, "kind": row.kind, "seed": row.seed,
-                "seed_drawn": row.seed_drawn, "sampling": row.sampling, "computed": row.computed,
-                "timings": row.timings, "prompt_tokens": len(row.prompt_ids),
-                "checkpoint_identity": row.provenance.get("checkpoint_identity"),
-                "quantization": row.provenance.get("load", {}).get("quantization"), "item": row.item,
-                "turn": row.turn}
+    metadata = {
+        "key": row.key,
+        "match": row.match,
+        "kind": row.kind,
+        "seed": row.seed,
+        "seed_drawn": row.seed_drawn,
+        "sampling": row.sampling,
+        "computed": row.computed,
+        "timings": row.timings,
+        "prompt_tokens": len(row.prompt_ids),
+        "checkpoint_identity": row.provenance.get("checkpoint_identity"),
+        "quantization": row.provenance.get("load", {}).get("quantization"),
+        "item": row.item,
+        "turn": row.turn,
+    }
     scores = {name: scorer.Score(value=value) for name, value in row.scores.items()} if scorer is not None else {}
     return log.EvalSample(
-        id=index, epoch=1, input=inputs if inputs else prompt_text(request), target="", messages=messages,
+        id=index,
+        epoch=1,
+        input=inputs if inputs else prompt_text(request),
+        target="",
+        messages=messages,
         output=model.ModelOutput(model=model_name, choices=[choice], completion=last.text, usage=usage),
-        metadata=metadata, uuid=uuid.uuid4().hex, scores=scores or None,
-        model_usage={model_name: usage} if usage is not None else {})
+        metadata=metadata,
+        uuid=uuid.uuid4().hex,
+        scores=scores or None,
+        model_usage={model_name: usage} if usage is not None else {},
+    )
 
 
 def _mean(rows: list[StoredRow], name: str) -> float:
@@ -154,8 +184,15 @@ def to_inspect(name: str, path: str | Path, *, store: str | Path | Store | None 
         per_item[row.item] = per_item.get(row.item, 0) + 1
     seen: set[str] = set()
     for index, row in enumerate(rows, start=1):
-        sample_id: int | str = index if row.item is None else (
-            row.item if per_item[row.item] == 1 else f"{row.item} · turn {row.turn if row.turn is not None else index}")
+        sample_id: int | str = (
+            index
+            if row.item is None
+            else (
+                row.item
+                if per_item[row.item] == 1
+                else f"{row.item} · turn {row.turn if row.turn is not None else index}"
+            )
+        )
         if sample_id in seen:  # two rows of one item and turn (a re-run with other sampling): keep ids unique
             sample_id = f"{sample_id} · row {index}"
         seen.add(str(sample_id))
@@ -164,18 +201,30 @@ def to_inspect(name: str, path: str | Path, *, store: str | Path | Store | None 
         last = row.created_at if last is None else max(last, row.created_at)
     started = min((s.get("session_started_at") or 0) for s in sessions.values()) if sessions else first
     names = sorted({n for row in rows for n in row.scores})
-    results = log.EvalResults(total_samples=len(samples), completed_samples=len(samples), scores=[
-        log.EvalScore(name=n, scorer=n, metrics={"mean": log.EvalMetric(name="mean", value=_mean(rows, n))})
-        for n in names])
+    results = log.EvalResults(
+        total_samples=len(samples),
+        completed_samples=len(samples),
+        scores=[
+            log.EvalScore(name=n, scorer=n, metrics={"mean": log.EvalMetric(name="mean", value=_mean(rows, n))})
+            for n in names
+        ],
+    )
     spec = log.EvalSpec(
-        created=_iso(started), task=name, dataset=log.EvalDataset(name=name, samples=len(samples),
-                                                                   sample_ids=[s.id for s in samples]),
-        model=model_name, config=log.EvalConfig(), metadata={"workbench_run": name, "provenance": latest,
-                                                              "store": str(st.path)})
+        created=_iso(started),
+        task=name,
+        dataset=log.EvalDataset(name=name, samples=len(samples), sample_ids=[s.id for s in samples]),
+        model=model_name,
+        config=log.EvalConfig(),
+        metadata={"workbench_run": name, "provenance": latest, "store": str(st.path)},
+    )
     eval_log = log.EvalLog(
-        version=2, status="success", eval=spec, samples=samples,
+        version=2,
+        status="success",
+        eval=spec,
+        samples=samples,
         results=results,
-        stats=log.EvalStats(started_at=_iso(started), completed_at=_iso(last)))
+        stats=log.EvalStats(started_at=_iso(started), completed_at=_iso(last)),
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     log.write_eval_log(eval_log, str(path))
     return path

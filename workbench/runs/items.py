@@ -33,11 +33,14 @@ ITEM_MAX = 500  # characters of a given item id
 
 def item_id(text: str, payload: Any) -> str:
     """``"<text, shortened> #<sha256 of payload>"``: the readable, stable id of one input."""
-    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                                       default=repr).encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+    digest = hashlib.sha256(
+        json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr).encode(
+            "utf-8", "surrogatepass"
+        )
+    ).hexdigest()[:HASH_CHARS]
     snippet = " ".join(str(text).split())
     if len(snippet) > SNIPPET_CHARS:
-        snippet = snippet[:SNIPPET_CHARS - 1].rstrip() + "…"
+        snippet = snippet[: SNIPPET_CHARS - 1].rstrip() + "…"
     return f"{snippet} #{digest}" if snippet else f"#{digest}"
 
 
@@ -122,8 +125,10 @@ def check_item(item: Any) -> str:
     """A given item id as stored: a string (numbers are taken by their text), at most :data:`ITEM_MAX`
     characters."""
     if isinstance(item, bool) or not isinstance(item, (str, int)):
-        raise InputError(f"an item id must be a string (or an int), got {type(item).__name__} {item!r:.80}; "
-                         "give item='case-17' (one per row for a batch)")
+        raise InputError(
+            f"an item id must be a string (or an int), got {type(item).__name__} {item!r:.80}; "
+            "give item='case-17' (one per row for a batch)"
+        )
     text = str(item)
     if not text or len(text) > ITEM_MAX:
         raise InputError(f"an item id must have 1 to {ITEM_MAX} characters, got {len(text)}")

@@ -170,23 +170,35 @@ def image_digest(image: Any) -> str:
         h.update(f"array:{image.dtype}:{tuple(image.shape)}:".encode())
         h.update(image.tobytes())
     else:
-        raise InputError(f"cannot hash an image given as {type(image).__name__}; give a PIL image, encoded bytes, "
-                         "a numpy array or a precomputed digest string")
+        raise InputError(
+            f"cannot hash an image given as {type(image).__name__}; give a PIL image, encoded bytes, "
+            "a numpy array or a precomputed digest string"
+        )
     return "sha256:" + h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------ keys
-def request_identity(prompt_ids: Sequence[int], sampling: Mapping[str, Any], *, kind: str = "completion",
-                     images: Sequence[Any] = (), extra: Mapping[str, Any] | None = None,
-                     occurrence: int = 0) -> str:
+def request_identity(
+    prompt_ids: Sequence[int],
+    sampling: Mapping[str, Any],
+    *,
+    kind: str = "completion",
+    images: Sequence[Any] = (),
+    extra: Mapping[str, Any] | None = None,
+    occurrence: int = 0,
+) -> str:
     """The request half of a key (hex sha256): prompt ids, images by content, canonical sampling, kind,
     ``extra`` options and the repeat number of an unseeded sampled request.  Independent of the engine, so
     the same request on bf16 and on int4_mixed has the same identity."""
     if kind not in KINDS:
         raise InputError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     ids = _check_ids(prompt_ids)
-    body = {"kind": kind, "sampling": canonical_sampling(sampling), "images": [image_digest(i) for i in images],
-            "extra": canonical_value(dict(extra or {}))}
+    body = {
+        "kind": kind,
+        "sampling": canonical_sampling(sampling),
+        "images": [image_digest(i) for i in images],
+        "extra": canonical_value(dict(extra or {})),
+    }
     if occurrence:
         body["occurrence"] = int(occurrence)
     return _digest(body, ids)
@@ -197,14 +209,21 @@ def cache_key(identity: str, load: Mapping[str, Any], match: str) -> str:
     settings ``load`` (see :func:`load_fields`) under this workbench's :data:`NUMERICS_VERSION`."""
     if not isinstance(identity, str) or not identity:
         raise InputError(f"checkpoint identity must be a non-empty string, got {identity!r}")
-    return _digest({"numerics": NUMERICS_VERSION, "checkpoint": identity, "load": canonical_value(dict(load)),
-                    "request": match})
+    return _digest(
+        {"numerics": NUMERICS_VERSION, "checkpoint": identity, "load": canonical_value(dict(load)), "request": match}
+    )
 
 
 def row_key(identity: str, load: Mapping[str, Any], request: RowRequest, occurrence: int = 0) -> RowKey:
     """One row's :class:`RowKey` (``occurrence``: the repeat number of an unseeded sampled request)."""
-    match = request_identity(request.prompt_ids, request.sampling, kind=request.kind, images=request.images,
-                             extra=request.extra, occurrence=occurrence)
+    match = request_identity(
+        request.prompt_ids,
+        request.sampling,
+        kind=request.kind,
+        images=request.images,
+        extra=request.extra,
+        occurrence=occurrence,
+    )
     return RowKey(cache_key(identity, load, match), match, request.kind)
 
 
@@ -214,14 +233,21 @@ def request_keys(identity: str, load: Mapping[str, Any], requests: Sequence[RowR
     seen: dict[str, int] = {}
     keys = []
     for request in requests:
-        match = request_identity(request.prompt_ids, request.sampling, kind=request.kind, images=request.images,
-                                 extra=request.extra)
+        match = request_identity(
+            request.prompt_ids, request.sampling, kind=request.kind, images=request.images, extra=request.extra
+        )
         if needs_seed(request.sampling):
             occurrence = seen.get(match, 0)
             seen[match] = occurrence + 1
             if occurrence:  # the first sample keeps the plain identity (occurrence 0 adds nothing to it)
-                match = request_identity(request.prompt_ids, request.sampling, kind=request.kind,
-                                         images=request.images, extra=request.extra, occurrence=occurrence)
+                match = request_identity(
+                    request.prompt_ids,
+                    request.sampling,
+                    kind=request.kind,
+                    images=request.images,
+                    extra=request.extra,
+                    occurrence=occurrence,
+                )
         keys.append(RowKey(cache_key(identity, load, match), match, request.kind))
     return keys
 
@@ -258,9 +284,16 @@ def load_fields(settings: Settings | Mapping[str, Any]) -> dict[str, Any]:
         mp, device = settings.model_parallel_size, settings.device
     elif isinstance(settings, Mapping):
         dtype = str(settings.get("dtype")).replace("torch.", "")
-        quantization, mp, device = (settings.get("quantization"), settings.get("model_parallel_size"),
-                                    settings.get("device"))
+        quantization, mp, device = (
+            settings.get("quantization"),
+            settings.get("model_parallel_size"),
+            settings.get("device"),
+        )
     else:
         raise InputError(f"load settings must be a Settings record or a dict, got {type(settings).__name__}")
-    return {"dtype": dtype, "quantization": quantization or None, "model_parallel_size": int(mp or 1),
-            "device_type": str(device or "cpu").split(":")[0]}
+    return {
+        "dtype": dtype,
+        "quantization": quantization or None,
+        "model_parallel_size": int(mp or 1),
+        "device_type": str(device or "cpu").split(":")[0],
+    }

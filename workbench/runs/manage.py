@@ -19,8 +19,10 @@ def _write(store: Store, what: str, statements: Any) -> Any:
     try:
         return store.transaction(statements)
     except sqlite3.Error as exc:
-        raise StoreError(f"could not {what} in {str(store.path)!r} ({exc}); is the file read-only or the disk "
-                         "full? Nothing was changed") from exc
+        raise StoreError(
+            f"could not {what} in {str(store.path)!r} ({exc}); is the file read-only or the disk "
+            "full? Nothing was changed"
+        ) from exc
 
 
 def _tags(store: Store, run_id: int) -> list[str]:
@@ -30,8 +32,10 @@ def _tags(store: Store, run_id: int) -> list[str]:
 def _check_tags(tags: tuple[Any, ...]) -> list[str]:
     bad = [t for t in tags if not isinstance(t, str) or not t.strip() or len(t) > 100 or not t.isprintable()]
     if bad or not tags:
-        raise InputError(f"tags are printable strings of 1 to 100 characters, got {list(tags) or 'none'}; e.g. "
-                         "wb.runs.tag('sweep', 'baseline', 'paper')")
+        raise InputError(
+            f"tags are printable strings of 1 to 100 characters, got {list(tags) or 'none'}; e.g. "
+            "wb.runs.tag('sweep', 'baseline', 'paper')"
+        )
     return list(tags)
 
 
@@ -41,8 +45,11 @@ def tag(name: str, *tags: str, store: str | Path | Store | None = None) -> list[
     run_id = st.run_id(name)
     wanted = _check_tags(tags)
     merged = list(dict.fromkeys([*_tags(st, run_id), *wanted]))
-    _write(st, f"tag run {name!r}", lambda conn: conn.execute("UPDATE runs SET tags = ? WHERE id = ?",
-                                                             (json.dumps(merged), run_id)))
+    _write(
+        st,
+        f"tag run {name!r}",
+        lambda conn: conn.execute("UPDATE runs SET tags = ? WHERE id = ?", (json.dumps(merged), run_id)),
+    )
     return merged
 
 
@@ -52,8 +59,11 @@ def untag(name: str, *tags: str, store: str | Path | Store | None = None) -> lis
     run_id = st.run_id(name)
     drop = set(_check_tags(tags))
     kept = [t for t in _tags(st, run_id) if t not in drop]
-    _write(st, f"untag run {name!r}", lambda conn: conn.execute("UPDATE runs SET tags = ? WHERE id = ?",
-                                                               (json.dumps(kept), run_id)))
+    _write(
+        st,
+        f"untag run {name!r}",
+        lambda conn: conn.execute("UPDATE runs SET tags = ? WHERE id = ?", (json.dumps(kept), run_id)),
+    )
     return kept
 
 
@@ -63,8 +73,7 @@ def note(name: str, text: str, *, store: str | Path | Store | None = None) -> st
         raise InputError(f"a note is a string of at most {NOTE_MAX} characters, got {type(text).__name__}")
     st = open_store(store)
     run_id = st.run_id(name)
-    _write(st, f"note run {name!r}", lambda conn: conn.execute("UPDATE runs SET note = ? WHERE id = ?",
-                                                              (text, run_id)))
+    _write(st, f"note run {name!r}", lambda conn: conn.execute("UPDATE runs SET note = ? WHERE id = ?", (text, run_id)))
     return text
 
 
@@ -75,10 +84,11 @@ def rename(old: str, new: str, *, store: str | Path | Store | None = None) -> st
     run_id = st.run_id(old)
     new = check_run_name(new)
     if st.query("SELECT 1 FROM runs WHERE name = ?", (new,)):
-        raise InputError(f"a run named {new!r} exists already in {str(st.path)!r}; pick another name, or delete it "
-                         f"first (wb.runs.delete({new!r}))")
-    _write(st, f"rename run {old!r}", lambda conn: conn.execute("UPDATE runs SET name = ? WHERE id = ?",
-                                                               (new, run_id)))
+        raise InputError(
+            f"a run named {new!r} exists already in {str(st.path)!r}; pick another name, or delete it "
+            f"first (wb.runs.delete({new!r}))"
+        )
+    _write(st, f"rename run {old!r}", lambda conn: conn.execute("UPDATE runs SET name = ? WHERE id = ?", (new, run_id)))
     st.forget_runs(old)
     return new
 
@@ -91,6 +101,8 @@ def vacuum(*, store: str | Path | Store | None = None) -> dict[str, int]:
     try:
         st.vacuum()
     except sqlite3.Error as exc:
-        raise StoreError(f"could not vacuum {str(st.path)!r} ({exc}); another process may hold it open with a "
-                         "transaction, or the disk lacks room for a copy of the file; try again later") from exc
+        raise StoreError(
+            f"could not vacuum {str(st.path)!r} ({exc}); another process may hold it open with a "
+            "transaction, or the disk lacks room for a copy of the file; try again later"
+        ) from exc
     return {"before": before, "after": st.size_bytes()}

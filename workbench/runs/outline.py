@@ -23,9 +23,11 @@ from workbench.runs.codec import TAG
 from workbench.runs.database import Database
 
 # what a fast read selects (one query per page; the output and request stay JSON text until parsed here)
-_SELECT = ("SELECT r.id, r.item, r.turn, r.kind, r.output, r.request, r.sampling, r.seed_drawn, r.timings, "
-           "r.computed, r.created_at, r.session_id, r.key, r.match, length(r.prompt_ids), substr(r.prompt_ids, 1, 1) "
-           "FROM rows r WHERE r.run_id = ? AND r.id > ? ORDER BY r.id LIMIT ?")
+_SELECT = (
+    "SELECT r.id, r.item, r.turn, r.kind, r.output, r.request, r.sampling, r.seed_drawn, r.timings, "
+    "r.computed, r.created_at, r.session_id, r.key, r.match, length(r.prompt_ids), substr(r.prompt_ids, 1, 1) "
+    "FROM rows r WHERE r.run_id = ? AND r.id > ? ORDER BY r.id LIMIT ?"
+)
 PAGE_ROWS = 5000
 
 
@@ -80,19 +82,39 @@ def output_outline(data: Mapping[str, Any], tagged: bool = True) -> dict[str, An
         messages = [m for m in data.get("messages") or [] if isinstance(m, Mapping)]
         text = _text(messages[-1].get("content")) if messages else ""
         calls = [c for m in messages if m.get("role") == "assistant" for c in calls_of(m)]
-        return {"output": text, "stop_reason": data.get("stop_reason"), "tokens": [],
-                "generated_tokens": data.get("generated_tokens") or 0, "tool_calls": calls_text(calls),
-                "n_tool_calls": len(calls), "calls": calls}
+        return {
+            "output": text,
+            "stop_reason": data.get("stop_reason"),
+            "tokens": [],
+            "generated_tokens": data.get("generated_tokens") or 0,
+            "tool_calls": calls_text(calls),
+            "n_tool_calls": len(calls),
+            "calls": calls,
+        }
     elif kind == "ScoredRow":
         values = data.get("logprobs") or []
         total = sum(v if isinstance(v, (int, float)) else float(v.get("repr", "nan")) for v in values)
         logprob = float(total) if not math.isnan(total) else total
-        return {"output": f"logprob {logprob:.4f}", "stop_reason": None, "tokens": [],
-                "generated_tokens": len(values), "tool_calls": "", "n_tool_calls": 0, "calls": []}
+        return {
+            "output": f"logprob {logprob:.4f}",
+            "stop_reason": None,
+            "tokens": [],
+            "generated_tokens": len(values),
+            "tool_calls": "",
+            "n_tool_calls": 0,
+            "calls": [],
+        }
     else:
         text, stop = str(_plain_value(data)), None
-    return {"output": text, "stop_reason": stop, "tokens": tokens, "generated_tokens": len(tokens),
-            "tool_calls": calls_text(calls), "n_tool_calls": len(calls), "calls": calls}
+    return {
+        "output": text,
+        "stop_reason": stop,
+        "tokens": tokens,
+        "generated_tokens": len(tokens),
+        "tool_calls": calls_text(calls),
+        "n_tool_calls": len(calls),
+        "calls": calls,
+    }
 
 
 @contextmanager
@@ -117,8 +139,12 @@ CACHED_RUNS = 4
 
 def _signature(store: Database, run_id: int) -> tuple:
     """What changes when any row of the run is added, replaced or renamed (one aggregate query)."""
-    return tuple(store.query("SELECT count(*), max(id), max(created_at), total(length(item)), total(turn) "
-                             "FROM rows WHERE run_id = ?", (run_id,))[0])
+    return tuple(
+        store.query(
+            "SELECT count(*), max(id), max(created_at), total(length(item)), total(turn) FROM rows WHERE run_id = ?",
+            (run_id,),
+        )[0]
+    )
 
 
 def _read(store: Database, run_id: int) -> list[dict[str, Any]]:
@@ -128,14 +154,43 @@ def _read(store: Database, run_id: int) -> list[dict[str, Any]]:
         page = store.query(_SELECT, (run_id, last, PAGE_ROWS))
         if not page:
             return records
-        for (row_id, item, turn, kind, output, request, sampling, seed_drawn, timings, computed, created,
-             session, key, match, id_bytes, first_byte) in page:
-            records.append({
-                "row_id": row_id, "item": item, "turn": turn, "kind": kind,
-                **output_outline(json.loads(output), TAG in output), "request": json.loads(request),
-                "sampling": json.loads(sampling), "seed_drawn": bool(seed_drawn), "timings": json.loads(timings),
-                "computed": bool(computed), "created_at": created, "session": session, "key": key, "match": match,
-                "prompt_tokens": (id_bytes - 1) // 8 if first_byte == b"q" and id_bytes % 8 == 1 else id_bytes // 4})
+        for (
+            row_id,
+            item,
+            turn,
+            kind,
+            output,
+            request,
+            sampling,
+            seed_drawn,
+            timings,
+            computed,
+            created,
+            session,
+            key,
+            match,
+            id_bytes,
+            first_byte,
+        ) in page:
+            records.append(
+                {
+                    "row_id": row_id,
+                    "item": item,
+                    "turn": turn,
+                    "kind": kind,
+                    **output_outline(json.loads(output), TAG in output),
+                    "request": json.loads(request),
+                    "sampling": json.loads(sampling),
+                    "seed_drawn": bool(seed_drawn),
+                    "timings": json.loads(timings),
+                    "computed": bool(computed),
+                    "created_at": created,
+                    "session": session,
+                    "key": key,
+                    "match": match,
+                    "prompt_tokens": (id_bytes - 1) // 8 if first_byte == b"q" and id_bytes % 8 == 1 else id_bytes // 4,
+                }
+            )
         last = page[-1][0]
 
 

@@ -75,7 +75,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def _text_difference(a: str, b: str) -> tuple[str, str]:
     """Both texts from the first character where they part (at most :data:`DIFF_CHARS` characters)."""
     start = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return a[start:start + DIFF_CHARS], b[start:start + DIFF_CHARS]
+    return a[start : start + DIFF_CHARS], b[start : start + DIFF_CHARS]
 
 
 def change_of(a: Any, b: Any) -> str | None:
@@ -92,12 +92,20 @@ def no_common_items(a: str, b: str, n_a: int, n_b: int) -> InputError:
     return InputError(
         f"runs {a!r} and {b!r} answer no item in common ({n_a} and {n_b} items); their inputs differ, so no row "
         "of one lines up with a row of the other. Name the items yourself (item= on the calls, one id per row; "
-        "the evals use case ids), or pair identical requests with by='request'")
+        "the evals use case ids), or pair identical requests with by='request'"
+    )
 
 
 @gc_paused()  # tens of thousands of small records: see workbench.runs.outline.gc_paused
-def compare(a: str, b: str, *, by: str = "item", score: str | None = None, differing_only: bool | None = None,
-            store: str | Path | Store | None = None) -> pd.DataFrame:
+def compare(
+    a: str,
+    b: str,
+    *,
+    by: str = "item",
+    score: str | None = None,
+    differing_only: bool | None = None,
+    store: str | Path | Store | None = None,
+) -> pd.DataFrame:
     """Runs ``a`` and ``b`` item by item: one row per item both answered (see the module docstring).
 
     Columns: ``item``, ``output_a``, ``output_b`` (a tool-loop item: its calls turn by turn and final answer),
@@ -127,8 +135,10 @@ def compare(a: str, b: str, *, by: str = "item", score: str | None = None, diffe
     names = list(dict.fromkeys(n for side in (scores_a, scores_b) for item in both for n in side[item]))
     primary = score if score is not None else (names[0] if names else None)
     if primary is not None and primary not in names:
-        raise InputError(f"no score named {primary!r} on the items of {a!r} and {b!r} (scores: "
-                         f"{', '.join(names) or 'none'}); score the runs with wb.runs.score(name, fn)")
+        raise InputError(
+            f"no score named {primary!r} on the items of {a!r} and {b!r} (scores: "
+            f"{', '.join(names) or 'none'}); score the runs with wb.runs.score(name, fn)"
+        )
     records = []
     for item in both:
         x, y = left[item], right[item]
@@ -138,23 +148,48 @@ def compare(a: str, b: str, *, by: str = "item", score: str | None = None, diffe
         text_x, text_y = item_text(x), item_text(y)
         first = None if same else first_difference(tokens_x, tokens_y)
         diff_x, diff_y = ("", "") if same else _text_difference(text_x, text_y)
-        record = {"item": item, "output_a": text_x, "output_b": text_y, "same": same, "first_diff": first,
-                  "token_a": tokens_x[first] if first is not None and first < len(tokens_x) else None,
-                  "token_b": tokens_y[first] if first is not None and first < len(tokens_y) else None,
-                  "diff_a": diff_x, "diff_b": diff_y, "stop_reason_a": x[-1]["stop_reason"],
-                  "stop_reason_b": y[-1]["stop_reason"], "tool_calls_a": "; ".join(t["tool_calls"] for t in x
-                                                                                   if t["tool_calls"]),
-                  "tool_calls_b": "; ".join(t["tool_calls"] for t in y if t["tool_calls"]),
-                  "turns_a": len(x), "turns_b": len(y)}
+        record = {
+            "item": item,
+            "output_a": text_x,
+            "output_b": text_y,
+            "same": same,
+            "first_diff": first,
+            "token_a": tokens_x[first] if first is not None and first < len(tokens_x) else None,
+            "token_b": tokens_y[first] if first is not None and first < len(tokens_y) else None,
+            "diff_a": diff_x,
+            "diff_b": diff_y,
+            "stop_reason_a": x[-1]["stop_reason"],
+            "stop_reason_b": y[-1]["stop_reason"],
+            "tool_calls_a": "; ".join(t["tool_calls"] for t in x if t["tool_calls"]),
+            "tool_calls_b": "; ".join(t["tool_calls"] for t in y if t["tool_calls"]),
+            "turns_a": len(x),
+            "turns_b": len(y),
+        }
         sx, sy = scores_a[item], scores_b[item]
         for name in names:
             record[f"{name}_a"], record[f"{name}_b"] = sx.get(name), sy.get(name)
             record[f"{name}_change"] = change_of(sx.get(name), sy.get(name))
         record["change"] = record[f"{primary}_change"] if primary is not None else None
         records.append(record)
-    columns = ["item", "output_a", "output_b", "same", "first_diff", "token_a", "token_b", "diff_a", "diff_b",
-               "change", *[f"{n}_{s}" for n in names for s in ("a", "b", "change")], "stop_reason_a",
-               "stop_reason_b", "tool_calls_a", "tool_calls_b", "turns_a", "turns_b"]
+    columns = [
+        "item",
+        "output_a",
+        "output_b",
+        "same",
+        "first_diff",
+        "token_a",
+        "token_b",
+        "diff_a",
+        "diff_b",
+        "change",
+        *[f"{n}_{s}" for n in names for s in ("a", "b", "change")],
+        "stop_reason_a",
+        "stop_reason_b",
+        "tool_calls_a",
+        "tool_calls_b",
+        "turns_a",
+        "turns_b",
+    ]
     frame = pd.DataFrame.from_records(records, columns=columns)
     for name in names:  # None where an item lacks the score; pass/fail stays True/False (not numpy's bools)
         for side in ("a", "b"):
@@ -163,16 +198,30 @@ def compare(a: str, b: str, *, by: str = "item", score: str | None = None, diffe
     frame = frame.iloc[order.argsort(kind="stable")].reset_index(drop=True)
     for column in ("first_diff", "token_a", "token_b"):  # ints, None where the outputs are the same
         frame[column] = pd.Series([None if v is None or v != v else int(v) for v in frame[column]], dtype=object)
-    counts = {"both": len(both), "only_a": sum(i not in right for i in left),
-              "only_b": sum(i not in left for i in right), "differ": int((~frame["same"]).sum()),
-              "improved": int((frame["change"] == "improved").sum()),
-              "regressed": int((frame["change"] == "regressed").sum())}
+    counts = {
+        "both": len(both),
+        "only_a": sum(i not in right for i in left),
+        "only_b": sum(i not in left for i in right),
+        "differ": int((~frame["same"]).sum()),
+        "improved": int((frame["change"] == "improved").sum()),
+        "regressed": int((frame["change"] == "regressed").sum()),
+    }
     if differing_only:
         frame = frame[~frame["same"]].reset_index(drop=True)
-    frame.attrs.update({"a": a, "b": b, "by": by, "counts": counts, **counts, "scores": names, "score": primary,
-                        "only_a_items": [i for i in left if i not in right],
-                        "only_b_items": [i for i in right if i not in left],
-                        "settings": diff_settings(a, b, store=st)})
+    frame.attrs.update(
+        {
+            "a": a,
+            "b": b,
+            "by": by,
+            "counts": counts,
+            **counts,
+            "scores": names,
+            "score": primary,
+            "only_a_items": [i for i in left if i not in right],
+            "only_b_items": [i for i in right if i not in left],
+            "settings": diff_settings(a, b, store=st),
+        }
+    )
     return frame
 
 
@@ -186,8 +235,10 @@ def transcript(name: str, item: str, *, store: str | Path | Store | None = None)
     records = [r for r in read_outline(st, name) if r["item"] == item]
     if not records:
         known = list(dict.fromkeys(r["item"] for r in outline(st, name).records))[:10]
-        raise InputError(f"run {name!r} has no item {item!r} (items: {', '.join(map(repr, known)) or 'none'}); "
-                         "wb.runs.rows(name)['item'] lists them")
+        raise InputError(
+            f"run {name!r} has no item {item!r} (items: {', '.join(map(repr, known)) or 'none'}); "
+            "wb.runs.rows(name)['item'] lists them"
+        )
     turns = item_turns(records)[item]
     out = []
     for k, row in enumerate(turns):
@@ -198,9 +249,19 @@ def transcript(name: str, item: str, *, store: str | Path | Store | None = None)
         results: list[Any] = []
         if k + 1 < len(turns):  # the next turn's input: this dialog, this reply, then the tool results
             following = (turns[k + 1]["request"] or {}).get("messages") or []
-            results = [m for m in following[len(messages) + 1:] if isinstance(m, dict) and m.get("role") == "tool"]
-        out.append({"turn": row["turn"] if row["turn"] is not None else k, "messages": messages,
-                    "output": row["output"], "tool_calls": [{"tool_name": n, "arguments": a} for n, a in row["calls"]],
-                    "tool_results": results, "stop_reason": row["stop_reason"], "tokens": row["tokens"],
-                    "scores": row["scores"], "kind": row["kind"], "row_id": row["row_id"]})
+            results = [m for m in following[len(messages) + 1 :] if isinstance(m, dict) and m.get("role") == "tool"]
+        out.append(
+            {
+                "turn": row["turn"] if row["turn"] is not None else k,
+                "messages": messages,
+                "output": row["output"],
+                "tool_calls": [{"tool_name": n, "arguments": a} for n, a in row["calls"]],
+                "tool_results": results,
+                "stop_reason": row["stop_reason"],
+                "tokens": row["tokens"],
+                "scores": row["scores"],
+                "kind": row["kind"],
+                "row_id": row["row_id"],
+            }
+        )
     return out

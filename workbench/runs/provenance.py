@@ -47,21 +47,37 @@ class Provenance:
 
     def __post_init__(self) -> None:
         if not isinstance(self.identity, str) or not self.identity:
-            raise InputError(f"a run's provenance needs the checkpoint identity (a non-empty string), got "
-                             f"{self.identity!r}; compute it with Store.checkpoint_identity(folder)")
+            raise InputError(
+                f"a run's provenance needs the checkpoint identity (a non-empty string), got "
+                f"{self.identity!r}; compute it with Store.checkpoint_identity(folder)"
+            )
 
     @classmethod
-    def of(cls, settings: Settings, identity: CheckpointIdentity | str, *, model: str | None = None,
-           **extra: Any) -> Provenance:
+    def of(
+        cls, settings: Settings, identity: CheckpointIdentity | str, *, model: str | None = None, **extra: Any
+    ) -> Provenance:
         """The provenance of an engine loaded with ``settings`` whose checkpoint has ``identity``."""
         files = identity.files if isinstance(identity, CheckpointIdentity) else {}
-        return cls(identity=str(identity), load=load_fields(settings), checkpoint=str(settings.checkpoint_dir),
-                   model=model or settings.model_id, device=settings.device, files=dict(files), extra=extra)
+        return cls(
+            identity=str(identity),
+            load=load_fields(settings),
+            checkpoint=str(settings.checkpoint_dir),
+            model=model or settings.model_id,
+            device=settings.device,
+            files=dict(files),
+            extra=extra,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"checkpoint_identity": self.identity, "load": dict(self.load), "checkpoint_path": self.checkpoint,
-                "model": self.model, "device": self.device, "checkpoint_files": dict(self.files),
-                "extra": dict(self.extra)}
+        return {
+            "checkpoint_identity": self.identity,
+            "load": dict(self.load),
+            "checkpoint_path": self.checkpoint,
+            "model": self.model,
+            "device": self.device,
+            "checkpoint_files": dict(self.files),
+            "extra": dict(self.extra),
+        }
 
 
 def package_version(package: str) -> str | None:
@@ -80,8 +96,14 @@ def git_state(folder: str | Path | None = None) -> dict[str, Any]:
 
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True,
-                                  timeout=GIT_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                ["git", "-C", folder, *args],
+                capture_output=True,
+                text=True,
+                timeout=GIT_TIMEOUT_S,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout.strip() if done.returncode == 0 else None

@@ -103,8 +103,10 @@ def diff_html(a: str, b: str) -> tuple[str, str]:
 def side_by_side_html(a_title: str, a_text: str, b_title: str, b_text: str) -> str:
     """Two texts in two columns, differences highlighted (the baseline on the left)."""
     left, right = diff_html(a_text, b_text)
-    return (f'<div class="wb-side"><div><b>{esc(a_title)}</b><div class="wb-text">{left}</div></div>'
-            f'<div><b>{esc(b_title)}</b><div class="wb-text">{right}</div></div></div>')
+    return (
+        f'<div class="wb-side"><div><b>{esc(a_title)}</b><div class="wb-text">{left}</div></div>'
+        f'<div><b>{esc(b_title)}</b><div class="wb-text">{right}</div></div></div>'
+    )
 
 
 def transcript_text(turns: Sequence[Mapping[str, Any]]) -> str:
@@ -177,8 +179,9 @@ def score_names(frame: pd.DataFrame) -> list[str]:
     if scores:
         return list(scores)
     reserved = {"output", "tool_calls", "stop_reason", "tokens"}
-    return [c[:-2] for c in frame.columns if c.endswith("_a") and f"{c[:-2]}_b" in frame.columns
-            and c[:-2] not in reserved]
+    return [
+        c[:-2] for c in frame.columns if c.endswith("_a") and f"{c[:-2]}_b" in frame.columns and c[:-2] not in reserved
+    ]
 
 
 def change_of(row: Mapping[str, Any]) -> str:
@@ -202,8 +205,12 @@ def ordered_changes(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------------ html parts
-def runs_html(names: Sequence[str], baseline: str, runs_table: pd.DataFrame | None,
-              settings_diffs: Mapping[str, Mapping[str, tuple[Any, Any]]]) -> str:
+def runs_html(
+    names: Sequence[str],
+    baseline: str,
+    runs_table: pd.DataFrame | None,
+    settings_diffs: Mapping[str, Mapping[str, tuple[Any, Any]]],
+) -> str:
     """The runs (baseline marked) with their rows, items, tags and notes, then per run what settings differ
     from the baseline's."""
     info = {}
@@ -218,9 +225,11 @@ def runs_html(names: Sequence[str], baseline: str, runs_table: pd.DataFrame | No
         tags = tags.split(",") if isinstance(tags, str) else list(tags)
         tag_html = "".join(f'<span class="wb-tag">{esc(t.strip())}</span>' for t in tags if str(t).strip())
         mark = ' <span class="wb-muted">(baseline)</span>' if name == baseline else ""
-        body.append(f"<tr><td><b>{esc(name)}</b>{mark}</td><td class='num'>{esc(_int(r.get('rows')))}</td>"
-                    f"<td class='num'>{esc(_int(r.get('items')))}</td><td>{tag_html}</td>"
-                    f"<td>{esc('' if _missing(r.get('note')) else r.get('note'))}</td></tr>")
+        body.append(
+            f"<tr><td><b>{esc(name)}</b>{mark}</td><td class='num'>{esc(_int(r.get('rows')))}</td>"
+            f"<td class='num'>{esc(_int(r.get('items')))}</td><td>{tag_html}</td>"
+            f"<td>{esc('' if _missing(r.get('note')) else r.get('note'))}</td></tr>"
+        )
     parts = [f"<table class='wb-runs-table'>{head}{''.join(body)}</table>"]
     for name, diff in settings_diffs.items():
         parts.append(settings_html(baseline, name, diff))
@@ -236,10 +245,14 @@ def settings_html(a: str, b: str, diff: Mapping[str, tuple[Any, Any]]) -> str:
     title = f"<h3>settings: {esc(b)} vs {esc(a)}</h3>"
     if not diff:
         return title + "<p class='wb-muted'>no setting differs</p>"
-    rows = "".join(f"<tr><td>{esc(k)}</td><td class='wb-text'>{esc(_short(v[0]))}</td>"
-                   f"<td class='wb-text'>{esc(_short(v[1]))}</td></tr>" for k, v in diff.items())
-    return (f"{title}<table class='wb-settings'><tr><th>setting</th><th>{esc(a)}</th><th>{esc(b)}</th></tr>"
-            f"{rows}</table>")
+    rows = "".join(
+        f"<tr><td>{esc(k)}</td><td class='wb-text'>{esc(_short(v[0]))}</td>"
+        f"<td class='wb-text'>{esc(_short(v[1]))}</td></tr>"
+        for k, v in diff.items()
+    )
+    return (
+        f"{title}<table class='wb-settings'><tr><th>setting</th><th>{esc(a)}</th><th>{esc(b)}</th></tr>{rows}</table>"
+    )
 
 
 def _short(value: Any, limit: int = 400) -> str:
@@ -267,22 +280,29 @@ def summary_html(frame: pd.DataFrame) -> str:
     verdict — "not shown to differ" wherever the interval covers 0."""
     if frame is None or not len(frame):
         return "<p class='wb-muted'>no scores stored on these runs: wb.runs.score(name, fn) adds them</p>"
-    head = ("<tr><th>run</th><th>score</th><th>n</th><th>mean [95 % interval]</th>"
-            "<th>difference vs baseline [95 % interval]</th><th>p-value</th><th>improved</th><th>regressed</th>"
-            "<th>verdict</th></tr>")
+    head = (
+        "<tr><th>run</th><th>score</th><th>n</th><th>mean [95 % interval]</th>"
+        "<th>difference vs baseline [95 % interval]</th><th>p-value</th><th>improved</th><th>regressed</th>"
+        "<th>verdict</th></tr>"
+    )
     body = []
     for r in frame.to_dict("records"):
         word = verdict(r)
         css = {"higher": "wb-shown", "lower": "wb-regressed-verdict", NOT_SHOWN: "wb-not-shown"}.get(word, "")
         mean = f"{_number(r.get('mean'))} [{_number(r.get('low'))}, {_number(r.get('high'))}]"
-        diff = ("" if _missing(r.get("diff")) else
-                f"{_number(r.get('diff'), 3)} [{_number(r.get('diff_low'))}, {_number(r.get('diff_high'))}]")
-        body.append(f"<tr class='wb-summary-row'><td>{esc(r.get('run'))}</td><td>{esc(r.get('score'))}</td>"
-                    f"<td class='num'>{esc(_int(r.get('n')))}</td><td class='num'>{mean}</td>"
-                    f"<td class='num'>{diff}</td><td class='num'>{_number(r.get('p_value'), 4)}</td>"
-                    f"<td class='num'>{esc(_int(r.get('improved')))}</td>"
-                    f"<td class='num'>{esc(_int(r.get('regressed')))}</td>"
-                    f"<td class='{css}'>{esc(word)}</td></tr>")
+        diff = (
+            ""
+            if _missing(r.get("diff"))
+            else f"{_number(r.get('diff'), 3)} [{_number(r.get('diff_low'))}, {_number(r.get('diff_high'))}]"
+        )
+        body.append(
+            f"<tr class='wb-summary-row'><td>{esc(r.get('run'))}</td><td>{esc(r.get('score'))}</td>"
+            f"<td class='num'>{esc(_int(r.get('n')))}</td><td class='num'>{mean}</td>"
+            f"<td class='num'>{diff}</td><td class='num'>{_number(r.get('p_value'), 4)}</td>"
+            f"<td class='num'>{esc(_int(r.get('improved')))}</td>"
+            f"<td class='num'>{esc(_int(r.get('regressed')))}</td>"
+            f"<td class='{css}'>{esc(word)}</td></tr>"
+        )
     return f"<table class='wb-summary'>{head}{''.join(body)}</table>"
 
 
@@ -301,8 +321,7 @@ def changes_html(a: str, b: str, frame: pd.DataFrame, limit: int = REPORT_ITEMS)
     if not len(changed):
         return parts[0] + "<p class='wb-muted'>no item changed</p>"
     for r in changed.head(limit).to_dict("records"):
-        marks = " ".join(f"{esc(s)}: {esc(_number(r.get(f'{s}_a')))} → {esc(_number(r.get(f'{s}_b')))}"
-                         for s in scores)
+        marks = " ".join(f"{esc(s)}: {esc(_number(r.get(f'{s}_a')))} → {esc(_number(r.get(f'{s}_b')))}" for s in scores)
         first = r.get("first_diff")
         where = "" if _missing(first) else f" · first differing token: {esc(_int(first))}"
         token = r.get("first_diff_text", r.get("first_diff_token"))
@@ -310,17 +329,25 @@ def changes_html(a: str, b: str, frame: pd.DataFrame, limit: int = REPORT_ITEMS)
         parts.append(
             f"<div class='wb-item'><span class='wb-change-{esc(r['status'])}'>{esc(r['status'])}</span> "
             f"<b>{esc(_short(r.get('item'), 200))}</b> <span class='wb-muted'>{marks}{where}</span>"
-            f"{side_by_side_html(a, item_text(r, 'a'), b, item_text(r, 'b'))}</div>")
+            f"{side_by_side_html(a, item_text(r, 'a'), b, item_text(r, 'b'))}</div>"
+        )
     rest = len(changed) - min(limit, len(changed))
     if rest:
-        parts.append(f"<p class='wb-muted'>… and {rest} more changed items (wb.runs.compare({a!r}, {b!r}) "
-                     f"lists them all)</p>")
+        parts.append(
+            f"<p class='wb-muted'>… and {rest} more changed items (wb.runs.compare({a!r}, {b!r}) lists them all)</p>"
+        )
     return "".join(parts)
 
 
 # ------------------------------------------------------------------------------------------ the report
-def report_html(names: Sequence[str], *, baseline: str | None = None, store: str | Path | Store | None = None,
-                limit: int = REPORT_ITEMS, title: str | None = None) -> str:
+def report_html(
+    names: Sequence[str],
+    *,
+    baseline: str | None = None,
+    store: str | Path | Store | None = None,
+    limit: int = REPORT_ITEMS,
+    title: str | None = None,
+) -> str:
     """The report as one HTML document (what :func:`report` writes)."""
     names = check_names(names)
     baseline = names[0] if baseline is None else baseline
@@ -333,20 +360,26 @@ def report_html(names: Sequence[str], *, baseline: str | None = None, store: str
     summary = runs.summary(list(names), baseline=baseline, store=st)
     title = title or f"What changed: {', '.join(others)} vs {baseline}"
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    body = [f"<h1>{esc(title)}</h1><p class='wb-muted'>workbench run store report · {esc(stamp)} · "
-            f"baseline: <b>{esc(baseline)}</b></p>",
-            "<h2>Runs</h2>", runs_html(names, baseline, table, diffs),
-            "<h2>Scores</h2>", summary_html(summary),
-            "<p class='wb-muted'>95 % intervals; the difference is paired over the items both runs answered "
-            "(McNemar's exact test for pass/fail scores, a paired test for numbers). "
-            f"A difference whose interval covers 0 is {NOT_SHOWN}.</p>"]
+    body = [
+        f"<h1>{esc(title)}</h1><p class='wb-muted'>workbench run store report · {esc(stamp)} · "
+        f"baseline: <b>{esc(baseline)}</b></p>",
+        "<h2>Runs</h2>",
+        runs_html(names, baseline, table, diffs),
+        "<h2>Scores</h2>",
+        summary_html(summary),
+        "<p class='wb-muted'>95 % intervals; the difference is paired over the items both runs answered "
+        "(McNemar's exact test for pass/fail scores, a paired test for numbers). "
+        f"A difference whose interval covers 0 is {NOT_SHOWN}.</p>",
+    ]
     for other in others:
         frame = runs.compare(baseline, other, store=st)
         body.append(f"<h2>Changed items: {esc(other)} vs {esc(baseline)}</h2>")
         body.append(changes_html(baseline, other, frame, limit))
-    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{esc(title)}</title>"
-            f"<style>{STYLE}</style></head><body><div class='wb-runs'>{''.join(body)}</div></body></html>\n")
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{esc(title)}</title>"
+        f"<style>{STYLE}</style></head><body><div class='wb-runs'>{''.join(body)}</div></body></html>\n"
+    )
 
 
 def check_names(names: Any) -> list[str]:
@@ -358,8 +391,14 @@ def check_names(names: Any) -> list[str]:
     return names
 
 
-def report(names: str | Sequence[str], path: str | Path, *, baseline: str | None = None,
-           store: str | Path | Store | None = None, limit: int = REPORT_ITEMS) -> Path:
+def report(
+    names: str | Sequence[str],
+    path: str | Path,
+    *,
+    baseline: str | None = None,
+    store: str | Path | Store | None = None,
+    limit: int = REPORT_ITEMS,
+) -> Path:
     """Write one self-contained HTML file comparing runs ``names`` against ``baseline`` (the first by default):
     the runs with tags and notes, the settings that differ, the score summary with intervals and p-values, and
     the changed items (regressions first, at most ``limit`` per run) with both outputs, differences
@@ -367,8 +406,9 @@ def report(names: str | Sequence[str], path: str | Path, *, baseline: str | None
     paper, a pull request or a message.  Returns the path written."""
     path = Path(path).expanduser()
     if path.is_dir():
-        raise InputError(f"{str(path)!r} is a folder; give the report a file name inside it, e.g. "
-                         f"{str(path / 'report.html')!r}")
+        raise InputError(
+            f"{str(path)!r} is a folder; give the report a file name inside it, e.g. {str(path / 'report.html')!r}"
+        )
     if path.suffix.lower() not in (".html", ".htm"):
         raise InputError(f"the report is an HTML file; end its name with .html (got {path.name!r})")
     document = report_html(names, baseline=baseline, store=store, limit=limit)  # before touching the disk
@@ -382,6 +422,8 @@ def report(names: str | Sequence[str], path: str | Path, *, baseline: str | None
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
-        raise InputError(f"cannot write the report to {str(path)!r} ({exc.strerror or exc}); pick a path in a "
-                         f"folder you can write, e.g. report(..., 'report.html') in the working folder") from None
+        raise InputError(
+            f"cannot write the report to {str(path)!r} ({exc.strerror or exc}); pick a path in a "
+            f"folder you can write, e.g. report(..., 'report.html') in the working folder"
+        ) from None
     return path

@@ -28,12 +28,54 @@ from workbench.runs.store import Store, open_store
 ScoreValue = bool | int | float
 SCORE_NAME_MAX = 100
 # the columns rows() already has (workbench.runs.browse.ROW_COLUMNS and its extras): not score names
-RESERVED_NAMES = frozenset((
-    "run", "item", "turn", "kind", "prompt", "output", "stop_reason", "generated_tokens", "tool_calls", "n_tool_calls",
-    "prompt_tokens", "seed", "seed_drawn", "temperature", "top_p", "top_k", "max_tokens", "computed", "stored_at",
-    "seconds", "model", "checkpoint_identity", "checkpoint_path", "quantization", "dtype", "model_parallel_size",
-    "device", "workbench_version", "torch_version", "numerics_version", "host", "git_commit", "key", "match",
-    "tokens", "row_id", "request", "prompt_ids", "sampling", "timings", "provenance", "result", "change", "same"))
+RESERVED_NAMES = frozenset(
+    (
+        "run",
+        "item",
+        "turn",
+        "kind",
+        "prompt",
+        "output",
+        "stop_reason",
+        "generated_tokens",
+        "tool_calls",
+        "n_tool_calls",
+        "prompt_tokens",
+        "seed",
+        "seed_drawn",
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_tokens",
+        "computed",
+        "stored_at",
+        "seconds",
+        "model",
+        "checkpoint_identity",
+        "checkpoint_path",
+        "quantization",
+        "dtype",
+        "model_parallel_size",
+        "device",
+        "workbench_version",
+        "torch_version",
+        "numerics_version",
+        "host",
+        "git_commit",
+        "key",
+        "match",
+        "tokens",
+        "row_id",
+        "request",
+        "prompt_ids",
+        "sampling",
+        "timings",
+        "provenance",
+        "result",
+        "change",
+        "same",
+    )
+)
 
 
 def score_kind(name: str, value: Any) -> tuple[str, float] | None:
@@ -50,29 +92,40 @@ def score_kind(name: str, value: Any) -> tuple[str, float] | None:
         if math.isinf(number):
             raise InputError(f"score {name!r} is {number}; scores are finite numbers or pass/fail (bool)")
         return "number", number
-    raise InputError(f"score {name!r} is a {type(value).__name__} ({value!r:.60}); a score is a number or a bool "
-                     "(pass/fail): return e.g. {'exact': output == target} or {'length': len(output)}")
+    raise InputError(
+        f"score {name!r} is a {type(value).__name__} ({value!r:.60}); a score is a number or a bool "
+        "(pass/fail): return e.g. {'exact': output == target} or {'length': len(output)}"
+    )
 
 
 def check_score_name(name: Any) -> str:
     """A score name: printable, 1 to 100 characters, not a column ``rows()`` already shows."""
     if not isinstance(name, str) or not name.strip() or len(name) > SCORE_NAME_MAX or not name.isprintable():
-        raise InputError(f"a score name must be a printable string of 1 to {SCORE_NAME_MAX} characters, got "
-                         f"{name!r:.80}")
+        raise InputError(
+            f"a score name must be a printable string of 1 to {SCORE_NAME_MAX} characters, got {name!r:.80}"
+        )
     if name in RESERVED_NAMES:
-        raise InputError(f"{name!r} is a column of wb.runs.rows() already, so it cannot name a score; use another "
-                         f"name (e.g. {name + '_score'!r})")
+        raise InputError(
+            f"{name!r} is a column of wb.runs.rows() already, so it cannot name a score; use another "
+            f"name (e.g. {name + '_score'!r})"
+        )
     return name
 
 
 def stored_kinds(store: Database, run_id: int) -> dict[str, str]:
     """The kind each score name of a run holds now."""
-    return dict(store.query("SELECT s.name, min(s.kind) FROM scores s JOIN rows r ON r.id = s.row_id "
-                            "WHERE r.run_id = ? GROUP BY s.name", (run_id,)))
+    return dict(
+        store.query(
+            "SELECT s.name, min(s.kind) FROM scores s JOIN rows r ON r.id = s.row_id "
+            "WHERE r.run_id = ? GROUP BY s.name",
+            (run_id,),
+        )
+    )
 
 
-def _check_kinds(run: str, new: Sequence[tuple[int, str, str, float]], held: Mapping[str, str],
-                 replaced: set[str]) -> None:
+def _check_kinds(
+    run: str, new: Sequence[tuple[int, str, str, float]], held: Mapping[str, str], replaced: set[str]
+) -> None:
     """One kind per score name (the new values together with those kept): else InputError naming the fix."""
     kinds: dict[str, dict[str, int]] = {}
     for _, name, kind, _ in new:
@@ -83,16 +136,22 @@ def _check_kinds(run: str, new: Sequence[tuple[int, str, str, float]], held: Map
             kinds[name].setdefault(held_kind, 0)
     for name, found in kinds.items():
         if len(found) > 1:
-            counts = ", ".join(f"{'pass/fail (bool)' if k == 'bool' else 'numbers'} on {n} rows" if n else
-                               f"{'pass/fail (bool)' if k == 'bool' else 'numbers'} already stored"
-                               for k, n in sorted(found.items()))
-            raise InputError(f"score {name!r} of run {run!r} would hold {counts}; a score name holds one type: "
-                             f"return one type for it (e.g. float(passed), or bool(value > threshold)) or use "
-                             f"another name (e.g. {name + '_rate'!r})")
+            counts = ", ".join(
+                f"{'pass/fail (bool)' if k == 'bool' else 'numbers'} on {n} rows"
+                if n
+                else f"{'pass/fail (bool)' if k == 'bool' else 'numbers'} already stored"
+                for k, n in sorted(found.items())
+            )
+            raise InputError(
+                f"score {name!r} of run {run!r} would hold {counts}; a score name holds one type: "
+                f"return one type for it (e.g. float(passed), or bool(value > threshold)) or use "
+                f"another name (e.g. {name + '_rate'!r})"
+            )
 
 
-def write_scores(store: Database, run: str, values: Sequence[tuple[int, str, Any]], *,
-                 replace_names: bool = False) -> int:
+def write_scores(
+    store: Database, run: str, values: Sequence[tuple[int, str, Any]], *, replace_names: bool = False
+) -> int:
     """Store ``(row_id, name, value)`` scores of run ``run`` in one transaction (``replace_names``: the names
     given drop their old values on every row first).  Returns how many were stored."""
     run_id = store.run_id(run)
@@ -109,17 +168,23 @@ def write_scores(store: Database, run: str, values: Sequence[tuple[int, str, Any
     def statements(conn: sqlite3.Connection) -> None:
         if replace_names:
             for name in names:
-                conn.execute("DELETE FROM scores WHERE name = ? AND row_id IN (SELECT id FROM rows WHERE run_id = ?)",
-                             (name, run_id))
-        conn.executemany("INSERT OR REPLACE INTO scores(row_id, name, value, kind) VALUES (?, ?, ?, ?)",
-                         [(row_id, name, value, kind) for row_id, name, kind, value in typed])
+                conn.execute(
+                    "DELETE FROM scores WHERE name = ? AND row_id IN (SELECT id FROM rows WHERE run_id = ?)",
+                    (name, run_id),
+                )
+        conn.executemany(
+            "INSERT OR REPLACE INTO scores(row_id, name, value, kind) VALUES (?, ?, ?, ?)",
+            [(row_id, name, value, kind) for row_id, name, kind, value in typed],
+        )
         conn.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), run_id))
 
     try:
         store.transaction(statements)
     except sqlite3.Error as exc:
-        raise StoreError(f"could not store scores of run {run!r} in {str(store.path)!r} ({exc}); is the file "
-                         "read-only or the disk full? Nothing was changed") from exc
+        raise StoreError(
+            f"could not store scores of run {run!r} in {str(store.path)!r} ({exc}); is the file "
+            "read-only or the disk full? Nothing was changed"
+        ) from exc
     return len(typed)
 
 
@@ -132,12 +197,27 @@ def row_view(record: Mapping[str, Any], scores: Mapping[str, Any]) -> dict[str, 
     return view
 
 
-_VIEW = ("row_id", "item", "turn", "kind", "output", "tool_calls", "calls", "n_tool_calls", "stop_reason", "tokens",
-         "generated_tokens", "request", "sampling", "key")
+_VIEW = (
+    "row_id",
+    "item",
+    "turn",
+    "kind",
+    "output",
+    "tool_calls",
+    "calls",
+    "n_tool_calls",
+    "stop_reason",
+    "tokens",
+    "generated_tokens",
+    "request",
+    "sampling",
+    "key",
+)
 
 
-def score(name: str, fn: Callable[[dict[str, Any]], Mapping[str, ScoreValue]], *,
-          store: str | Path | Store | None = None) -> dict[str, Any]:
+def score(
+    name: str, fn: Callable[[dict[str, Any]], Mapping[str, ScoreValue]], *, store: str | Path | Store | None = None
+) -> dict[str, Any]:
     """Score every row of run ``name`` with ``fn(row) -> {score_name: number or bool}`` and store the scores
     (replacing earlier values of those names); nothing is generated.  ``row`` is a dict (:func:`row_view`:
     ``item``, ``output``, ``tool_calls``, ``stop_reason``, ...).  A row on which ``fn`` raises gets no score: the
@@ -163,8 +243,10 @@ def score(name: str, fn: Callable[[dict[str, Any]], Mapping[str, ScoreValue]], *
                     first_error = f"{type(exc).__name__}: {exc} (item {record['item']!r})"
                 continue
             if not isinstance(result, Mapping):
-                raise InputError(f"the score function returned a {type(result).__name__}; return a dict of score "
-                                 "name -> number or bool, e.g. {'exact': row['output'] == target}")
+                raise InputError(
+                    f"the score function returned a {type(result).__name__}; return a dict of score "
+                    "name -> number or bool, e.g. {'exact': row['output'] == target}"
+                )
             scored += 1
             for key, value in result.items():
                 if key not in checked:
@@ -173,22 +255,28 @@ def score(name: str, fn: Callable[[dict[str, Any]], Mapping[str, ScoreValue]], *
                 values.append((record["row_id"], key, value))
     write_scores(st, name, values, replace_names=True)
     if failed:
-        warnings.warn(f"the score function raised on {failed} of {scored + failed} rows of run {name!r}; those "
-                      f"rows have no score, the other {scored} were stored. First error: {first_error}. Fix the "
-                      "function and score again (new scores replace the old ones)", ScoreWarning, stacklevel=2)
+        warnings.warn(
+            f"the score function raised on {failed} of {scored + failed} rows of run {name!r}; those "
+            f"rows have no score, the other {scored} were stored. First error: {first_error}. Fix the "
+            "function and score again (new scores replace the old ones)",
+            ScoreWarning,
+            stacklevel=2,
+        )
     return {"scored": scored, "failed": failed, "first_error": first_error, "names": list(names)}
 
 
-def put_scores(name: str, scores: Mapping[Any, Mapping[str, ScoreValue]], *,
-               store: str | Path | Store | None = None) -> dict[str, Any]:
+def put_scores(
+    name: str, scores: Mapping[Any, Mapping[str, ScoreValue]], *, store: str | Path | Store | None = None
+) -> dict[str, Any]:
     """Store scores by item: ``{item: {score_name: value}}``, each on the item's last row (its final turn, the
     latest stored).  What the evals harness and BFCL call after scoring their cases.  Returns ``{"stored":
     scores stored, "missing": [items with no row]}``."""
     st = open_store(store)
     run_id = st.run_id(name)
     last: dict[str, int] = {}
-    for row_id, item in st.query("SELECT id, item FROM rows WHERE run_id = ? ORDER BY coalesce(turn, 0), id",
-                                 (run_id,)):
+    for row_id, item in st.query(
+        "SELECT id, item FROM rows WHERE run_id = ? ORDER BY coalesce(turn, 0), id", (run_id,)
+    ):
         last[item] = row_id
     values, missing = [], []
     for item, by_name in scores.items():
@@ -200,15 +288,17 @@ def put_scores(name: str, scores: Mapping[Any, Mapping[str, ScoreValue]], *,
     return {"stored": write_scores(st, name, values), "missing": missing}
 
 
-def set_items(name: str, items: Sequence[tuple[Sequence[int], Any]], *,
-              store: str | Path | Store | None = None) -> int:
+def set_items(name: str, items: Sequence[tuple[Sequence[int], Any]], *, store: str | Path | Store | None = None) -> int:
     """Name the items of run ``name``'s rows by their prompt ids: ``[(prompt_ids, item), ...]`` (for callers
     that know a row's case id but not its key, e.g. BFCL).  Returns how many rows were renamed."""
     st = open_store(store)
     run_id = st.run_id(name)
     wanted = {pack_ids(ids): check_item(item) for ids, item in items}
-    updates = [(wanted[blob], row_id) for row_id, blob in
-               st.query("SELECT id, prompt_ids FROM rows WHERE run_id = ?", (run_id,)) if blob in wanted]
+    updates = [
+        (wanted[blob], row_id)
+        for row_id, blob in st.query("SELECT id, prompt_ids FROM rows WHERE run_id = ?", (run_id,))
+        if blob in wanted
+    ]
     if updates:
         try:
             st.transaction(lambda conn: conn.executemany("UPDATE rows SET item = ? WHERE id = ?", updates))
@@ -217,8 +307,13 @@ def set_items(name: str, items: Sequence[tuple[Sequence[int], Any]], *,
     return len(updates)
 
 
-def keep_scores(name: str, scores: Mapping[Any, Mapping[str, ScoreValue]], *,
-                items: Sequence[tuple[Sequence[int], Any]] = (), store: str | Path | Store | None = None) -> bool:
+def keep_scores(
+    name: str,
+    scores: Mapping[Any, Mapping[str, ScoreValue]],
+    *,
+    items: Sequence[tuple[Sequence[int], Any]] = (),
+    store: str | Path | Store | None = None,
+) -> bool:
     """What a harness calls after scoring the cases of a ``run=`` call: name the rows' items by their prompt ids
     (``items``, see :func:`set_items`; rows the engine named already need none) and store the scores by item
     (:func:`put_scores`).  Like every write from a call, it never raises for a store that cannot be written: it
@@ -228,9 +323,13 @@ def keep_scores(name: str, scores: Mapping[Any, Mapping[str, ScoreValue]], *,
             set_items(name, items, store=store)
         put_scores(name, scores, store=store)
     except (StoreError, sqlite3.Error, OSError) as exc:
-        warnings.warn(f"the scores of run {name!r} could not be stored ({exc}); the results are returned but "
-                      "wb.runs.compare/summary will not see them. Free disk space or make the store writable, then "
-                      "run again (every row is answered from the store)", StoreWarning, stacklevel=2)
+        warnings.warn(
+            f"the scores of run {name!r} could not be stored ({exc}); the results are returned but "
+            "wb.runs.compare/summary will not see them. Free disk space or make the store writable, then "
+            "run again (every row is answered from the store)",
+            StoreWarning,
+            stacklevel=2,
+        )
         return False
     return True
 

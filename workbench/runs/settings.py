@@ -59,8 +59,12 @@ def tool_name(definition: Any) -> str:
     """A tool's name in any of the spellings a request may hold (a name, Llama Stack's or OpenAI's dict)."""
     if isinstance(definition, Mapping):
         function = definition.get("function")
-        return str(definition.get("tool_name") or definition.get("name")
-                   or (function.get("name") if isinstance(function, Mapping) else None) or "?")
+        return str(
+            definition.get("tool_name")
+            or definition.get("name")
+            or (function.get("name") if isinstance(function, Mapping) else None)
+            or "?"
+        )
     return str(definition)
 
 
@@ -88,10 +92,15 @@ def _engine_settings(store: Database, name: str) -> dict[str, Any]:
     found: dict[str, list[Any]] = {k: [] for k in _ENGINE_FIELDS}
     for prov in store.sessions(name).values():
         load = prov.get("load", {})
-        row = {"model": prov.get("model"), "checkpoint": prov.get("checkpoint_identity"),
-               "checkpoint_path": prov.get("checkpoint_path"), "dtype": load.get("dtype"),
-               "quantization": load.get("quantization"), "model_parallel_size": load.get("model_parallel_size"),
-               "device": prov.get("device")}
+        row = {
+            "model": prov.get("model"),
+            "checkpoint": prov.get("checkpoint_identity"),
+            "checkpoint_path": prov.get("checkpoint_path"),
+            "dtype": load.get("dtype"),
+            "quantization": load.get("quantization"),
+            "model_parallel_size": load.get("model_parallel_size"),
+            "device": prov.get("device"),
+        }
         for key, value in row.items():
             found[key].append(value)
     return {k: _merge(v) for k, v in found.items()}
@@ -104,7 +113,9 @@ def _call_settings(store: Database, run_id: int) -> dict[str, Any]:
         "THEN json_extract(request, '$.messages[0].content') END, json_extract(request, '$.tools'), "
         "json_extract(request, '$.tool_schemas'), json_extract(request, '$.tool_choice'), "
         "json_extract(request, '$.tool_prompt_format'), json_remove(sampling, '$.seed') "
-        "FROM rows WHERE run_id = ? AND json_valid(request) AND json_valid(sampling)", (run_id,))
+        "FROM rows WHERE run_id = ? AND json_valid(request) AND json_valid(sampling)",
+        (run_id,),
+    )
     columns: dict[str, list[Any]] = {k: [] for k in _CALL_FIELDS}
     sampling_rows: list[dict[str, Any]] = []
     tools_memo: dict[tuple[Any, Any], Any] = {}
@@ -112,23 +123,31 @@ def _call_settings(store: Database, run_id: int) -> dict[str, Any]:
         system = json.loads(system) if isinstance(system, str) and system[:1] in "[{" else system
         if (tools, schemas) not in tools_memo:
             tools_memo[(tools, schemas)] = tools_setting(tools, schemas)
-        for key, value in zip(_CALL_FIELDS, (kind, system, tools_memo[(tools, schemas)], choice or "auto",
-                                             tool_format)):
+        for key, value in zip(
+            _CALL_FIELDS, (kind, system, tools_memo[(tools, schemas)], choice or "auto", tool_format)
+        ):
             columns[key].append(value)
         sampling_rows.append(json.loads(sampling))
     out = {k: _merge(v) for k, v in columns.items()}
     for key in sorted({k for s in sampling_rows for k in s}):
         out[key] = _merge(s.get(key) for s in sampling_rows)
-    seeds = store.query("SELECT count(DISTINCT json_extract(sampling, '$.seed')), max(seed_drawn), "
-                        "min(json_extract(sampling, '$.seed')) FROM rows WHERE run_id = ? AND seed_drawn = 0",
-                        (run_id,))
+    seeds = store.query(
+        "SELECT count(DISTINCT json_extract(sampling, '$.seed')), max(seed_drawn), "
+        "min(json_extract(sampling, '$.seed')) FROM rows WHERE run_id = ? AND seed_drawn = 0",
+        (run_id,),
+    )
     drawn = store.query("SELECT count(*) FROM rows WHERE run_id = ? AND seed_drawn = 1", (run_id,))[0][0]
     given_count, _, given_one = seeds[0] if seeds else (0, None, None)
     given: Any = given_one if given_count == 1 else None
     if given_count > 1:
-        values = [v for (v,) in store.query(
-            "SELECT DISTINCT json_extract(sampling, '$.seed') FROM rows WHERE run_id = ? AND seed_drawn = 0 "
-            f"ORDER BY 1 LIMIT {VARIES_SHOWN}", (run_id,))]
+        values = [
+            v
+            for (v,) in store.query(
+                "SELECT DISTINCT json_extract(sampling, '$.seed') FROM rows WHERE run_id = ? AND seed_drawn = 0 "
+                f"ORDER BY 1 LIMIT {VARIES_SHOWN}",
+                (run_id,),
+            )
+        ]
         given = Varies(tuple(values), given_count)
     if drawn:
         given = "drawn" if given is None else Varies(("drawn", given), 2)
@@ -152,5 +171,8 @@ def diff_settings(a: str, b: str, *, store: str | Path | Store | None = None) ->
     run lacks shows as None there)."""
     st = open_store(store)
     left, right = settings(a, store=st), settings(b, store=st)
-    return {k: (left.get(k), right.get(k)) for k in dict.fromkeys([*left, *right])
-            if _canonical(left.get(k)) != _canonical(right.get(k))}
+    return {
+        k: (left.get(k), right.get(k))
+        for k in dict.fromkeys([*left, *right])
+        if _canonical(left.get(k)) != _canonical(right.get(k))
+    }

@@ -27,8 +27,24 @@ from workbench.runs.outline import gc_paused, outline
 from workbench.runs.pairing import item_scores, item_turns
 from workbench.runs.store import Store, open_store
 
-COLUMNS = ["run", "score", "kind", "n", "mean", "low", "high", "paired", "diff", "diff_low", "diff_high",
-           "p_value", "improved", "regressed", "shown", "test"]
+COLUMNS = [
+    "run",
+    "score",
+    "kind",
+    "n",
+    "mean",
+    "low",
+    "high",
+    "paired",
+    "diff",
+    "diff_low",
+    "diff_high",
+    "p_value",
+    "improved",
+    "regressed",
+    "shown",
+    "test",
+]
 
 
 def _run_scores(store: Store, name: str) -> dict[str, dict[str, Any]]:
@@ -49,8 +65,16 @@ def _against(kind: str, base: dict[str, Any], mine: dict[str, Any]) -> dict[str,
     """The paired comparison of one score of two runs over the items both scored."""
     common = [item for item in mine if item in base]
     if not common:
-        return {"paired": 0, "diff": math.nan, "diff_low": math.nan, "diff_high": math.nan, "p_value": math.nan,
-                "improved": 0, "regressed": 0, "test": None}
+        return {
+            "paired": 0,
+            "diff": math.nan,
+            "diff_low": math.nan,
+            "diff_high": math.nan,
+            "p_value": math.nan,
+            "improved": 0,
+            "regressed": 0,
+            "test": None,
+        }
     a = np.array([float(base[i]) for i in common])
     b = np.array([float(mine[i]) for i in common])
     improved, regressed = int(np.sum(b > a)), int(np.sum(b < a))
@@ -61,13 +85,26 @@ def _against(kind: str, base: dict[str, Any], mine: dict[str, Any]) -> dict[str,
     else:
         diff, low, high = stats.mean_interval(b - a)
         p_value, test = stats.sign_flip_p(b - a), "sign-flip"
-    return {"paired": len(common), "diff": diff, "diff_low": low, "diff_high": high, "p_value": p_value,
-            "improved": improved, "regressed": regressed, "test": test}
+    return {
+        "paired": len(common),
+        "diff": diff,
+        "diff_low": low,
+        "diff_high": high,
+        "p_value": p_value,
+        "improved": improved,
+        "regressed": regressed,
+        "test": test,
+    }
 
 
 @gc_paused()  # tens of thousands of small records: see workbench.runs.outline.gc_paused
-def summary(names: str | Sequence[str], baseline: str | None = None, scores: Sequence[str] | None = None, *,
-            store: str | Path | Store | None = None) -> pd.DataFrame:
+def summary(
+    names: str | Sequence[str],
+    baseline: str | None = None,
+    scores: Sequence[str] | None = None,
+    *,
+    store: str | Path | Store | None = None,
+) -> pd.DataFrame:
     """One row per run × score: ``n`` (items scored), ``mean`` with its 95 % interval (``low``, ``high``), and
     against ``baseline`` (default the first run) over the ``paired`` items both scored: ``diff`` (this run minus
     the baseline) with its 95 % interval (``diff_low``, ``diff_high``), the two-sided ``p_value`` (``test``:
@@ -86,11 +123,15 @@ def summary(names: str | Sequence[str], baseline: str | None = None, scores: Seq
     wanted = list(scores) if scores is not None else found
     unknown = [s for s in wanted if s not in found]
     if unknown:
-        raise InputError(f"no score named {', '.join(map(repr, unknown))} on runs {', '.join(map(repr, runs))} "
-                         f"(scores: {', '.join(found) or 'none'}); score them with wb.runs.score(name, fn)")
+        raise InputError(
+            f"no score named {', '.join(map(repr, unknown))} on runs {', '.join(map(repr, runs))} "
+            f"(scores: {', '.join(found) or 'none'}); score them with wb.runs.score(name, fn)"
+        )
     if not wanted:
-        raise InputError(f"runs {', '.join(map(repr, runs))} hold no scores yet; score them with "
-                         "wb.runs.score(name, fn) (fn(row) -> {'passed': bool, ...}) or run the evals with run=")
+        raise InputError(
+            f"runs {', '.join(map(repr, runs))} hold no scores yet; score them with "
+            "wb.runs.score(name, fn) (fn(row) -> {'passed': bool, ...}) or run the evals with run="
+        )
     records = []
     for score in wanted:
         kind = _kind([v for name in runs for v in by_run[name].get(score, {}).values()])
@@ -102,11 +143,27 @@ def summary(names: str | Sequence[str], baseline: str | None = None, scores: Seq
                 low, high = stats.wilson(int(data.sum()), int(data.size))
             else:
                 mean, low, high = stats.mean_interval(data)
-            record = {"run": name, "score": score, "kind": kind, "n": int(data.size), "mean": mean, "low": low,
-                      "high": high}
+            record = {
+                "run": name,
+                "score": score,
+                "kind": kind,
+                "n": int(data.size),
+                "mean": mean,
+                "low": low,
+                "high": high,
+            }
             if name == base:
-                record.update(paired=int(data.size), diff=None, diff_low=None, diff_high=None, p_value=None,
-                              improved=None, regressed=None, shown=None, test=None)
+                record.update(
+                    paired=int(data.size),
+                    diff=None,
+                    diff_low=None,
+                    diff_high=None,
+                    p_value=None,
+                    improved=None,
+                    regressed=None,
+                    shown=None,
+                    test=None,
+                )
             else:
                 record.update(_against(kind, by_run[base].get(score, {}), values))
                 low_d, high_d = record["diff_low"], record["diff_high"]

@@ -55,8 +55,9 @@ def mcnemar_exact(improved: int, regressed: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def paired_rate_difference(both: int, only_a: int, only_b: int, neither: int,
-                           level: float = LEVEL) -> tuple[float, float, float]:
+def paired_rate_difference(
+    both: int, only_a: int, only_b: int, neither: int, level: float = LEVEL
+) -> tuple[float, float, float]:
     """``(diff, low, high)``: the difference of pass rates ``rate_b - rate_a`` over paired items and Newcombe's
     hybrid score interval (method 10).  ``both``: items passed in both runs, ``only_a`` passed in a only (b
     regressed), ``only_b`` passed in b only (improved), ``neither`` failed in both."""
@@ -158,8 +159,9 @@ def mean_interval(values: Sequence[float] | np.ndarray, level: float = LEVEL) ->
     return mean, mean - half, mean + half
 
 
-def sign_flip_p(differences: Sequence[float] | np.ndarray, *, permutations: int = PERMUTATIONS,
-                seed: int = SEED) -> float:
+def sign_flip_p(
+    differences: Sequence[float] | np.ndarray, *, permutations: int = PERMUTATIONS, seed: int = SEED
+) -> float:
     """Two-sided paired permutation p-value of the mean difference being 0: the share of sign patterns
     (each pair's difference kept or negated) whose mean is at least as far from 0 as the observed one.  Exact
     up to :data:`EXACT_FLIPS_MAX` non-zero differences; beyond, ``permutations`` random patterns from ``seed``

@@ -44,8 +44,18 @@ from workbench.runs.items import check_item, derive_item
 from workbench.runs.keys import RowKey, RowRequest, pack_ids, request_keys
 from workbench.runs.provenance import Provenance, environment
 
-__all__ = ["RUN_NAME_MAX", "SCHEMA_VERSION", "STORE_ENV", "Run", "Store", "StoredRow", "call_keywords",
-           "check_run_name", "open_store", "store_path"]
+__all__ = [
+    "RUN_NAME_MAX",
+    "SCHEMA_VERSION",
+    "STORE_ENV",
+    "Run",
+    "Store",
+    "StoredRow",
+    "call_keywords",
+    "check_run_name",
+    "open_store",
+    "store_path",
+]
 
 _STORES: dict[tuple[str, bool], Store] = {}
 _STORES_LOCK = threading.Lock()
@@ -91,11 +101,11 @@ def call_keywords(run: str | None, refresh: bool = False) -> dict[str, Any]:
     the name checked now).  ``refresh`` without a run is refused here, before any work, with the fix."""
     if run is None:
         if refresh:
-            raise InputError("refresh=True recomputes the rows a run stored; give the run's name too "
-                             "(run='name', refresh=True)")
+            raise InputError(
+                "refresh=True recomputes the rows a run stored; give the run's name too (run='name', refresh=True)"
+            )
         return {}
     return {"run": check_run_name(run), "refresh": bool(refresh)}
-
 
 
 class Store(Database):
@@ -103,8 +113,14 @@ class Store(Database):
     ``readonly`` opens it for reading only, ``synchronous="FULL"`` fsyncs every row (see
     :data:`~workbench.runs.database.SYNCHRONOUS`)."""
 
-    def __init__(self, path: str | Path, *, readonly: bool = False, busy_timeout_s: float = BUSY_TIMEOUT_S,
-                 synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        readonly: bool = False,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
+        synchronous: str = "NORMAL",
+    ) -> None:
         super().__init__(path, readonly=readonly, busy_timeout_s=busy_timeout_s, synchronous=synchronous)
         self._runs: dict[tuple[str, str], Run] = {}
 
@@ -135,7 +151,6 @@ class Store(Database):
             return run
 
 
-
 class Run:
     """A named run as one engine (one :class:`~workbench.runs.Provenance`) writes it: build keys, look rows up,
     put finished rows.  Get one from :meth:`Store.open_run`; it is safe to use from several threads."""
@@ -153,8 +168,15 @@ class Run:
         """The keys of one call's rows on this run's engine (see :func:`workbench.runs.keys.request_keys`)."""
         return request_keys(self.provenance.identity, self.provenance.load, requests)
 
-    def key(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any], *, kind: str = "completion",
-            images: Sequence[Any] = (), extra: Mapping[str, Any] | None = None) -> RowKey:
+    def key(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: Mapping[str, Any],
+        *,
+        kind: str = "completion",
+        images: Sequence[Any] = (),
+        extra: Mapping[str, Any] | None = None,
+    ) -> RowKey:
         """The key of one row (a single call; repeats within a call need :meth:`keys`)."""
         return self.keys([RowRequest(prompt_ids, sampling, kind, images, extra)])[0]
 
@@ -169,8 +191,8 @@ class Run:
             run_id = conn.execute("SELECT id FROM runs WHERE name = ?", (self.name,)).fetchone()[0]
             cursor = conn.execute(
                 "INSERT INTO sessions(run_id, started_at, identity, load, provenance) VALUES (?, ?, ?, ?, ?)",
-                (run_id, self.started_at, self.provenance.identity, to_json(dict(self.provenance.load)),
-                 to_json(prov)))
+                (run_id, self.started_at, self.provenance.identity, to_json(dict(self.provenance.load)), to_json(prov)),
+            )
             return run_id, cursor.lastrowid
 
         try:
@@ -195,8 +217,11 @@ class Run:
         if self.session_id is None:
             return
         try:
-            self.store.transaction(lambda conn: conn.execute("UPDATE sessions SET ended_at = ? WHERE id = ?",
-                                                        (time.time(), self.session_id)))
+            self.store.transaction(
+                lambda conn: conn.execute(
+                    "UPDATE sessions SET ended_at = ? WHERE id = ?", (time.time(), self.session_id)
+                )
+            )
         except (sqlite3.Error, OSError, StoreError) as exc:
             self.store.fault(exc, "written")
 
@@ -207,8 +232,15 @@ class Run:
         self.close()
 
     # ------------------------------------------------------------------------------------ lookup / put
-    def lookup(self, keys: Iterable[RowKey | str], *, anywhere: bool = True, parsed_type: Any = None,
-               requests: Sequence[Any] | None = None, items: Sequence[Any] | None = None) -> dict[str, StoredRow]:
+    def lookup(
+        self,
+        keys: Iterable[RowKey | str],
+        *,
+        anywhere: bool = True,
+        parsed_type: Any = None,
+        requests: Sequence[Any] | None = None,
+        items: Sequence[Any] | None = None,
+    ) -> dict[str, StoredRow]:
         """The stored rows of ``keys`` (by key string; missing keys are absent).  This run's own row wins;
         with ``anywhere`` a key stored only by another run is answered from there too (an exact key means the
         same numbers) and copied into this run (``computed=False``), so the run holds every row it returned;
@@ -223,18 +255,24 @@ class Run:
         try:
             records = []
             for start in range(0, len(wanted), MAX_VARS):
-                part = wanted[start:start + MAX_VARS]
+                part = wanted[start : start + MAX_VARS]
                 marks = ",".join("?" * len(part))
                 scope = "" if anywhere else " AND r.run_id = ?"
                 params: list[Any] = [*part] + ([] if anywhere else [self.run_id if self.run_id is not None else -1])
                 records += self.store.query(
                     f"SELECT {ROW_COLUMNS}, r.run_id FROM rows r JOIN runs ON runs.id = r.run_id "
-                    f"WHERE r.key IN ({marks}){scope} ORDER BY r.id", params)
+                    f"WHERE r.key IN ({marks}){scope} ORDER BY r.id",
+                    params,
+                )
         except StoreError:
             raise
         except (sqlite3.Error, OSError) as exc:
-            self.store.fault(exc, "read", "every row is computed as if the store held none. Check the file "
-                                          f"(wb.runs.path()) or point {STORE_ENV} at another file")
+            self.store.fault(
+                exc,
+                "read",
+                "every row is computed as if the store held none. Check the file "
+                f"(wb.runs.path()) or point {STORE_ENV} at another file",
+            )
             return {}
         best: dict[str, tuple] = {}
         for record in records:  # ascending ids: a later row of the same key replaces an earlier one
@@ -247,16 +285,22 @@ class Run:
             try:
                 found[key] = stored_row(record[:-1], parsed_type)
             except (ValueError, KeyError, TypeError, InputError) as exc:  # an unreadable row is recomputed
-                self.store.fault(exc, "read: a stored row did not decode",
-                                 f"row {key[:12]} is computed again and replaced")
+                self.store.fault(
+                    exc, "read: a stored row did not decode", f"row {key[:12]} is computed again and replaced"
+                )
                 del best[key]
         foreign = [record[0] for record in best.values() if record[-1] != self.run_id]
         if foreign:
             self._adopt(foreign, self._callers_items(keys, requests, items, best))
         return found
 
-    def _callers_items(self, keys: list[RowKey | str], requests: Sequence[Any] | None, items: Sequence[Any] | None,
-                       best: Mapping[str, tuple]) -> list[tuple[str, int | None, str]]:
+    def _callers_items(
+        self,
+        keys: list[RowKey | str],
+        requests: Sequence[Any] | None,
+        items: Sequence[Any] | None,
+        best: Mapping[str, tuple],
+    ) -> list[tuple[str, int | None, str]]:
         """``(item, turn, key)`` the caller gives the rows copied from other runs (none without requests/items)."""
         if requests is None and items is None:
             return []
@@ -283,15 +327,19 @@ class Run:
 
         def statements(conn: sqlite3.Connection) -> None:
             for start in range(0, len(row_ids), MAX_VARS):
-                part = row_ids[start:start + MAX_VARS]
+                part = row_ids[start : start + MAX_VARS]
                 conn.execute(
                     "INSERT OR IGNORE INTO rows(run_id, session_id, key, match, kind, request, prompt_ids, sampling, "
                     "seed_drawn, output, timings, computed, created_at, item, turn) SELECT ?, ?, key, match, kind, "
                     "request, prompt_ids, sampling, seed_drawn, output, timings, 0, ?, item, turn FROM rows "
                     "WHERE id IN "
-                    f"({','.join('?' * len(part))})", [self.run_id, self.session_id, time.time(), *part])
-            conn.executemany("UPDATE rows SET item = ?, turn = ? WHERE run_id = ? AND key = ? AND computed = 0",
-                             [(item, turn, self.run_id, key) for item, turn, key in items])
+                    f"({','.join('?' * len(part))})",
+                    [self.run_id, self.session_id, time.time(), *part],
+                )
+            conn.executemany(
+                "UPDATE rows SET item = ?, turn = ? WHERE run_id = ? AND key = ? AND computed = 0",
+                [(item, turn, self.run_id, key) for item, turn, key in items],
+            )
             conn.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), self.run_id))
 
         try:
@@ -299,9 +347,19 @@ class Run:
         except (sqlite3.Error, OSError, StoreError) as exc:
             self.store.fault(exc, "written")
 
-    def put(self, key: RowKey, *, request: Any, prompt_ids: Sequence[int], output: Any,
-            sampling: Mapping[str, Any] | None = None, seed_drawn: bool = False,
-            timings: Mapping[str, Any] | None = None, item: str | None = None, turn: int | None = None) -> bool:
+    def put(
+        self,
+        key: RowKey,
+        *,
+        request: Any,
+        prompt_ids: Sequence[int],
+        output: Any,
+        sampling: Mapping[str, Any] | None = None,
+        seed_drawn: bool = False,
+        timings: Mapping[str, Any] | None = None,
+        item: str | None = None,
+        turn: int | None = None,
+    ) -> bool:
         """Store one finished row now (one transaction), replacing this run's row of the same key (what
         ``refresh=True`` needs).  ``request``: the request as given (stored as browsable JSON, lossy for
         callables); ``output``: the result exactly as returned (a Completion, ChatCompletion, Transcript...);
@@ -314,9 +372,21 @@ class Run:
         Contract: **never raises** for a failing store (read-only, full disk, locked, I/O error, an output it
         cannot encode): it warns once per store and returns False, so the caller returns its result anyway.
         Returns True once the row is committed (it survives a kill of the process from then on)."""
-        return self.put_many([{"key": key, "request": request, "prompt_ids": prompt_ids, "output": output,
-                               "sampling": sampling, "seed_drawn": seed_drawn, "timings": timings, "item": item,
-                               "turn": turn}])
+        return self.put_many(
+            [
+                {
+                    "key": key,
+                    "request": request,
+                    "prompt_ids": prompt_ids,
+                    "output": output,
+                    "sampling": sampling,
+                    "seed_drawn": seed_drawn,
+                    "timings": timings,
+                    "item": item,
+                    "turn": turn,
+                }
+            ]
+        )
 
     def put_many(self, rows: Iterable[Mapping[str, Any]]) -> bool:
         """:meth:`put` of several finished rows in one transaction (each a dict of put's keywords, ``item`` and
@@ -341,7 +411,8 @@ class Run:
                 "sampling = excluded.sampling, seed_drawn = excluded.seed_drawn, output = excluded.output, "
                 "timings = excluded.timings, computed = 1, created_at = excluded.created_at, item = excluded.item, "
                 "turn = excluded.turn",
-                [(self.run_id, self.session_id, *v) for v in values])
+                [(self.run_id, self.session_id, *v) for v in values],
+            )
             conn.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), self.run_id))
 
         try:
@@ -359,24 +430,47 @@ class Run:
             return False
         return self.start()
 
-    def _values(self, *, key: RowKey, request: Any, prompt_ids: Sequence[int], output: Any,
-                sampling: Mapping[str, Any] | None = None, seed_drawn: bool = False,
-                timings: Mapping[str, Any] | None = None, item: Any = None, turn: int | None = None) -> tuple:
+    def _values(
+        self,
+        *,
+        key: RowKey,
+        request: Any,
+        prompt_ids: Sequence[int],
+        output: Any,
+        sampling: Mapping[str, Any] | None = None,
+        seed_drawn: bool = False,
+        timings: Mapping[str, Any] | None = None,
+        item: Any = None,
+        turn: int | None = None,
+    ) -> tuple:
         if not isinstance(key, RowKey):
             raise InputError(f"put needs the RowKey from Run.keys(), got {type(key).__name__}")
         given = codec.plain(request)
         derived, derived_turn = derive_item(given)
         item = check_item(item) if item is not None else derived
         turn = int(turn) if turn is not None else derived_turn
-        return (key.key, key.match, key.kind, to_json(given), pack_ids(prompt_ids),
-                to_json(codec.plain(dict(sampling or {}))), int(bool(seed_drawn)), codec.dumps(output),
-                to_json(codec.plain(dict(timings or {}))), time.time(), item, turn)
+        return (
+            key.key,
+            key.match,
+            key.kind,
+            to_json(given),
+            pack_ids(prompt_ids),
+            to_json(codec.plain(dict(sampling or {}))),
+            int(bool(seed_drawn)),
+            codec.dumps(output),
+            to_json(codec.plain(dict(timings or {}))),
+            time.time(),
+            item,
+            turn,
+        )
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, store={str(self.store.path)!r})"
 
     def _repr_html_(self) -> str:
         prov = self.provenance
-        return (f"<div style='{BOX}'><b>run {esc(self.name)}</b> in <code>{esc(self.store.path)}</code><br>"
-                f"model {esc(prov.model)} · checkpoint <code>{esc(prov.identity[:19])}</code> · "
-                f"{esc(', '.join(f'{k}={v}' for k, v in prov.load.items()))}</div>")
+        return (
+            f"<div style='{BOX}'><b>run {esc(self.name)}</b> in <code>{esc(self.store.path)}</code><br>"
+            f"model {esc(prov.model)} · checkpoint <code>{esc(prov.identity[:19])}</code> · "
+            f"{esc(', '.join(f'{k}={v}' for k, v in prov.load.items()))}</div>"
+        )

@@ -10,5 +10,11 @@ from workbench.runtime.local import LocalRunner
 from workbench.runtime.pool import ParallelRunner, logical_parameter_count
 from workbench.runtime.worker import RanksDivergedError, WorkerSpec, worker_main
 
-__all__ = ["LocalRunner", "ParallelRunner", "RanksDivergedError", "WorkerSpec", "logical_parameter_count",
-           "worker_main"]
+__all__ = [
+    "LocalRunner",
+    "ParallelRunner",
+    "RanksDivergedError",
+    "WorkerSpec",
+    "logical_parameter_count",
+    "worker_main",
+]

@@ -18,8 +18,9 @@ from workbench.quantization import load_options, quantize_model
 from workbench.runtime.settings import Settings
 
 
-def load_model_for_rank(settings: Settings, args: ModelArgs, rank: int = 0, *,
-                        progress: bool | None = False) -> Transformer:
+def load_model_for_rank(
+    settings: Settings, args: ModelArgs, rank: int = 0, *, progress: bool | None = False
+) -> Transformer:
     """The model slice of ``rank`` (of ``settings.model_parallel_size``), quantized as asked.
 
     ``progress``: a bar over the checkpoint shards (the in-process runner shows it in the notebook).
@@ -28,8 +29,14 @@ def load_model_for_rank(settings: Settings, args: ModelArgs, rank: int = 0, *,
     # fp8/int4 on a GPU assemble on the CPU and quantize onto the GPU module by module (see load_options).
     device, dtype = load_options(settings)
     model = build_model(
-        settings.checkpoint_dir, args, device=torch.device(device), dtype=dtype,
-        max_seq_len=settings.max_seq_len, mp_size=settings.model_parallel_size, rank=rank, progress=progress,
+        settings.checkpoint_dir,
+        args,
+        device=torch.device(device),
+        dtype=dtype,
+        max_seq_len=settings.max_seq_len,
+        mp_size=settings.model_parallel_size,
+        rank=rank,
+        progress=progress,
     )
     # Called for every mode: a pre-quantized checkpoint's shards hold unscaled fp8 codes that need their scales.
     model = quantize_model(model, settings.quantization, settings=settings, rank=rank)
@@ -42,5 +49,11 @@ def load_model_for_rank(settings: Settings, args: ModelArgs, rank: int = 0, *,
 def _load_vision(settings: Settings, args: ModelArgs, rank: int, model: Transformer) -> torch.nn.Module:
     """The vision encoder of this rank, in the text model's (possibly bf16) dtype and on its device."""
     build = vision32.build_vision if is_cross_attention_vision(args) else build_vision
-    return build(settings.checkpoint_dir, args, device=model.device, dtype=model.dtype,
-                 mp_size=settings.model_parallel_size, rank=rank)
+    return build(
+        settings.checkpoint_dir,
+        args,
+        device=model.device,
+        dtype=model.dtype,
+        mp_size=settings.model_parallel_size,
+        rank=rank,
+    )

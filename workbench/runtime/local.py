@@ -31,8 +31,11 @@ class LocalRunner:
     def _start(self, model: Transformer) -> None:
         self.model = model
         self.scheduler = Scheduler(
-            model, stop_tokens=stop_token_reasons(self.tokenizer), decode_text=self.tokenizer.decode,
-            max_batch_size=self.settings.max_batch_size, max_seq_len=self.settings.max_seq_len,
+            model,
+            stop_tokens=stop_token_reasons(self.tokenizer),
+            decode_text=self.tokenizer.decode,
+            max_batch_size=self.settings.max_batch_size,
+            max_seq_len=self.settings.max_seq_len,
             grammars=GrammarRuntime(self.tokenizer),
             image_token=image_token(self.tokenizer, self.args),
         )
@@ -70,12 +73,12 @@ class LocalRunner:
             info["fallback"] = "no CUDA device: the fixed-shape steps run uncaptured (same tokens)"
         return info
 
-    def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
-               ) -> list[torch.Tensor]:
+    def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None) -> list[torch.Tensor]:
         return self.scheduler.logits(token_lists, images)
 
-    def score(self, sequences: Sequence[Sequence[int]],
-              starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def score(
+        self, sequences: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         return self.scheduler.score(sequences, starts)
 
     def parameter_count(self) -> int:

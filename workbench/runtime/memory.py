@@ -86,8 +86,7 @@ def model_memory(model: torch.nn.Module, kv_cache_bytes: int) -> dict[str, Any]:
 
 def merge_memory(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Sum :func:`model_memory` reports of several ranks (what is resident in total), keeping each rank's."""
-    keys = ("weights_bytes", "quantized_bytes", "scale_bytes", "quantized_bf16_bytes", "packed_bytes",
-            "kv_cache_bytes")
+    keys = ("weights_bytes", "quantized_bytes", "scale_bytes", "quantized_bf16_bytes", "packed_bytes", "kv_cache_bytes")
     total: dict[str, Any] = dict.fromkeys(keys, 0)
     for key in total:
         total[key] = sum(info.get(key, 0) for info in per_rank)

@@ -129,8 +129,9 @@ def logical_parameter_count(args: ModelArgs) -> int:
 class ParallelRunner:
     """Runs the model in ``model_parallel_size`` worker processes; same interface as LocalRunner."""
 
-    def __init__(self, settings: Settings, args: ModelArgs, tokenizer: Tokenizer, *,
-                 sync_timeout_s: float = SYNC_TIMEOUT_S) -> None:
+    def __init__(
+        self, settings: Settings, args: ModelArgs, tokenizer: Tokenizer, *, sync_timeout_s: float = SYNC_TIMEOUT_S
+    ) -> None:
         self.settings = settings
         self.args = args
         self.tokenizer = tokenizer
@@ -165,13 +166,13 @@ class ParallelRunner:
             return
         if any(r.image_tiles is not None for r in requests):
             self._vision_loaded = True  # the ranks load it at this request's first prefill
-        wire = [self._seeded(r.wire(None if r.image_tiles is None else images_to_wire(r.image_tiles)))
-                for r in requests]
+        wire = [
+            self._seeded(r.wire(None if r.image_tiles is None else images_to_wire(r.image_tiles))) for r in requests
+        ]
         rid = self._send("generate", wire)
         yield from self._collect(rid, f"generating (request {rid})")
 
-    def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None
-               ) -> list[torch.Tensor]:
+    def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None) -> list[torch.Tensor]:
         lists = [list(t) for t in token_lists]
         if not lists:
             return []
@@ -188,8 +189,9 @@ class ParallelRunner:
                 flat, lengths = done.value
                 return list(flat.split(lengths))
 
-    def score(self, sequences: Sequence[Sequence[int]],
-              starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def score(
+        self, sequences: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Every rank scores (same forwards); rank 0's flat log-probs, greedy flags and per-row counts."""
         if not sequences:
             return torch.empty(0), torch.empty(0, dtype=torch.bool), []
@@ -246,8 +248,9 @@ class ParallelRunner:
         ctx = torch_mp.get_context("spawn")
         world = settings.model_parallel_size
         backend = "nccl" if settings.device.startswith("cuda") else "gloo"
-        self._store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=START_TIMEOUT_S),
-                                    wait_for_workers=False)
+        self._store = dist.TCPStore(
+            "127.0.0.1", 0, None, True, timeout=timedelta(seconds=START_TIMEOUT_S), wait_for_workers=False
+        )
         self._cancel = ctx.Value("q", 0, lock=False)
         procs: list[Any] = []
         conns: list[mp_connection.Connection] = []
@@ -259,11 +262,18 @@ class ParallelRunner:
         try:
             for rank in range(world):
                 parent_end, child_end = ctx.Pipe(duplex=True)
-                spec = WorkerSpec(rank=rank, world_size=world, store_port=self._store.port, backend=backend,
-                                  settings=settings, threads=max(1, _cpu_count() // world),
-                                  parent_pid=os.getpid())
-                proc = ctx.Process(target=worker_main, args=(spec, child_end, self._cancel),
-                                   name=f"workbench-rank{rank}", daemon=True)
+                spec = WorkerSpec(
+                    rank=rank,
+                    world_size=world,
+                    store_port=self._store.port,
+                    backend=backend,
+                    settings=settings,
+                    threads=max(1, _cpu_count() // world),
+                    parent_pid=os.getpid(),
+                )
+                proc = ctx.Process(
+                    target=worker_main, args=(spec, child_end, self._cancel), name=f"workbench-rank{rank}", daemon=True
+                )
                 proc.start()
                 child_end.close()  # only the worker holds it now: its death reads as EOF here
                 procs.append(proc)

@@ -21,9 +21,14 @@ from workbench.errors import ConfigError, QuantizationError
 QUANTIZATION_MODES = (None, "bf16", "fp8_mixed", "int4_mixed")
 
 _DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
 }
 
 
@@ -112,8 +117,14 @@ class Settings:
         and dataclass equality requires the very same class).
         """
         return (
-            str(self.checkpoint_dir), self.model_id, self.device, str(self.dtype), self.max_batch_size,
-            self.max_seq_len, self.model_parallel_size, self.quantization,
+            str(self.checkpoint_dir),
+            self.model_id,
+            self.device,
+            str(self.dtype),
+            self.max_batch_size,
+            self.max_seq_len,
+            self.model_parallel_size,
+            self.quantization,
         )
 
     def source(self, name: str) -> Source:
@@ -133,8 +144,9 @@ def resolve_device(device: str | torch.device | None, source: Source = ARGUMENT)
     return name
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: str, source: Source = ARGUMENT, *,
-                  quantization: str | None = None) -> torch.dtype:
+def resolve_dtype(
+    dtype: str | torch.dtype | None, device: str, source: Source = ARGUMENT, *, quantization: str | None = None
+) -> torch.dtype:
     """The dtype of the weights a quantization mode leaves unquantized (all of them without one).
 
     Unless asked otherwise: bfloat16 under any quantization mode, on every device — as Llama Stack's
@@ -162,8 +174,11 @@ def check_positive_int(value: object, name: str, source: Source | str = ARGUMENT
         value = int(value.strip())
     low = 0 if allow_zero else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        what = "must be an integer >= 0 (0 = one rank per checkpoint shard)" if allow_zero else (
-            "must be a positive integer")
+        what = (
+            "must be an integer >= 0 (0 = one rank per checkpoint shard)"
+            if allow_zero
+            else ("must be a positive integer")
+        )
         raise setting_problem(name, value, src, what)
     return value
 
@@ -174,7 +189,8 @@ def check_quantization(mode: object, name: str = "quantization", source: Source 
     if mode in ("", "none", "None"):
         mode = None
     if mode not in QUANTIZATION_MODES:
-        problem = setting_problem(name, mode, src, f"is not a quantization mode: use one of "
-                           f"{', '.join(repr(m) for m in QUANTIZATION_MODES)}")
+        problem = setting_problem(
+            name, mode, src, f"is not a quantization mode: use one of {', '.join(repr(m) for m in QUANTIZATION_MODES)}"
+        )
         raise QuantizationError(str(problem))
     return mode  # type: ignore[return-value]

@@ -96,9 +96,14 @@ class _Worker:
     def start(self) -> None:
 
         spec = self.spec
-        self.ctrl = init_worker_group(rank=spec.rank, world_size=spec.world_size, store_host="127.0.0.1",
-                                      store_port=spec.store_port, backend=spec.backend,
-                                      timeout_s=COLLECTIVE_TIMEOUT_S)
+        self.ctrl = init_worker_group(
+            rank=spec.rank,
+            world_size=spec.world_size,
+            store_host="127.0.0.1",
+            store_port=spec.store_port,
+            backend=spec.backend,
+            timeout_s=COLLECTIVE_TIMEOUT_S,
+        )
         self.send("joined", spec.rank)
         settings = spec.settings
         if spec.backend == "nccl":
@@ -108,8 +113,11 @@ class _Worker:
         check_vocab(args, tokenizer.n_words, str(settings.checkpoint_dir / "params.json"))
         model = load_model_for_rank(settings, args, spec.rank)
         self.scheduler = Scheduler(
-            _CheckedModel(model, self), stop_tokens=stop_token_reasons(tokenizer), decode_text=tokenizer.decode,
-            max_batch_size=settings.max_batch_size, max_seq_len=settings.max_seq_len,
+            _CheckedModel(model, self),
+            stop_tokens=stop_token_reasons(tokenizer),
+            decode_text=tokenizer.decode,
+            max_batch_size=settings.max_batch_size,
+            max_seq_len=settings.max_seq_len,
             grammars=GrammarRuntime(tokenizer),  # every rank computes the same masks from the same tokens
             image_token=image_token(tokenizer, args),
         )
@@ -153,16 +161,18 @@ class _Worker:
         assert self.scheduler is not None
         rank0 = self.spec.rank == 0
         if kind == "generate":
-            payload = [r if r.image_tiles is None else replace(r, image_tiles=images_from_wire(r.image_tiles))
-                       for r in payload]
+            payload = [
+                r if r.image_tiles is None else replace(r, image_tiles=images_from_wire(r.image_tiles)) for r in payload
+            ]
             for event in self.scheduler.generate(payload):
                 if rank0:
                     self.send("event", self.rid, event)
             return None
         if kind == "logits":
             lists, images = payload if isinstance(payload, tuple) else (payload, None)
-            out = self.scheduler.logits(lists, None if images is None else [
-                None if i is None else images_from_wire(i) for i in images])
+            out = self.scheduler.logits(
+                lists, None if images is None else [None if i is None else images_from_wire(i) for i in images]
+            )
             return (torch.cat(out), [t.shape[0] for t in out]) if rank0 else None
         if kind == "score":
             out = self.scheduler.score(*payload)

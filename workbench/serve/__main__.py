@@ -26,26 +26,44 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port; default 8000)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every request")
     p.add_argument("--model-id", help="the id clients send as 'model' (default: the engine's)")
-    p.add_argument("--data-dir", help="where the Batch API keeps files and batches (default: $WORKBENCH_DATA_DIR, "
-                                      "else ~/.local/share/workbench)")
-    p.add_argument("--batch-rows", type=int, help="most rows a batch puts in one engine call (default: 8 x "
-                                                  "max_batch_size; interactive requests wait at most one such call)")
-    p.add_argument("--run", help="remember every served row in the run store under this name, and answer requests "
-                                 "it holds from there (see wb.runs)")
+    p.add_argument(
+        "--data-dir",
+        help="where the Batch API keeps files and batches (default: $WORKBENCH_DATA_DIR, "
+        "else ~/.local/share/workbench)",
+    )
+    p.add_argument(
+        "--batch-rows",
+        type=int,
+        help="most rows a batch puts in one engine call (default: 8 x "
+        "max_batch_size; interactive requests wait at most one such call)",
+    )
+    p.add_argument(
+        "--run",
+        help="remember every served row in the run store under this name, and answer requests "
+        "it holds from there (see wb.runs)",
+    )
     add_load_options(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
 
-def main(argv: Sequence[str] | None = None, *, ready: threading.Event | None = None,
-         stop: threading.Event | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, ready: threading.Event | None = None, stop: threading.Event | None = None
+) -> int:
     """Serve until Ctrl-C (or ``stop`` is set: tests); ``ready`` is set once the endpoint answers."""
     args = parser().parse_args(argv)
     try:
         engine = load_engine(args)
-        srv = serve(engine, host=args.host, port=args.port, api_key=args.api_key, data_dir=args.data_dir,
-                    batch_rows=args.batch_rows, run=args.run,
-                    **({"model_id": args.model_id} if args.model_id else {}))
+        srv = serve(
+            engine,
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            data_dir=args.data_dir,
+            batch_rows=args.batch_rows,
+            run=args.run,
+            **({"model_id": args.model_id} if args.model_id else {}),
+        )
     except WorkbenchError as exc:
         if args.debug:
             raise

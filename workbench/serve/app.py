@@ -204,7 +204,7 @@ class OpenAIPrefix:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope.get("path", "") if scope.get("type") == "http" else ""
         if path.startswith(registry.OPENAI_PREFIX + "/v1/"):
-            rest = path[len(registry.OPENAI_PREFIX):]
+            rest = path[len(registry.OPENAI_PREFIX) :]
             if rest.split("/")[2] in registry.OPENAI_ROUTES:
                 scope = {**scope, "path": rest, "raw_path": rest.encode()}
         await self.app(scope, receive, send)
@@ -253,9 +253,12 @@ class DrainUnreadBody:
                 await counted_receive()
 
         async def answer(message: dict) -> None:
-            if message["type"] == "http.response.start" and not state["ended"] \
-                    and not (waits_to_send and not state["asked"]) \
-                    and not (declared.isdigit() and int(declared) > self.limit_bytes):
+            if (
+                message["type"] == "http.response.start"
+                and not state["ended"]
+                and not (waits_to_send and not state["asked"])
+                and not (declared.isdigit() and int(declared) > self.limit_bytes)
+            ):
                 try:
                     await asyncio.wait_for(discard(), self.limit_s)
                 except asyncio.TimeoutError:

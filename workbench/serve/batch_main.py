@@ -34,16 +34,29 @@ from .server import served_model_id
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workbench batch", description=(
-        "Run a batch file through the engine, no server: OpenAI batch lines in (custom_id, method, url, body), "
-        "vLLM run-batch lines out; a re-run resumes, skipping the requests already in the output file."))
-    p.add_argument("-i", "--input-file", required=True, help="requests, one JSON object per line (OpenAI batch "
-                   "format: custom_id, method, url, body)")
-    p.add_argument("-o", "--output-file", required=True, help="results, one line per request (vLLM run-batch "
-                   "format); an existing file is resumed")
+    p = argparse.ArgumentParser(
+        prog="python -m workbench batch",
+        description=(
+            "Run a batch file through the engine, no server: OpenAI batch lines in (custom_id, method, url, body), "
+            "vLLM run-batch lines out; a re-run resumes, skipping the requests already in the output file."
+        ),
+    )
+    p.add_argument(
+        "-i",
+        "--input-file",
+        required=True,
+        help="requests, one JSON object per line (OpenAI batch format: custom_id, method, url, body)",
+    )
+    p.add_argument(
+        "-o",
+        "--output-file",
+        required=True,
+        help="results, one line per request (vLLM run-batch format); an existing file is resumed",
+    )
     p.add_argument("--model-id", help="the id request bodies may name as 'model' (default: the engine's)")
-    p.add_argument("--batch-rows", type=int, help=f"most rows in one engine call (default {BULK_FACTOR} x "
-                   "max_batch_size)")
+    p.add_argument(
+        "--batch-rows", type=int, help=f"most rows in one engine call (default {BULK_FACTOR} x max_batch_size)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_load_options(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -59,7 +72,7 @@ def batch_run_name(output_file: str | Path) -> str:
     if len(name) <= RUN_NAME_MAX and name.isprintable():
         return name
     digest = hashlib.sha256(path.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    tail = "".join(c if c.isprintable() else "?" for c in path)[-(RUN_NAME_MAX - 32):]
+    tail = "".join(c if c.isprintable() else "?" for c in path)[-(RUN_NAME_MAX - 32) :]
     return f"batch:{digest}:...{tail}"
 
 
@@ -83,8 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ctx = Context(engine, gatherer, args.model_id or served_model_id(engine), None)
         backend = BulkBackend(ctx, bulk_rows=args.batch_rows, quiet_s=0.0)
         run = batch_run_name(args.output_file)
-        summary = run_file(backend, args.input_file, args.output_file, run=run,
-                           progress=False if args.no_progress else None)
+        summary = run_file(
+            backend, args.input_file, args.output_file, run=run, progress=False if args.no_progress else None
+        )
     finally:
         gatherer.stop()
     print(json.dumps(summary), flush=True)

@@ -77,8 +77,9 @@ class BulkBackend:
             scores = len(completion.prompts) if completion.echo and completion.logprobs is not None else 0
             rows = (len(completion.rows) if completion.generate else 0) + scores
             return Prepared("completion", completion, completion.row_key(0), max(rows, 1))
-        raise APIError(f"url {url!r:.60} is not served in a batch; use /v1/chat/completions or /v1/completions",
-                       param="url")
+        raise APIError(
+            f"url {url!r:.60} is not served in a batch; use /v1/chat/completions or /v1/completions", param="url"
+        )
 
     def answer(self, prepared: Sequence[Prepared], run: str | None = None) -> list[Answer]:
         """One answer per prepared request; their rows run as one engine call per key (see the module docstring)."""
@@ -117,6 +118,5 @@ class BulkBackend:
         ctx = self.ctx
         if item.kind == "chat":
             req = item.req
-            return Answer(200, chat_response(ctx.model, results, ctx.engine.tokenizer, req.logprobs,
-                                             req.top_logprobs))
+            return Answer(200, chat_response(ctx.model, results, ctx.engine.tokenizer, req.logprobs, req.top_logprobs))
         return Answer(200, completion_body(ctx, item.req, results, scored))

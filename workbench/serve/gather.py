@@ -123,8 +123,9 @@ class Gatherer:
     a batch's rows carry the batch's).
     """
 
-    def __init__(self, engine: Engine, *, window_s: float = 0.02, max_wait_s: float = 0.1,
-                 keywords: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, engine: Engine, *, window_s: float = 0.02, max_wait_s: float = 0.1, keywords: dict[str, Any] | None = None
+    ) -> None:
         self.engine = engine
         self.keywords = dict(keywords or {})
         self.window_s = window_s

@@ -28,8 +28,12 @@ from .gather import Row, StreamJob
 from .streams import sse
 from .translate import check_model
 
-ROUTES = ("/v1/inference/completion", "/v1/inference/chat-completion", "/v1/inference/batch-completion",
-          "/v1/inference/batch-chat-completion")
+ROUTES = (
+    "/v1/inference/completion",
+    "/v1/inference/chat-completion",
+    "/v1/inference/batch-completion",
+    "/v1/inference/batch-chat-completion",
+)
 # Body fields handed to the engine as they are (it reads Llama Stack's spellings); the rest are checked here.
 # ``seed`` is workbench's addition (Llama Stack has none): sampled rows are reproducible, as in-process.
 _CHAT_FIELDS = ("sampling_params", "tool_config", "tool_choice", "tool_prompt_format", "logprobs", "seed")
@@ -49,8 +53,9 @@ def model_fields(ctx: Any) -> dict[str, Any]:
     }
 
 
-def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_rows: Callable,
-          start_stream: Callable) -> None:
+def mount(
+    app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_rows: Callable, start_stream: Callable
+) -> None:
     """Add the Llama Stack routes to ``app`` (the server's helpers are passed in: this module sits beside
     the app module and must not import it)."""
     from fastapi import Request
@@ -101,8 +106,9 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, await_r
         dialogs = _list(body, "messages_batch")
         for i, dialog in enumerate(dialogs):
             if not isinstance(dialog, list) or not dialog:
-                raise APIError(f"messages_batch[{i}] must be a non-empty list of messages",
-                               param=f"messages_batch[{i}]")
+                raise APIError(
+                    f"messages_batch[{i}] must be a non-empty list of messages", param=f"messages_batch[{i}]"
+                )
             check_dialog(dialog, f"messages_batch[{i}]")
         tools, fmt, kwargs = chat_request(body)
         results = await await_rows(ctx, [_chat_row(d, tools, fmt, kwargs) for d in dialogs])
@@ -128,8 +134,7 @@ def check_dialog(messages: list[Any], where: str) -> list[Any]:
         if role not in ("system", "user", "assistant", "tool", "ipython"):
             raise APIError(f"{at}.role is {role!r:.40}; use system, user, assistant or tool", param=f"{at}.role")
         if message.get("content") is None and not (role == "assistant" and message.get("tool_calls")):
-            raise APIError(f"{at} ({role}) has no content: a {role} message needs its 'content'",
-                           param=f"{at}.content")
+            raise APIError(f"{at} ({role}) has no content: a {role} message needs its 'content'", param=f"{at}.content")
     return messages
 
 
@@ -195,8 +200,9 @@ def _completion_stream(content: Any, kwargs: dict[str, Any]) -> Callable[[Any, d
 
 
 def _chat_stream(messages: Any, tools: Any, fmt: Any, kwargs: dict[str, Any]) -> Callable[[Any, dict[str, Any]], Any]:
-    return lambda engine, keywords: engine.stream_chat_completion(messages, tools, response_format=fmt,
-                                                                  **{**keywords, **kwargs})
+    return lambda engine, keywords: engine.stream_chat_completion(
+        messages, tools, response_format=fmt, **{**keywords, **kwargs}
+    )
 
 
 def _completion_events(logprobs: bool = False) -> Callable[[Any], list[dict[str, Any]]]:
@@ -261,8 +267,12 @@ class _ChatEvents:
             events.append(_event("progress", {"type": "tool_call", "tool_call": "", "parse_status": "started"}))
         if item.tool_call is not None:
             call = item.tool_call
-            payload: Any = {"call_id": call.call_id, "tool_name": call.tool_name, "arguments": call.arguments,
-                            "arguments_json": json.dumps(call.arguments, ensure_ascii=False)}
+            payload: Any = {
+                "call_id": call.call_id,
+                "tool_name": call.tool_name,
+                "arguments": call.arguments,
+                "arguments_json": json.dumps(call.arguments, ensure_ascii=False),
+            }
         else:
             payload = item.text
         delta = {"type": "tool_call", "tool_call": payload, "parse_status": item.parse_status}

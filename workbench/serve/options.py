@@ -24,6 +24,14 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
 
 def load_engine(args: argparse.Namespace) -> Any:
     """``workbench.load`` with the parsed load options."""
-    return load(args.checkpoint, model=args.model, device=args.device, dtype=args.dtype,
-                max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
-                model_parallel_size=args.model_parallel_size, quantization=args.quantization, compile=args.compile)
+    return load(
+        args.checkpoint,
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_batch_size=args.max_batch_size,
+        max_seq_len=args.max_seq_len,
+        model_parallel_size=args.model_parallel_size,
+        quantization=args.quantization,
+        compile=args.compile,
+    )

@@ -51,8 +51,13 @@ def provider(ctx: Any) -> dict[str, Any]:
         "max_seq_len": engine.max_seq_len,
         "max_batch_size": getattr(engine, "max_batch_size", None),
     }
-    return {"api": "inference", "provider_id": PROVIDER_ID, "provider_type": PROVIDER_TYPE, "config": config,
-            "health": {"status": "OK"}}
+    return {
+        "api": "inference",
+        "provider_id": PROVIDER_ID,
+        "provider_type": PROVIDER_TYPE,
+        "config": config,
+        "health": {"status": "OK"},
+    }
 
 
 def register(ctx: Any, body: dict[str, Any]) -> str:
@@ -62,22 +67,35 @@ def register(ctx: Any, body: dict[str, Any]) -> str:
         raise APIError("'model_id' must be a non-empty string naming the served model", param="model_id")
     model_type = body.get("model_type")
     if model_type not in (None, "llm"):
-        raise APIError(f"'model_type' {model_type!r:.40} is not served here: this server serves one llm, "
-                       f"{ctx.model!r}", param="model_type")
+        raise APIError(
+            f"'model_type' {model_type!r:.40} is not served here: this server serves one llm, {ctx.model!r}",
+            param="model_type",
+        )
     provider_id = body.get("provider_id")
     if provider_id not in (None, PROVIDER_ID):
-        raise APIError(f"no provider {provider_id!r:.60} here; the only provider is {PROVIDER_ID!r}",
-                       param="provider_id", status=404, code="provider_not_found")
+        raise APIError(
+            f"no provider {provider_id!r:.60} here; the only provider is {PROVIDER_ID!r}",
+            param="provider_id",
+            status=404,
+            code="provider_not_found",
+        )
     target = body.get("provider_model_id")
     if target is not None and target not in served_ids(ctx) and not _names_engine(ctx, target):
-        raise APIError(f"'provider_model_id' {target!r:.80} is not the served model; this server serves "
-                       f"{ctx.model!r}", param="provider_model_id", status=400, code="model_not_found")
+        raise APIError(
+            f"'provider_model_id' {target!r:.80} is not the served model; this server serves {ctx.model!r}",
+            param="provider_model_id",
+            status=400,
+            code="model_not_found",
+        )
     if target is None and model_id not in served_ids(ctx) and not _names_engine(ctx, model_id):
         raise APIError(
             f"cannot register {model_id!r:.80}: this server serves one model, {ctx.model!r}, and registers only "
             f"its names (or an alias with provider_model_id={ctx.model!r}); load that model with "
             "python -m workbench.serve --checkpoint ... to serve it",
-            param="model_id", status=400, code="model_not_found")
+            param="model_id",
+            status=400,
+            code="model_not_found",
+        )
     if model_id != ctx.model:
         ctx.aliases[model_id] = ctx.model
     return model_id
@@ -85,11 +103,16 @@ def register(ctx: Any, body: dict[str, Any]) -> str:
 
 def unregister(ctx: Any, model_id: str) -> None:
     if model_id == ctx.model:
-        raise APIError(f"{model_id!r} is the served model itself and cannot be unregistered (stop the server)",
-                       param="model_id")
+        raise APIError(
+            f"{model_id!r} is the served model itself and cannot be unregistered (stop the server)", param="model_id"
+        )
     if ctx.aliases.pop(model_id, None) is None:
-        raise APIError(f"no model {model_id!r:.80} is registered here; this server serves {ctx.model!r}",
-                       param="model_id", status=404, code="model_not_found")
+        raise APIError(
+            f"no model {model_id!r:.80} is registered here; this server serves {ctx.model!r}",
+            param="model_id",
+            status=404,
+            code="model_not_found",
+        )
 
 
 def _names_engine(ctx: Any, name: Any) -> bool:
@@ -114,8 +137,10 @@ def route_list(app: Any) -> list[dict[str, Any]]:
             paths.append(OPENAI_PREFIX + path)
         for method in methods:
             if method != "HEAD":
-                out += [{"route": p, "method": method, "provider_types": [PROVIDER_TYPE] if inference else []}
-                        for p in paths]
+                out += [
+                    {"route": p, "method": method, "provider_types": [PROVIDER_TYPE] if inference else []}
+                    for p in paths
+                ]
     return out
 
 
@@ -132,8 +157,12 @@ def mount(app: Any, ctx: Any, *, authorize: Callable, body_of: Callable, card: C
     async def provider_info(provider_id: str, request: Request) -> dict[str, Any]:
         authorize(request)
         if provider_id != PROVIDER_ID:
-            raise APIError(f"no provider {provider_id!r:.60} here; the only provider is {PROVIDER_ID!r}",
-                           param="provider_id", status=404, code="provider_not_found")
+            raise APIError(
+                f"no provider {provider_id!r:.60} here; the only provider is {PROVIDER_ID!r}",
+                param="provider_id",
+                status=404,
+                code="provider_not_found",
+            )
         return provider(ctx)
 
     @app.get("/v1/health")

@@ -40,9 +40,12 @@ def check_room(engine: Any, req: ChatRequest | CompletionRequest) -> None:
     for index in range(1 if isinstance(req, ChatRequest) else len(req.prompts)):
         length = prompt_length(engine, req, index)
         if length is None and wanted >= limit:
-            raise APIError(f"max_tokens={wanted} does not fit: this model's context is {limit} tokens (max_seq_len), "
-                           f"prompt included; lower max_tokens below {limit}", param="max_tokens",
-                           code="context_length_exceeded")
+            raise APIError(
+                f"max_tokens={wanted} does not fit: this model's context is {limit} tokens (max_seq_len), "
+                f"prompt included; lower max_tokens below {limit}",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         if length is None or length + wanted <= limit:
             continue
         which = "" if isinstance(req, ChatRequest) or len(req.prompts) == 1 else f" (prompt {index})"

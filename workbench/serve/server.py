@@ -110,8 +110,15 @@ class Server:
         self.started_at = time.time()
         self.run = run
         self._gatherer = Gatherer(engine, window_s=window_s, keywords=call_keywords(run) or None)
-        ctx = Context(engine, self._gatherer, self.model, api_key, max_body_bytes, int(self.started_at),
-                      max_file_bytes=max_file_bytes)
+        ctx = Context(
+            engine,
+            self._gatherer,
+            self.model,
+            api_key,
+            max_body_bytes,
+            int(self.started_at),
+            max_file_bytes=max_file_bytes,
+        )
         self._bulk = BulkBackend(ctx, bulk_rows=batch_rows)
         self.batches = BatchService(self._bulk, model=self.model, data_dir=data_dir)
         ctx.batches = self.batches
@@ -220,8 +227,14 @@ class Server:
         return f"<div><b>workbench.serve</b><table>{body}</table></div>"
 
 
-def serve(engine: Engine | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          **options: Any) -> Server:
+def serve(
+    engine: Engine | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    **options: Any,
+) -> Server:
     """Serve ``engine`` as an OpenAI-compatible endpoint from a background thread; returns at once.
 
     engine: None serves the kernel's current engine (``workbench.current()``), loading the embedded default

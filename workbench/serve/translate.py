@@ -241,8 +241,10 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
         )
     if raw.get("content") is None and not (role == "assistant" and raw.get("tool_calls")):
         needs = "its 'content' or 'tool_calls'" if role == "assistant" else "its 'content' (a string or content parts)"
-        raise APIError(f"{where} ({raw.get('role')}) has no content: a {raw.get('role')} message needs {needs}",
-                       param=f"{where}.content")
+        raise APIError(
+            f"{where} ({raw.get('role')}) has no content: a {raw.get('role')} message needs {needs}",
+            param=f"{where}.content",
+        )
     message: dict[str, Any] = {"role": role, "content": _content(raw.get("content"), f"{where}.content")}
     if role == "assistant" and raw.get("tool_calls"):
         calls = raw["tool_calls"]

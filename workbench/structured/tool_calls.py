@@ -62,16 +62,16 @@ def _call_rule(tool: Any, i: int, fmt: str, rules: list[str]) -> str:
     name = tool.tool_name
     rule = f"call_{i}"
     if tool.is_builtin:  # brave_search.call(query="...") in every format
-        rules.append(f"{rule}: {_lit(name + '.call(query=')} %json {_schema({'type': 'string'})} \")\"")
+        rules.append(f'{rule}: {_lit(name + ".call(query=")} %json {_schema({"type": "string"})} ")"')
         return rule
     schema = tool.json_schema()
     if fmt == "json":
         prefix = json.dumps({"type": "function", "name": name, "parameters": 0})[:-2]  # up to '"parameters": '
-        rules.append(f"{rule}: {_lit(prefix)} %json {_schema(_closed(schema))} \"}}\"")
+        rules.append(f'{rule}: {_lit(prefix)} %json {_schema(_closed(schema))} "}}"')
     elif fmt == "function_tag":
-        rules.append(f"{rule}: {_lit(f'<function={name}>')} %json {_schema(_closed(schema))} \"</function>\"")
+        rules.append(f'{rule}: {_lit(f"<function={name}>")} %json {_schema(_closed(schema))} "</function>"')
     else:
-        rules.append(f"{rule}: {_lit(name + '(')} {_keyword_args(tool, i, rules)} \")\"")
+        rules.append(f'{rule}: {_lit(name + "(")} {_keyword_args(tool, i, rules)} ")"')
     return rule
 
 

@@ -81,16 +81,25 @@ class Dialog:
     def answer(self, calls: Sequence[ToolCall], fixed: Sequence[str] | None = None) -> list[Message]:
         """Answer each call with a tool message (``fixed[k]`` when given, else the toolbox runs the call),
         appended to the transcript; the tool messages."""
-        answers = [Message(role="tool", content=fixed[k], call_id=call.call_id)
-                   if fixed is not None and k < len(fixed) else self.toolbox.execute(call)
-                   for k, call in enumerate(calls)]
+        answers = [
+            Message(role="tool", content=fixed[k], call_id=call.call_id)
+            if fixed is not None and k < len(fixed)
+            else self.toolbox.execute(call)
+            for k, call in enumerate(calls)
+        ]
         self.transcript.extend(answers)
         return answers
 
 
-def complete_turn(engine: ChatEngine, dialogs: Sequence[Dialog], *, tool_prompt_format: Any = None,
-                  chat_options: dict[str, Any] | None = None, sampling: dict[str, Any] | None = None,
-                  too_long: Literal["end", "raise"] = "end") -> list[tuple[Dialog, ChatCompletion]]:
+def complete_turn(
+    engine: ChatEngine,
+    dialogs: Sequence[Dialog],
+    *,
+    tool_prompt_format: Any = None,
+    chat_options: dict[str, Any] | None = None,
+    sampling: dict[str, Any] | None = None,
+    too_long: Literal["end", "raise"] = "end",
+) -> list[tuple[Dialog, ChatCompletion]]:
     """One reply for every dialog of ``dialogs``, generated in one batch: ``(dialog, reply)`` pairs, in order,
     for the dialogs that were generated (the replies are not added to the transcripts: the caller decides).
 
@@ -117,8 +126,9 @@ def complete_turn(engine: ChatEngine, dialogs: Sequence[Dialog], *, tool_prompt_
     return []
 
 
-def _batch(engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any,
-           options: dict[str, Any]) -> list[ChatCompletion]:
+def _batch(
+    engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any, options: dict[str, Any]
+) -> list[ChatCompletion]:
     """The turn's one engine call (the only place the loop generates).  The dialogs' tools and tool choices go
     as one when all dialogs share them (what a stand-in written for ``batch_chat_completion(dialogs, tools,
     tool_choice=...)`` expects), else as one entry per dialog; the engine checks each distinct tool set once and
@@ -130,9 +140,13 @@ def _batch(engine: ChatEngine, dialogs: list[Dialog], tool_prompt_format: Any,
     if options.get("run") is not None:  # a run store names each row by its dialog: every turn one item
         options = {**options, "item": [d.item for d in dialogs]}
     try:
-        return engine.batch_chat_completion([list(d.transcript) for d in dialogs], tools=sets[0] if shared else sets,
-                                            tool_choice=choices[0] if shared else choices,
-                                            tool_prompt_format=tool_prompt_format, **options)
+        return engine.batch_chat_completion(
+            [list(d.transcript) for d in dialogs],
+            tools=sets[0] if shared else sets,
+            tool_choice=choices[0] if shared else choices,
+            tool_prompt_format=tool_prompt_format,
+            **options,
+        )
     except GenerationCancelled as cancelled:  # nothing is lost: the transcripts so far travel with the error
         for dialog, partial in zip(dialogs, cancelled.partial):
             text = partial.text if isinstance(partial.text, str) else str(partial.text)
@@ -148,9 +162,18 @@ def later_choice(tool_choice: Any) -> Any:
     return tool_choice if tool_choice in ("auto", "none", None) else "auto"
 
 
-def _turns(engine: ChatEngine, dialogs: list[Dialog], max_turns: int, tool_choice: Any, tool_prompt_format: Any,
-           constrain_tools: bool, chat_options: dict[str, Any], sampling: dict[str, Any], bar: Any,
-           rate: TokenRate) -> None:
+def _turns(
+    engine: ChatEngine,
+    dialogs: list[Dialog],
+    max_turns: int,
+    tool_choice: Any,
+    tool_prompt_format: Any,
+    constrain_tools: bool,
+    chat_options: dict[str, Any],
+    sampling: dict[str, Any],
+    bar: Any,
+    rate: TokenRate,
+) -> None:
     """The turns of :func:`run_batch`: complete the running dialogs, run their calls, until none is running.  A
     transcript is ``cached`` when every reply of it came from a run store."""
     from_store: dict[int, bool] = {}  # dialog -> every reply so far came from a run store
@@ -160,8 +183,14 @@ def _turns(engine: ChatEngine, dialogs: list[Dialog], max_turns: int, tool_choic
             break
         options = dict(chat_options, constrain_tools=True) if constrain_tools and turn == 0 else chat_options
         # the caller's own dialogs must fit (the engine says why not); later, a tool result may have made one too long
-        replies = complete_turn(engine, running, tool_prompt_format=tool_prompt_format, chat_options=options,
-                                sampling=sampling, too_long="raise" if turn == 0 else "end")
+        replies = complete_turn(
+            engine,
+            running,
+            tool_prompt_format=tool_prompt_format,
+            chat_options=options,
+            sampling=sampling,
+            too_long="raise" if turn == 0 else "end",
+        )
         for dialog, reply in replies:
             calls = dialog.add(reply).tool_calls
             from_store[id(dialog)] = from_store.get(id(dialog), True) and reply.cached
@@ -220,8 +249,10 @@ def run_batch(
     if not isinstance(dialogs, (list, tuple)):
         raise InputError("run_batch takes a list of dialogs (each a list of messages); for one dialog use run()")
     if item is not None and (isinstance(item, str) or not isinstance(item, (list, tuple)) or len(item) != len(dialogs)):
-        raise InputError(f"item= takes one id per dialog (a list of {len(dialogs)}), got {item!r:.80}; for one "
-                         "dialog use run(..., item='case-1')")
+        raise InputError(
+            f"item= takes one id per dialog (a list of {len(dialogs)}), got {item!r:.80}; for one "
+            "dialog use run(..., item='case-1')"
+        )
     toolbox = Toolbox.create(tools, code_interpreter, tool_timeout)
     transcripts = [Transcript(coerce_messages(d)) for d in dialogs]
     items = [None if item is None or item[k] is None else runs.check_item(item[k]) for k in range(len(dialogs))]
@@ -232,11 +263,22 @@ def run_batch(
     single = progress is None and len(transcripts) == 1
     inner = sampling if single else {**sampling, "progress": False}
     rate = TokenRate()
-    with progress_bar(len(transcripts), desc="tool loop", unit="dialog", progress=False if single else progress,
-                      rate=rate) as bar:
+    with progress_bar(
+        len(transcripts), desc="tool loop", unit="dialog", progress=False if single else progress, rate=rate
+    ) as bar:
         try:
-            _turns(engine, loop, max_turns, tool_choice, tool_prompt_format, constrain_tools, chat_options, inner,
-                   bar, rate)
+            _turns(
+                engine,
+                loop,
+                max_turns,
+                tool_choice,
+                tool_prompt_format,
+                constrain_tools,
+                chat_options,
+                inner,
+                bar,
+                rate,
+            )
         except GenerationCancelled as cancelled:
             cancelled.transcripts = transcripts
             raise

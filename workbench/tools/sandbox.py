@@ -205,8 +205,16 @@ def kill_tree(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_guarded(argv: list[str], *, timeout: float, cwd: str, env: dict[str, str], output_cap: int,
-                memory_bytes: int | None = None, drain_seconds: float = 5.0) -> RunResult:
+def run_guarded(
+    argv: list[str],
+    *,
+    timeout: float,
+    cwd: str,
+    env: dict[str, str],
+    output_cap: int,
+    memory_bytes: int | None = None,
+    drain_seconds: float = 5.0,
+) -> RunResult:
     """Run ``argv`` under the guard; kill its whole tree on timeout or ``KeyboardInterrupt`` (re-raised)."""
     if _LINUX:
         cmd = [sys.executable, "-I", "-S", "-c", _GUARD, str(memory_bytes or 0), *argv]
@@ -214,8 +222,16 @@ def run_guarded(argv: list[str], *, timeout: float, cwd: str, env: dict[str, str
     else:
         cmd = argv
         preexec = _rlimit(memory_bytes)
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=preexec,
+    )
     readers = [_Drain(proc.stdout, output_cap), _Drain(proc.stderr, output_cap)]
     for reader in readers:
         reader.start()

@@ -48,17 +48,24 @@ class CodeInterpreter:
         t = self.timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             raise ToolError(f"CodeInterpreter timeout must be a positive number of seconds, got {t!r}")
-        if isinstance(self.max_output_chars, bool) or not isinstance(self.max_output_chars, int) or \
-                self.max_output_chars < 1:
+        if (
+            isinstance(self.max_output_chars, bool)
+            or not isinstance(self.max_output_chars, int)
+            or self.max_output_chars < 1
+        ):
             raise ToolError(
-                f"CodeInterpreter max_output_chars must be a positive integer, got {self.max_output_chars!r}")
-        if self.memory_mb is not None and (isinstance(self.memory_mb, bool) or not isinstance(self.memory_mb, int)
-                                           or self.memory_mb < 1):
+                f"CodeInterpreter max_output_chars must be a positive integer, got {self.max_output_chars!r}"
+            )
+        if self.memory_mb is not None and (
+            isinstance(self.memory_mb, bool) or not isinstance(self.memory_mb, int) or self.memory_mb < 1
+        ):
             raise ToolError(f"CodeInterpreter memory_mb must be a positive integer or None, got {self.memory_mb!r}")
         if not isinstance(self.python, (str, os.PathLike)) or not str(self.python):
             raise ToolError(f"CodeInterpreter python must be the path of a Python executable, got {self.python!r}")
-        if self.env is not None and (not isinstance(self.env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in self.env.items())):
+        if self.env is not None and (
+            not isinstance(self.env, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items())
+        ):
             raise ToolError("CodeInterpreter env must be a dict of str -> str")
 
     def run(self, code: str) -> str:
@@ -72,12 +79,22 @@ class CodeInterpreter:
             script = os.path.join(root, "main.py")  # a file, not `-c`: any size, and NUL bytes are a SyntaxError
             with open(script, "w", encoding="utf-8", errors="surrogatepass") as fh:
                 fh.write(code)
-            env = {"PATH": os.environ.get("PATH", ""), "PYTHONIOENCODING": "utf-8", "HOME": workdir,
-                   "MPLBACKEND": "Agg", **(self.env or {})}
+            env = {
+                "PATH": os.environ.get("PATH", ""),
+                "PYTHONIOENCODING": "utf-8",
+                "HOME": workdir,
+                "MPLBACKEND": "Agg",
+                **(self.env or {}),
+            }
             try:
-                result = run_guarded([str(self.python), "-I", script], timeout=float(self.timeout), cwd=workdir,
-                                     env=env, output_cap=4 * self.max_output_chars + 4096,
-                                     memory_bytes=self.memory_mb * 1024 * 1024 if self.memory_mb else None)
+                result = run_guarded(
+                    [str(self.python), "-I", script],
+                    timeout=float(self.timeout),
+                    cwd=workdir,
+                    env=env,
+                    output_cap=4 * self.max_output_chars + 4096,
+                    memory_bytes=self.memory_mb * 1024 * 1024 if self.memory_mb else None,
+                )
             except OSError as exc:
                 return f"failed\n[stderr]\ncould not start {self.python!r}: {exc}\n[/stderr]"
         status = "timed out" if result.timed_out else ("completed" if result.returncode == 0 else "failed")
@@ -86,8 +103,12 @@ class CodeInterpreter:
         if result.timed_out:  # the guard may have reported the kill it saw: the timeout says it better
             err = err.replace(f"\n{KILLED_BY} 9\n", "")
             note = f"Execution timed out after {float(self.timeout):g} s"
-        return self._report(status, (result.stdout.decode("utf-8", "replace"), result.stdout_dropped),
-                            (err, result.stderr_dropped), note)
+        return self._report(
+            status,
+            (result.stdout.decode("utf-8", "replace"), result.stdout_dropped),
+            (err, result.stderr_dropped),
+            note,
+        )
 
     __call__ = run
 
@@ -115,10 +136,18 @@ class Toolbox:
     tool_timeout: float | None = None  # seconds a Python tool may run (None: no limit)
 
     @classmethod
-    def create(cls, tools: Iterable[Any] | None, code_interpreter: bool | CodeInterpreter | None = False,
-               tool_timeout: float | None = None) -> Toolbox:
-        if tool_timeout is not None and (isinstance(tool_timeout, bool) or not isinstance(tool_timeout, (int, float))
-                                         or not math.isfinite(tool_timeout) or tool_timeout <= 0):
+    def create(
+        cls,
+        tools: Iterable[Any] | None,
+        code_interpreter: bool | CodeInterpreter | None = False,
+        tool_timeout: float | None = None,
+    ) -> Toolbox:
+        if tool_timeout is not None and (
+            isinstance(tool_timeout, bool)
+            or not isinstance(tool_timeout, (int, float))
+            or not math.isfinite(tool_timeout)
+            or tool_timeout <= 0
+        ):
             raise ToolError(f"tool_timeout must be a positive number of seconds or None, got {tool_timeout!r}")
         items: list[Any] = []
         if tools is not None:
@@ -149,8 +178,12 @@ class Toolbox:
         if interpreter is not None and not any(d.tool_name == "code_interpreter" for d in defs):
             defs.append(ToolDefinition(tool_name="code_interpreter"))
         functions = {d.tool_name: d.function for d in defs if d.function is not None}
-        return cls(definitions=defs, functions=functions, code_interpreter=interpreter,
-                   tool_timeout=None if tool_timeout is None else float(tool_timeout))
+        return cls(
+            definitions=defs,
+            functions=functions,
+            code_interpreter=interpreter,
+            tool_timeout=None if tool_timeout is None else float(tool_timeout),
+        )
 
     def execute(self, call: ToolCall) -> Message:
         """Run one call; the answer (or the error) as a tool message with the call's id."""

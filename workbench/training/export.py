@@ -21,8 +21,9 @@ from workbench.formats.tokenizer import Tokenizer, bundled_tokenizer_path
 from workbench.training.forward import build_model, hidden_states
 
 
-def _fit_never_win_row(hidden: torch.Tensor, used: torch.Tensor,
-                       lowest: int = 8) -> tuple[torch.Tensor, dict[str, float]]:
+def _fit_never_win_row(
+    hidden: torch.Tensor, used: torch.Tensor, lowest: int = 8
+) -> tuple[torch.Tensor, dict[str, float]]:
     """A row whose logit never exceeds the best used logit, for *any* hidden state, and is far below it
     on the model's own states.
 
@@ -45,8 +46,12 @@ def _fit_never_win_row(hidden: torch.Tensor, used: torch.Tensor,
         gaps.append(logits.max(-1).values - own)
         masses.append(unused * torch.exp(own - torch.logsumexp(logits, -1)))
     gap, mass = torch.cat(gaps), torch.cat(masses)
-    return row, {"min_gap": float(gap.min()), "mean_gap": float(gap.mean()), "max_unused_mass": float(mass.max()),
-                 "states_checked": int(hidden.shape[0])}
+    return row, {
+        "min_gap": float(gap.min()),
+        "mean_gap": float(gap.mean()),
+        "max_unused_mass": float(mass.max()),
+        "states_checked": int(hidden.shape[0]),
+    }
 
 
 def export_compact(train_dir: str | Path, out: str | Path = ARTIFACT, *, sample_dialogs: int = 256) -> dict[str, Any]:
@@ -73,8 +78,11 @@ def export_compact(train_dir: str | Path, out: str | Path = ARTIFACT, *, sample_
     hidden = torch.cat(states)  # [N, D]
     embeddings = model.tok_embeddings.weight.detach()  # [V, D]
     never_win, check = _fit_never_win_row(hidden, embeddings)
-    body = {k: v.detach().clone() for k, v in model.state_dict().items() if k not in ("tok_embeddings.weight",
-                                                                                      "output.weight")}
+    body = {
+        k: v.detach().clone()
+        for k, v in model.state_dict().items()
+        if k not in ("tok_embeddings.weight", "output.weight")
+    }
     artifact = {
         "params": config["params"],
         "vocab": torch.tensor(vocab, dtype=torch.int32),

@@ -24,8 +24,9 @@ from workbench.models.transformer import Attention, Transformer, rms_normalize
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
-def _attend(attn: Attention, model: Transformer, x: torch.Tensor, positions: torch.Tensor,
-            past: KV | None) -> tuple[torch.Tensor, KV]:
+def _attend(
+    attn: Attention, model: Transformer, x: torch.Tensor, positions: torch.Tensor, past: KV | None
+) -> tuple[torch.Tensor, KV]:
     """Attention of ``x`` [B, T, D] at ``positions`` [T] over ``past`` keys/values (batch 1) + its own."""
     bsz, seqlen, _ = x.shape
     xq = attn.wq(x).view(bsz, seqlen, attn.n_local_heads, attn.head_dim)  # [B, T, Hq, Dh]
@@ -55,8 +56,9 @@ def _attend(attn: Attention, model: Transformer, x: torch.Tensor, positions: tor
     return attn.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1)), own
 
 
-def _layers(model: Transformer, h: torch.Tensor, positions: torch.Tensor,
-            pasts: list[KV] | None) -> tuple[torch.Tensor, list[KV]]:
+def _layers(
+    model: Transformer, h: torch.Tensor, positions: torch.Tensor, pasts: list[KV] | None
+) -> tuple[torch.Tensor, list[KV]]:
     kvs = []
     for i, layer in enumerate(model.layers):
         out, kv = _attend(layer.attention, model, layer.attention_norm(h), positions, pasts[i] if pasts else None)
@@ -66,8 +68,9 @@ def _layers(model: Transformer, h: torch.Tensor, positions: torch.Tensor,
     return h, kvs
 
 
-def hidden_states(model: Transformer, tokens: torch.Tensor, shared_prefix: int = 0,
-                  embeddings: torch.Tensor | None = None) -> torch.Tensor:
+def hidden_states(
+    model: Transformer, tokens: torch.Tensor, shared_prefix: int = 0, embeddings: torch.Tensor | None = None
+) -> torch.Tensor:
     """Final-norm hidden states [B, T, D] of ``tokens`` [B, T] (right-padded; padding only sees itself
     and what precedes it).  The first ``shared_prefix`` tokens must be identical in every row; they are
     computed once.  ``embeddings`` [V, D] replaces the model's table (spelled embeddings).
@@ -78,13 +81,12 @@ def hidden_states(model: Transformer, tokens: torch.Tensor, shared_prefix: int =
 
     def embed(ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, table)
+
     if shared_prefix > 0:
         prefix = tokens[:1, :shared_prefix]  # [1, P]
-        h_prefix, pasts = _layers(model, embed(prefix), torch.arange(shared_prefix, device=device),
-                                  None)
+        h_prefix, pasts = _layers(model, embed(prefix), torch.arange(shared_prefix, device=device), None)
         suffix = tokens[:, shared_prefix:]  # [B, T-P]
-        h_suffix, _ = _layers(model, embed(suffix), torch.arange(shared_prefix, seqlen, device=device),
-                              pasts)
+        h_suffix, _ = _layers(model, embed(suffix), torch.arange(shared_prefix, seqlen, device=device), pasts)
         h = torch.cat([h_prefix.expand(bsz, -1, -1), h_suffix], dim=1)  # [B, T, D]
     else:
         h, _ = _layers(model, embed(tokens), torch.arange(seqlen, device=device), None)

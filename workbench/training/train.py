@@ -56,10 +56,23 @@ class Batcher:
 
     GROUP = 4
 
-    def __init__(self, formatter: Any, to_compact: dict[int, int], unk: int, batch_size: int, seed: int,
-                 curriculum_steps: int, synthetic: float = 0.35, aux_positions: int = 0,
-                 copy_exercise: bool = False, shared_tools: bool = False, composed: float = 0.0,
-                 spell: float = 0.0, spelling: list[str] | None = None, generated: float = 0.0) -> None:
+    def __init__(
+        self,
+        formatter: Any,
+        to_compact: dict[int, int],
+        unk: int,
+        batch_size: int,
+        seed: int,
+        curriculum_steps: int,
+        synthetic: float = 0.35,
+        aux_positions: int = 0,
+        copy_exercise: bool = False,
+        shared_tools: bool = False,
+        composed: float = 0.0,
+        spell: float = 0.0,
+        spelling: list[str] | None = None,
+        generated: float = 0.0,
+    ) -> None:
         self.composed, self.spell, self.spelling = composed, spell, spelling or []
         self.generated = generated  # share of dialogs (or shared-tool batches) over generated tools
         self.formatter, self.to_compact, self.unk = formatter, to_compact, unk
@@ -74,9 +87,15 @@ class Batcher:
             mix = COPY_MIX if self.copy_exercise else None
             if self.spell:
                 mix = spelling_mix(self.spell, self.copy_exercise)
-            gen = DialogGenerator("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools,
-                                  synthetic=self.synthetic, mix=mix, composed=self.composed,
-                                  spelling_words=self.spelling)
+            gen = DialogGenerator(
+                "train",
+                seed=self.seed * 1_000_003 + group,
+                max_tools=max_tools,
+                synthetic=self.synthetic,
+                mix=mix,
+                composed=self.composed,
+                spelling_words=self.spelling,
+            )
             tools_gen = GeneratedDialogs("train", seed=self.seed * 1_000_003 + group, max_tools=max_tools)
             coin = random.Random(self.seed * 104_729 + group)
 
@@ -154,14 +173,35 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, save_every: int,
-          params: dict[str, Any] | None = None, log_every: int = 10, progress: bool = True,
-          vocab_sample: int | None = None, stop_after: int | None = None, synthetic: float = 0.35,
-          aux_weight: float = 0.0, aux_positions: int = 32, copy_exercise: bool = False,
-          shared_tools: bool = False, init_from: Path | None = None, warmup: int = 200,
-          copy_weight: float = 1.0, composed: float = 0.0, spell: float = 0.0,
-          spelled: bool = False, device: str = "cpu", workers: int = 0,
-          max_minutes: float | None = None, generated_tools: float = 0.0) -> dict[str, Any]:
+def train(
+    out_dir: Path,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    save_every: int,
+    params: dict[str, Any] | None = None,
+    log_every: int = 10,
+    progress: bool = True,
+    vocab_sample: int | None = None,
+    stop_after: int | None = None,
+    synthetic: float = 0.35,
+    aux_weight: float = 0.0,
+    aux_positions: int = 32,
+    copy_exercise: bool = False,
+    shared_tools: bool = False,
+    init_from: Path | None = None,
+    warmup: int = 200,
+    copy_weight: float = 1.0,
+    composed: float = 0.0,
+    spell: float = 0.0,
+    spelled: bool = False,
+    device: str = "cpu",
+    workers: int = 0,
+    max_minutes: float | None = None,
+    generated_tools: float = 0.0,
+) -> dict[str, Any]:
     """Train (or resume) into ``out_dir``; returns the last logged metrics.
 
     ``stop_after`` ends the run early after that step (saving first), as an interruption would;
@@ -211,8 +251,10 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
             extra = {"free_embeddings": free, "space": speller.space.detach().clone()}
             weights = {**weights, "tok_embeddings.weight": rows, "output.weight": rows}
         return _on_cpu({"model": weights, "optimizer": optimizer.state_dict(), "step": step, **extra})
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=lr, betas=(0.9, 0.95))
+
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95)
+    )
     state_path = out_dir / "state.pt"
     start = 0
     if init is not None and not state_path.exists():  # warm start: weights only, new optimizer and schedule
@@ -232,20 +274,44 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
                 speller.space.copy_(state["space"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"])
-    (out_dir / "config.json").write_text(json.dumps({"params": params, "vocab": vocab, "seed": seed,
-                                                     "batch_size": batch_size, "lr": lr, "steps": steps,
-                                                     "synthetic": synthetic, "aux_weight": aux_weight,
-                                                     "copy_exercise": copy_exercise, "shared_tools": shared_tools,
-                                                     "copy_weight": copy_weight, "composed": composed,
-                                                     "spell": spell, "spelled": spelled,
-                                                     "generated_tools": generated_tools,
-                                                     "init_from": str(init_from) if init_from else None}))
-    batcher = Batcher(formatter, to_compact, to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
-                      batch_size, seed, curriculum_steps=steps // 5, synthetic=synthetic,
-                      aux_positions=aux_positions if aux_weight > 0 else 0, copy_exercise=copy_exercise,
-                      shared_tools=shared_tools, composed=composed, spell=spell,
-                      spelling=spelling_words(tokenizer, vocab) if spell else None,
-                      generated=generated_tools)
+    (out_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "params": params,
+                "vocab": vocab,
+                "seed": seed,
+                "batch_size": batch_size,
+                "lr": lr,
+                "steps": steps,
+                "synthetic": synthetic,
+                "aux_weight": aux_weight,
+                "copy_exercise": copy_exercise,
+                "shared_tools": shared_tools,
+                "copy_weight": copy_weight,
+                "composed": composed,
+                "spell": spell,
+                "spelled": spelled,
+                "generated_tools": generated_tools,
+                "init_from": str(init_from) if init_from else None,
+            }
+        )
+    )
+    batcher = Batcher(
+        formatter,
+        to_compact,
+        to_compact[tokenizer.encode_special("<|finetune_right_pad|>")],
+        batch_size,
+        seed,
+        curriculum_steps=steps // 5,
+        synthetic=synthetic,
+        aux_positions=aux_positions if aux_weight > 0 else 0,
+        copy_exercise=copy_exercise,
+        shared_tools=shared_tools,
+        composed=composed,
+        spell=spell,
+        spelling=spelling_words(tokenizer, vocab) if spell else None,
+        generated=generated_tools,
+    )
     log_path = out_dir / "log.jsonl"
     metrics: dict[str, Any] = {}
     bar = tqdm(range(start, steps), initial=start, total=steps, desc="training demo model", disable=not progress)
@@ -256,8 +322,9 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
         for step in bar:
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, steps, lr, warmup=min(warmup, steps // 10 + 1))
-            tokens, targets, prefix, aux, copied = (t.to(device) if isinstance(t, torch.Tensor) else t
-                                                    for t in next(batches))
+            tokens, targets, prefix, aux, copied = (
+                t.to(device) if isinstance(t, torch.Tensor) else t for t in next(batches)
+            )
             rows = table()  # [V, D]
             h = hidden_states(model, tokens, prefix, rows)  # [B, T, D]
             where = targets != -100
@@ -280,13 +347,19 @@ def train(out_dir: Path, *, steps: int, batch_size: int, lr: float, seed: int, s
             window_copy += right[copied[where]].float().mean().nan_to_num(1.0).item()
             window_n += 1
             if (step + 1) % log_every == 0 or step + 1 == steps:
-                metrics = {"step": step + 1, "loss": window_loss / window_n, "token_acc": window_acc / window_n,
-                           "copy_acc": window_copy / window_n, "lr": optimizer.param_groups[0]["lr"],
-                           "s_per_step": (time.time() - t0) / window_n}
+                metrics = {
+                    "step": step + 1,
+                    "loss": window_loss / window_n,
+                    "token_acc": window_acc / window_n,
+                    "copy_acc": window_copy / window_n,
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "s_per_step": (time.time() - t0) / window_n,
+                }
                 with log_path.open("a") as f:
                     f.write(json.dumps(metrics) + "\n")
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['token_acc']:.3f}",
-                                copy=f"{metrics['copy_acc']:.3f}")
+                bar.set_postfix(
+                    loss=f"{metrics['loss']:.3f}", acc=f"{metrics['token_acc']:.3f}", copy=f"{metrics['copy_acc']:.3f}"
+                )
                 window_loss, window_acc, window_copy, window_n, t0 = 0.0, 0.0, 0.0, 0, time.time()
             if (step + 1) % save_every == 0 or step + 1 == steps:
                 tmp = state_path.with_suffix(".tmp")
@@ -335,8 +408,10 @@ def _batches(batcher: Batcher, start: int, steps: int, workers: int) -> Generato
     ctx = multiprocessing.get_context("fork")
     first = start // Batcher.GROUP
     queues = [ctx.Queue(maxsize=2 * Batcher.GROUP) for _ in range(workers)]
-    procs = [ctx.Process(target=_batch_worker, args=(batcher, first + k, start, steps, workers, queues[k]), daemon=True)
-             for k in range(workers)]
+    procs = [
+        ctx.Process(target=_batch_worker, args=(batcher, first + k, start, steps, workers, queues[k]), daemon=True)
+        for k in range(workers)
+    ]
     for proc in procs:
         proc.start()
     try:
@@ -348,8 +423,10 @@ def _batches(batcher: Batcher, start: int, steps: int, workers: int) -> Generato
                     break
                 except queue_module.Empty:
                     if not procs[k].is_alive():  # a crashed worker must not hang the run
-                        raise RuntimeError(f"batch worker {k} died (exit code {procs[k].exitcode}); its traceback is "
-                                           "printed above, or rerun with --workers 0 to raise it here") from None
+                        raise RuntimeError(
+                            f"batch worker {k} died (exit code {procs[k].exitcode}); its traceback is "
+                            "printed above, or rerun with --workers 0 to raise it here"
+                        ) from None
             yield tuple(torch.from_numpy(t) if hasattr(t, "dtype") else t for t in batch)
     finally:
         for proc in procs:
@@ -367,58 +444,132 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and data")
     parser.add_argument("--save-every", type=int, default=50, help="save state every N steps (resumes from it)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared machine)")
-    parser.add_argument("--params", type=Path, default=None,
-                        help="params.json-style model shape (default: the shipped demo model's shape)")
-    parser.add_argument("--vocab-sample", type=int, default=None,
-                        help="dialogs sampled per split to build the compact vocabulary (default 1500)")
-    parser.add_argument("--synthetic", type=float, default=0.35,
-                        help="share of training argument values that are made-up words (teaches copying)")
-    parser.add_argument("--aux-weight", type=float, default=0.0,
-                        help="weight of a language-modelling loss on sampled prompt tokens (0 = off)")
+    parser.add_argument(
+        "--params",
+        type=Path,
+        default=None,
+        help="params.json-style model shape (default: the shipped demo model's shape)",
+    )
+    parser.add_argument(
+        "--vocab-sample",
+        type=int,
+        default=None,
+        help="dialogs sampled per split to build the compact vocabulary (default 1500)",
+    )
+    parser.add_argument(
+        "--synthetic",
+        type=float,
+        default=0.35,
+        help="share of training argument values that are made-up words (teaches copying)",
+    )
+    parser.add_argument(
+        "--aux-weight",
+        type=float,
+        default=0.0,
+        help="weight of a language-modelling loss on sampled prompt tokens (0 = off)",
+    )
     parser.add_argument("--aux-positions", type=int, default=32, help="prompt tokens per row for that loss")
-    parser.add_argument("--copy-exercise", action="store_true",
-                        help="mix in 'repeat after me' dialogs (15%%), which teach copying arbitrary words")
-    parser.add_argument("--shared-tools", action="store_true",
-                        help="offer one tool set per batch, so the whole system prompt is computed once per step")
-    parser.add_argument("--init-from", type=Path, default=None,
-                        help="start from the weights of a training folder or of a compact artifact "
-                             "(e.g. workbench/demo/weights/demo-llama4.pt): same shape, its vocabulary")
-    parser.add_argument("--copy-weight", type=float, default=1.0,
-                        help="loss weight of assistant tokens copied from the dialog (argument values, results)")
-    parser.add_argument("--composed", type=float, default=0.0,
-                        help="share of training questions composed from parts (workbench.demo.phrasing) "
-                             "instead of drawn from the fixed templates")
-    parser.add_argument("--spell", type=float, default=0.0,
-                        help="share of spelling exercises: vocabulary words written in quotes and back "
-                             "(a word after a space is other tokens than inside a call's quotes)")
-    parser.add_argument("--spelled", action="store_true",
-                        help="build the rows of word tokens after a space from their spelling's pieces while "
-                             "training (workbench.training.spelled), so writing an unseen word in a call generalises")
-    parser.add_argument("--generated-tools", type=float, default=0.0, metavar="SHARE",
-                        help="share of dialogs over thousands of generated tools (workbench.demo.generated), so "
-                             "the model learns to read a tool's schema; their tokens join the vocabulary")
-    parser.add_argument("--stop-after", type=int, default=None,
-                        help="end the run after this step (saved; a later run with other --steps resumes from it)")
+    parser.add_argument(
+        "--copy-exercise",
+        action="store_true",
+        help="mix in 'repeat after me' dialogs (15%%), which teach copying arbitrary words",
+    )
+    parser.add_argument(
+        "--shared-tools",
+        action="store_true",
+        help="offer one tool set per batch, so the whole system prompt is computed once per step",
+    )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start from the weights of a training folder or of a compact artifact "
+        "(e.g. workbench/demo/weights/demo-llama4.pt): same shape, its vocabulary",
+    )
+    parser.add_argument(
+        "--copy-weight",
+        type=float,
+        default=1.0,
+        help="loss weight of assistant tokens copied from the dialog (argument values, results)",
+    )
+    parser.add_argument(
+        "--composed",
+        type=float,
+        default=0.0,
+        help="share of training questions composed from parts (workbench.demo.phrasing) "
+        "instead of drawn from the fixed templates",
+    )
+    parser.add_argument(
+        "--spell",
+        type=float,
+        default=0.0,
+        help="share of spelling exercises: vocabulary words written in quotes and back "
+        "(a word after a space is other tokens than inside a call's quotes)",
+    )
+    parser.add_argument(
+        "--spelled",
+        action="store_true",
+        help="build the rows of word tokens after a space from their spelling's pieces while "
+        "training (workbench.training.spelled), so writing an unseen word in a call generalises",
+    )
+    parser.add_argument(
+        "--generated-tools",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of dialogs over thousands of generated tools (workbench.demo.generated), so "
+        "the model learns to read a tool's schema; their tokens join the vocabulary",
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="end the run after this step (saved; a later run with other --steps resumes from it)",
+    )
     parser.add_argument("--warmup", type=int, default=200, help="learning-rate warm-up steps")
     parser.add_argument("--device", default="cpu", help="where the model trains: cpu, cuda, cuda:1 ...")
-    parser.add_argument("--workers", type=int, default=0,
-                        help="processes that prepare batches ahead of training (a GPU needs several)")
-    parser.add_argument("--max-minutes", type=float, default=None,
-                        help="save and stop after this much wall time (resume later with the same command)")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="processes that prepare batches ahead of training (a GPU needs several)"
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="save and stop after this much wall time (resume later with the same command)",
+    )
     parser.add_argument("--export", type=Path, default=None, help="after training, write the compact artifact here")
-    parser.add_argument("--export-sample", type=int, default=256,
-                        help="dialogs whose hidden states fit the never-win output row")
+    parser.add_argument(
+        "--export-sample", type=int, default=256, help="dialogs whose hidden states fit the never-win output row"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     params = json.loads(args.params.read_text()) if args.params is not None else None
-    metrics = train(args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                    save_every=args.save_every, params=params, vocab_sample=args.vocab_sample,
-                    synthetic=args.synthetic, aux_weight=args.aux_weight, aux_positions=args.aux_positions,
-                    copy_exercise=args.copy_exercise, shared_tools=args.shared_tools, init_from=args.init_from,
-                    warmup=args.warmup, copy_weight=args.copy_weight, stop_after=args.stop_after,
-                    composed=args.composed, spell=args.spell, spelled=args.spelled, device=args.device,
-                    workers=args.workers, max_minutes=args.max_minutes,
-                    generated_tools=args.generated_tools)
+    metrics = train(
+        args.out,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        save_every=args.save_every,
+        params=params,
+        vocab_sample=args.vocab_sample,
+        synthetic=args.synthetic,
+        aux_weight=args.aux_weight,
+        aux_positions=args.aux_positions,
+        copy_exercise=args.copy_exercise,
+        shared_tools=args.shared_tools,
+        init_from=args.init_from,
+        warmup=args.warmup,
+        copy_weight=args.copy_weight,
+        stop_after=args.stop_after,
+        composed=args.composed,
+        spell=args.spell,
+        spelled=args.spelled,
+        device=args.device,
+        workers=args.workers,
+        max_minutes=args.max_minutes,
+        generated_tools=args.generated_tools,
+    )
     print(json.dumps(metrics))
     if args.export is not None:
         check = export_compact(args.out, args.export, sample_dialogs=args.export_sample)

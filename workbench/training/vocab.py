@@ -17,8 +17,17 @@ from workbench.formats import make_formatter
 
 COMMON_IDS = 16000
 SAMPLE_DIALOGS = 1500
-SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>",
-            "<|python_start|>", "<|python_end|>", "<|finetune_right_pad|>")
+SPECIALS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|header_start|>",
+    "<|header_end|>",
+    "<|eot|>",
+    "<|eom|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|finetune_right_pad|>",
+)
 
 
 def build_compact_vocab(tokenizer: Any, sample_dialogs: int = SAMPLE_DIALOGS) -> list[int]:
@@ -30,8 +39,17 @@ def build_compact_vocab(tokenizer: Any, sample_dialogs: int = SAMPLE_DIALOGS) ->
         gen = DialogGenerator(split, seed=12345)
         for _ in range(sample_dialogs):
             ids.update(encode(formatter, gen.dialog()).tokens)
-    for name in ("CITIES", "COUNTRIES", "FIRST_NAMES", "LAST_NAMES", "CURRENCIES", "UNITS", "LANGUAGES", "WORDS",
-                 "REMINDERS"):
+    for name in (
+        "CITIES",
+        "COUNTRIES",
+        "FIRST_NAMES",
+        "LAST_NAMES",
+        "CURRENCIES",
+        "UNITS",
+        "LANGUAGES",
+        "WORDS",
+        "REMINDERS",
+    ):
         for value in getattr(pools, name):
             value = value.replace("_", " ")
             for text in (value, " " + value, f'"{value}")', f"={value}", value.lower(), " " + value.lower()):

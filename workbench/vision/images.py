@@ -179,8 +179,9 @@ def _decode_base64(text: str) -> tuple[bytes, str]:
     try:
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ImageError(f"an image's base64 data does not decode ({exc}); check the data URL or base64 string") \
-            from exc
+        raise ImageError(
+            f"an image's base64 data does not decode ({exc}); check the data URL or base64 string"
+        ) from exc
     return data, f"(base64, {len(data)} bytes)"
 
 

@@ -93,5 +93,11 @@ def image_layout(width: int, height: int, tile_size: int, max_tiles: int) -> Ima
         raise ValueError(f"image size must be positive, got {width}x{height}")
     canvas = best_canvas(width, height, tile_size, max_tiles)
     resized = fit_without_distortion(width, height, canvas, tile_size)
-    return ImageLayout(size=(width, height), resized=resized, canvas=canvas, rows=canvas[1] // tile_size,
-                       cols=canvas[0] // tile_size, tile_size=tile_size)
+    return ImageLayout(
+        size=(width, height),
+        resized=resized,
+        canvas=canvas,
+        rows=canvas[1] // tile_size,
+        cols=canvas[0] // tile_size,
+        tile_size=tile_size,
+    )

@@ -53,8 +53,9 @@ def split_tiles(canvas: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return grid.permute(1, 3, 0, 2, 4).reshape(rows * cols, channels, tile_h, tile_w)
 
 
-def prepare_image(image: Any, tile_size: int, max_tiles: int = DEFAULT_MAX_TILES,
-                  layout: ImageLayout | None = None) -> PreparedImage:
+def prepare_image(
+    image: Any, tile_size: int, max_tiles: int = DEFAULT_MAX_TILES, layout: ImageLayout | None = None
+) -> PreparedImage:
     """Tile one RGB PIL image (see the module docstring); ``layout`` skips recomputing the plan."""
     from PIL import Image
 

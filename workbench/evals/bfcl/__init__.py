@@ -16,6 +16,15 @@ from .package import AST_CATEGORIES, RELEVANCE_CATEGORIES, SUPPORTED_CATEGORIES,
 from .runner import DEFAULT_CATEGORIES, PROMPTS, encode_entry, plot, run, summarize
 
 __all__ = [
-    "AST_CATEGORIES", "DEFAULT_CATEGORIES", "PROMPTS", "RELEVANCE_CATEGORIES", "SUPPORTED_CATEGORIES", "BFCLError",
-    "encode_entry", "plot", "run", "summarize", "to_openai_tool",
+    "AST_CATEGORIES",
+    "DEFAULT_CATEGORIES",
+    "PROMPTS",
+    "RELEVANCE_CATEGORIES",
+    "SUPPORTED_CATEGORIES",
+    "BFCLError",
+    "encode_entry",
+    "plot",
+    "run",
+    "summarize",
+    "to_openai_tool",
 ]

@@ -36,8 +36,14 @@ _MODEL_CONFIG = "bfcl_eval.constants.model_config"
 #: (``simple_java`` and ``simple_javascript`` are left out: their values are Java/JavaScript source text, which
 #: BFCL decodes with tree-sitter parsers of the model's raw text.)
 AST_CATEGORIES = (
-    "simple_python", "multiple", "parallel", "parallel_multiple",
-    "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+    "simple_python",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
 )
 #: Categories scored on whether the reply holds a call at all (irrelevance: it must not; relevance: it must).
 RELEVANCE_CATEGORIES = ("irrelevance", "live_irrelevance", "live_relevance")
@@ -117,12 +123,16 @@ def check_categories(categories: Any) -> tuple[str, ...]:
         if name in SUPPORTED_CATEGORIES:
             continue
         if isinstance(name, str) and name.startswith(("multi_turn", "memory", "web_search", "format_sensitivity")):
-            raise BFCLError(f"BFCL category {name!r} is multi-turn or agentic (it executes BFCL's tool backends); "
-                            f"workbench runs the single-turn ones: {', '.join(SUPPORTED_CATEGORIES)}")
+            raise BFCLError(
+                f"BFCL category {name!r} is multi-turn or agentic (it executes BFCL's tool backends); "
+                f"workbench runs the single-turn ones: {', '.join(SUPPORTED_CATEGORIES)}"
+            )
         if name in ("simple_java", "simple_javascript"):
-            raise BFCLError(f"BFCL category {name!r} scores Java/JavaScript source text, which BFCL decodes from the "
-                            "model's raw reply with tree-sitter; workbench gives the checker parsed calls only. Run "
-                            f"the Python ones: {', '.join(SUPPORTED_CATEGORIES)}")
+            raise BFCLError(
+                f"BFCL category {name!r} scores Java/JavaScript source text, which BFCL decodes from the "
+                "model's raw reply with tree-sitter; workbench gives the checker parsed calls only. Run "
+                f"the Python ones: {', '.join(SUPPORTED_CATEGORIES)}"
+            )
         raise BFCLError(f"unknown BFCL category {name!r}; choose from {', '.join(SUPPORTED_CATEGORIES)}")
     if len(set(out)) != len(out):
         raise BFCLError(f"categories {out!r} name a category twice")
@@ -147,8 +157,10 @@ def load_entries(category: str, limit: int | None) -> list[dict[str, Any]]:
     out = []
     for entry in entries:
         if len(entry["question"]) != 1:
-            raise BFCLError(f"BFCL entry {entry['id']} has {len(entry['question'])} turns; only single-turn "
-                            "categories are supported")
+            raise BFCLError(
+                f"BFCL entry {entry['id']} has {len(entry['question'])} turns; only single-turn "
+                "categories are supported"
+            )
         if category in AST_CATEGORIES and entry["id"] not in answers:
             raise BFCLError(f"BFCL entry {entry['id']} has no ground truth in the installed bfcl-eval")
         out.append({**entry, "ground_truth": answers.get(entry["id"]), "checker_function": checker_docs[entry["id"]]})
@@ -169,9 +181,14 @@ def check_calls(entry: dict[str, Any], category: str, calls: list[dict[str, Any]
     if not calls:
         return False, "no function call in the reply"
     try:
-        result = pkg.checker.ast_checker(copy.deepcopy(entry["checker_function"]), copy.deepcopy(calls),
-                                         entry["ground_truth"], pkg.enums.Language.PYTHON, category,
-                                         CHECKER_MODEL_NAME)
+        result = pkg.checker.ast_checker(
+            copy.deepcopy(entry["checker_function"]),
+            copy.deepcopy(calls),
+            entry["ground_truth"],
+            pkg.enums.Language.PYTHON,
+            category,
+            CHECKER_MODEL_NAME,
+        )
     except Exception as exc:  # a reply the checker did not expect (BFCL's runner would stop): counted wrong
         return False, f"BFCL's checker failed on this reply: {type(exc).__name__}: {exc}"
     if result["valid"]:
@@ -235,8 +252,10 @@ def system_prompt(functions: list[dict[str, Any]]) -> str:
     config = dict(part.split("=", 1) for part in p.DEFAULT_SYSTEM_PROMPT_FORMAT.split("&"))
     ret, doc_format = config["ret_fmt"], config["func_doc_fmt"]
     if doc_format != "json":
-        raise ConfigError(f"the installed bfcl-eval's default prompt shows function docs as {doc_format!r}; "
-                          "workbench reproduces the 'json' one: install bfcl-eval==2026.3.23")
+        raise ConfigError(
+            f"the installed bfcl-eval's default prompt shows function docs as {doc_format!r}; "
+            "workbench reproduces the 'json' one: install bfcl-eval==2026.3.23"
+        )
     style = p.PROMPT_STYLE_TEMPLATES[config["style"]]
     tag = config["tool_call_tag"] == "True"
     call_format = style["tool_call_with_tag" if tag else "tool_call_no_tag"].format(
@@ -244,8 +263,11 @@ def system_prompt(functions: list[dict[str, Any]]) -> str:
     )
     tools = style["available_tools"].format(format=doc_format, functions=json.dumps(functions, indent=4))
     return p.PROMPT_TEMPLATE_MAPPING[config["prompt_fmt"]].format(
-        persona=style["persona"], task=style["task"], tool_call_format=call_format,
-        multiturn_behavior=style["multiturn_behavior"], available_tools=tools,
+        persona=style["persona"],
+        task=style["task"],
+        tool_call_format=call_format,
+        multiturn_behavior=style["multiturn_behavior"],
+        available_tools=tools,
     )
 
 

@@ -40,10 +40,19 @@ _CHAT_TOKENS = {
 }
 
 
-def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit: int | None = None,
-        prompt: Literal["official", "bfcl"] = "official", max_tokens: int = 512, temperature: float = 0.0,
-        seed: int | None = None, progress: bool | None = None, run: str | None = None,
-        refresh: bool = False) -> pd.DataFrame:
+def run(
+    engine: Engine,
+    categories: Sequence[str] = DEFAULT_CATEGORIES,
+    *,
+    limit: int | None = None,
+    prompt: Literal["official", "bfcl"] = "official",
+    max_tokens: int = 512,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    progress: bool | None = None,
+    run: str | None = None,
+    refresh: bool = False,
+) -> pd.DataFrame:
     """Answer BFCL entries with ``engine`` and score them; one row per entry, in BFCL's order per category.
 
     categories: BFCL single-turn category names (see ``SUPPORTED_CATEGORIES``).
@@ -64,8 +73,10 @@ def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit
     """
     cats = check_categories(categories)
     if prompt not in PROMPTS:
-        raise BFCLError(f"prompt must be 'official' (the model's own format) or 'bfcl' (BFCL's Llama handler "
-                        f"prompt), got {prompt!r}")
+        raise BFCLError(
+            f"prompt must be 'official' (the model's own format) or 'bfcl' (BFCL's Llama handler "
+            f"prompt), got {prompt!r}"
+        )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise BFCLError(f"limit must be a positive number of entries per category (or None for all), got {limit!r}")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -74,8 +85,18 @@ def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit
     work: list[tuple[dict[str, Any], dict[str, Any], list[int]]] = []
     for category in cats:
         for entry in load_entries(category, limit):
-            row = {"id": entry["id"], "category": category, "calls": [], "valid": False, "error": None,
-                   "prompt": prompt, "reply": None, "prompt_tokens": 0, "tokens": 0, "cached": False}
+            row = {
+                "id": entry["id"],
+                "category": category,
+                "calls": [],
+                "valid": False,
+                "error": None,
+                "prompt": prompt,
+                "reply": None,
+                "prompt_tokens": 0,
+                "tokens": 0,
+                "cached": False,
+            }
             rows.append(row)
             try:
                 ids = encode_entry(engine, entry, prompt)
@@ -84,14 +105,22 @@ def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit
                 continue
             row["prompt_tokens"] = len(ids)
             if len(ids) >= engine.max_seq_len:
-                row["error"] = (f"not generated: the prompt has {len(ids)} tokens but max_seq_len is "
-                                f"{engine.max_seq_len}; load with a larger max_seq_len")
+                row["error"] = (
+                    f"not generated: the prompt has {len(ids)} tokens but max_seq_len is "
+                    f"{engine.max_seq_len}; load with a larger max_seq_len"
+                )
                 continue
             work.append((row, entry, ids))
     if work:
         stored = runs.call_keywords(run, refresh)
-        completions = engine.batch_completion([ids for _, _, ids in work], max_tokens=max_tokens,
-                                              temperature=temperature, seed=seed, progress=progress, **stored)
+        completions = engine.batch_completion(
+            [ids for _, _, ids in work],
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            progress=progress,
+            **stored,
+        )
         for (row, entry, _), completion in zip(work, completions):
             message = engine.formatter.decode_assistant(completion.text, completion.stop_reason)
             calls = [{call.tool_name: dict(call.arguments)} for call in message.tool_calls]
@@ -101,8 +130,11 @@ def run(engine: Engine, categories: Sequence[str] = DEFAULT_CATEGORIES, *, limit
                 error = f"the reply's tool call could not be parsed: {message.parse_error}"
             row.update(valid=valid, error=error)
         if run is not None:  # each entry's id names its row, its verdict is the row's score
-            runs.keep_scores(run, {row["id"]: {"valid": bool(row["valid"])} for row, _, _ in work},
-                             items=[(ids, row["id"]) for row, _, ids in work])
+            runs.keep_scores(
+                run,
+                {row["id"]: {"valid": bool(row["valid"])} for row, _, _ in work},
+                items=[(ids, row["id"]) for row, _, ids in work],
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -138,8 +170,12 @@ def summarize(results: pd.DataFrame, by: Sequence[str] | None = None) -> pd.Data
     if by is None:
         by = ["prompt"] if "prompt" in results.columns and results["prompt"].nunique() > 1 else []
     keys = [*by, "category"]
-    table = (results.assign(valid=results["valid"].astype(bool))
-             .groupby(keys, sort=False)["valid"].agg(entries="size", correct="sum").reset_index())
+    table = (
+        results.assign(valid=results["valid"].astype(bool))
+        .groupby(keys, sort=False)["valid"]
+        .agg(entries="size", correct="sum")
+        .reset_index()
+    )
     table["accuracy"] = table["correct"] / table["entries"]
     # rows in the order the results first show each key (the order of the runs and of BFCL's categories)
     orders = {k: {v: i for i, v in enumerate(dict.fromkeys(results[k]))} for k in keys}
@@ -165,16 +201,24 @@ def plot(summary: pd.DataFrame, *, ax: Any = None, path: str | None = None) -> A
     width = 0.8 / len(groups)
     for j, group in enumerate(groups):
         part = summary if group is None else summary[summary["prompt"] == group]
-        rows = {c: (a, k, n) for c, a, k, n in zip(part["category"], part["accuracy"].astype(float), part["correct"],
-                                                   part["entries"])}
+        rows = {
+            c: (a, k, n)
+            for c, a, k, n in zip(part["category"], part["accuracy"].astype(float), part["correct"], part["entries"])
+        }
         values = [rows[c][0] if c in rows else float("nan") for c in cats]
         bounds = [wilson_interval(rows[c][1], rows[c][2]) if c in rows else (float("nan"),) * 2 for c in cats]
-        errors = [[max(v - lo, 0) for v, (lo, _) in zip(values, bounds)],
-                  [max(hi - v, 0) for v, (_, hi) in zip(values, bounds)]]
+        errors = [
+            [max(v - lo, 0) for v, (lo, _) in zip(values, bounds)],
+            [max(hi - v, 0) for v, (_, hi) in zip(values, bounds)],
+        ]
         label = "accuracy" if group is None else f"prompt={group}"
         bars = ax.bar([i + j * width for i in range(len(cats))], values, width, yerr=errors, capsize=3, label=label)
-        ax.bar_label(bars, labels=[f"{v:.2f}\nn={rows[c][2]}" if c in rows else "" for v, c in zip(values, cats)],
-                     fontsize=8, padding=4)
+        ax.bar_label(
+            bars,
+            labels=[f"{v:.2f}\nn={rows[c][2]}" if c in rows else "" for v, c in zip(values, cats)],
+            fontsize=8,
+            padding=4,
+        )
     ax.set_xticks([i + width * (len(groups) - 1) / 2 for i in range(len(cats))], cats, rotation=20, ha="right")
     ax.set_ylim(0, 1.3)  # room for the labels above a full bar
     ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])

@@ -21,6 +21,12 @@ from .batcher import Batcher, BatchStats
 from .provider import UNSUPPORTED_CONFIG, InspectInputError, WorkbenchAPI, sampling_kwargs, to_messages, to_tool
 
 __all__ = [
-    "UNSUPPORTED_CONFIG", "BatchStats", "Batcher", "InspectInputError", "WorkbenchAPI", "sampling_kwargs",
-    "to_messages", "to_tool",
+    "UNSUPPORTED_CONFIG",
+    "BatchStats",
+    "Batcher",
+    "InspectInputError",
+    "WorkbenchAPI",
+    "sampling_kwargs",
+    "to_messages",
+    "to_tool",
 ]

@@ -118,9 +118,13 @@ class Batcher:
 
     def _replies(self, dialogs: list[DialogRow], sampling: dict[str, Any]) -> list[Any]:
         """One engine call: every dialog with its own tools and tool choice."""
-        return self.engine.batch_chat_completion([d.messages for d in dialogs], tools=[d.tools for d in dialogs],
-                                                 tool_choice=[d.tool_choice for d in dialogs], progress=False,
-                                                 **sampling)
+        return self.engine.batch_chat_completion(
+            [d.messages for d in dialogs],
+            tools=[d.tools for d in dialogs],
+            tool_choice=[d.tool_choice for d in dialogs],
+            progress=False,
+            **sampling,
+        )
 
 
 def _sampling_key(sampling: dict[str, Any]) -> Hashable:

@@ -36,8 +36,14 @@ from ...session import load
 from .batcher import Batcher, DialogRow
 
 #: GenerateConfig fields the engine has no equivalent for: asking for them is an error, not silently ignored.
-UNSUPPORTED_CONFIG = ("frequency_penalty", "presence_penalty", "logit_bias", "best_of", "response_schema",
-                      "prompt_logprobs")
+UNSUPPORTED_CONFIG = (
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "best_of",
+    "response_schema",
+    "prompt_logprobs",
+)
 
 _batchers: weakref.WeakKeyDictionary[Any, Batcher] = weakref.WeakKeyDictionary()
 # wb.load's keyword settings (its **unknown catch-all excepted), checked before anything is loaded
@@ -57,18 +63,31 @@ class WorkbenchAPI(ModelAPI):
     ``max_seq_len``, ``quantization``, ``device``, ``model_parallel_size``...).
     """
 
-    def __init__(self, model_name: str, base_url: str | None = None, api_key: str | None = None,
-                 config: GenerateConfig | None = None, *, engine: Engine | None = None, batch_window: float = 0.05,
-                 tool_prompt_format: str | None = None, **load_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        config: GenerateConfig | None = None,
+        *,
+        engine: Engine | None = None,
+        batch_window: float = 0.05,
+        tool_prompt_format: str | None = None,
+        **load_kwargs: Any,
+    ) -> None:
         super().__init__(model_name=model_name, base_url=base_url, api_key=api_key, config=config or GenerateConfig())
         if engine is not None and load_kwargs:
-            raise InspectInputError(f"got engine= and load settings {sorted(load_kwargs)}; give one or the other "
-                                    "(the settings are for loading an engine)")
+            raise InspectInputError(
+                f"got engine= and load settings {sorted(load_kwargs)}; give one or the other "
+                "(the settings are for loading an engine)"
+            )
         unknown = sorted(set(load_kwargs) - _LOAD_SETTINGS)
         if unknown:
             settings = ", ".join(sorted(_LOAD_SETTINGS))
-            raise InspectInputError(f"unknown model arg {unknown[0]!r} for the workbench provider; it takes engine, "
-                                    f"batch_window, tool_prompt_format and wb.load's {settings}")
+            raise InspectInputError(
+                f"unknown model arg {unknown[0]!r} for the workbench provider; it takes engine, "
+                f"batch_window, tool_prompt_format and wb.load's {settings}"
+            )
         if isinstance(batch_window, bool) or not isinstance(batch_window, (int, float)) or batch_window < 0:
             raise InspectInputError(f"batch_window must be a number of seconds >= 0, got {batch_window!r}")
         self.batch_window = float(batch_window)
@@ -107,8 +126,9 @@ class WorkbenchAPI(ModelAPI):
     async def tokenize(self, text: str) -> list[int]:
         return list(self.engine.tokenizer.encode(text))
 
-    async def generate(self, input: list[ChatMessage], tools: list[ToolInfo], tool_choice: ToolChoice,
-                       config: GenerateConfig) -> ModelOutput:
+    async def generate(
+        self, input: list[ChatMessage], tools: list[ToolInfo], tool_choice: ToolChoice, config: GenerateConfig
+    ) -> ModelOutput:
         sampling = {**sampling_kwargs(config), "tool_prompt_format": self.tool_prompt_format}
         tool_defs = [to_tool(t) for t in tools] or None
         choice = to_tool_choice(tool_choice) if tool_defs else "auto"
@@ -118,11 +138,14 @@ class WorkbenchAPI(ModelAPI):
     def to_output(self, reply: Any) -> ModelOutput:
         """A workbench ChatCompletion as Inspect's ModelOutput: tool calls, stop reason, usage, logprobs."""
         message, prompt_tokens = reply.message, reply.prompt_tokens
-        calls = [ToolCall(id=c.call_id or f"call_{uuid.uuid4().hex[:12]}", function=c.tool_name,
-                          arguments=dict(c.arguments)) for c in message.tool_calls]
+        calls = [
+            ToolCall(id=c.call_id or f"call_{uuid.uuid4().hex[:12]}", function=c.tool_name, arguments=dict(c.arguments))
+            for c in message.tool_calls
+        ]
         text = message.content if isinstance(message.content, str) else reply.text
-        assistant = ChatMessageAssistant(content=text, tool_calls=calls or None, model=self.model_name,
-                                         source="generate")
+        assistant = ChatMessageAssistant(
+            content=text, tool_calls=calls or None, model=self.model_name, source="generate"
+        )
         if reply.stop_reason == "out_of_tokens":
             full = prompt_tokens + len(reply.tokens) >= self.engine.max_seq_len
             stop = "model_length" if full else "max_tokens"
@@ -145,11 +168,15 @@ def sampling_kwargs(config: GenerateConfig) -> dict[str, Any]:
     """The engine's sampling keywords for an Inspect GenerateConfig (temperature 0, greedy, when unset)."""
     asked = [name for name in UNSUPPORTED_CONFIG if getattr(config, name, None) is not None]
     if asked:
-        raise InspectInputError(f"the workbench provider cannot honour GenerateConfig {', '.join(asked)} (the engine "
-                                "has no such control); remove it from the task or the command line")
+        raise InspectInputError(
+            f"the workbench provider cannot honour GenerateConfig {', '.join(asked)} (the engine "
+            "has no such control); remove it from the task or the command line"
+        )
     if config.num_choices not in (None, 1):
-        raise InspectInputError(f"num_choices={config.num_choices}: the workbench provider returns one choice per "
-                                "call; run the sample several times (epochs) with temperature > 0 instead")
+        raise InspectInputError(
+            f"num_choices={config.num_choices}: the workbench provider returns one choice per "
+            "call; run the sample several times (epochs) with temperature > 0 instead"
+        )
     out: dict[str, Any] = {"temperature": 0.0 if config.temperature is None else float(config.temperature)}
     if config.max_tokens is not None:
         out["max_tokens"] = int(config.max_tokens)
@@ -172,8 +199,7 @@ def to_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         content = to_content(m.content, i)
         if m.role == "assistant":
-            calls = [{"tool_name": c.function, "arguments": c.arguments, "call_id": c.id}
-                     for c in (m.tool_calls or [])]
+            calls = [{"tool_name": c.function, "arguments": c.arguments, "call_id": c.id} for c in (m.tool_calls or [])]
             out.append({"role": "assistant", "content": content, "tool_calls": calls})
         elif m.role == "tool":
             if not content and m.error is not None:
@@ -200,13 +226,16 @@ def to_content(content: Any, index: int) -> Any:
             if image.startswith("data:"):
                 items.append(image)
             elif image.startswith(("http://", "https://")):
-                raise InspectInputError(f"message {index}: image {image[:60]!r} is a URL; the workbench provider "
-                                        "reads images from data URLs or local files")
+                raise InspectInputError(
+                    f"message {index}: image {image[:60]!r} is a URL; the workbench provider "
+                    "reads images from data URLs or local files"
+                )
             else:
                 items.append(Path(image))
         else:
-            raise InspectInputError(f"message {index} holds {kind!r} content; the workbench provider sends text and "
-                                    "images only")
+            raise InspectInputError(
+                f"message {index} holds {kind!r} content; the workbench provider sends text and images only"
+            )
     if all(isinstance(x, str) for x in items):
         return "\n".join(items)
     return items
@@ -214,8 +243,11 @@ def to_content(content: Any, index: int) -> Any:
 
 def to_tool(tool: ToolInfo) -> dict[str, Any]:
     """An Inspect ToolInfo as an OpenAI-style tool (its parameters are JSON Schema)."""
-    fn = {"name": tool.name, "description": tool.description,
-          "parameters": tool.parameters.model_dump(exclude_none=True)}
+    fn = {
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": tool.parameters.model_dump(exclude_none=True),
+    }
     return {"type": "function", "function": fn}
 
 
@@ -229,8 +261,13 @@ def to_tool_choice(choice: ToolChoice) -> str:
 def to_logprobs(logprobs: Any) -> Logprobs | None:
     if not logprobs:
         return None
-    return Logprobs(content=[
-        Logprob(token=lp.text, logprob=lp.logprob,
-                top_logprobs=[TopLogprob(token=t, logprob=v) for t, v in lp.top_logprobs.items()])
-        for lp in logprobs
-    ])
+    return Logprobs(
+        content=[
+            Logprob(
+                token=lp.text,
+                logprob=lp.logprob,
+                top_logprobs=[TopLogprob(token=t, logprob=v) for t, v in lp.top_logprobs.items()],
+            )
+            for lp in logprobs
+        ]
+    )

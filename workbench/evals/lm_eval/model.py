@@ -78,9 +78,17 @@ class WorkbenchLM(TemplateLM):
     from there (``rows_from_store`` and ``rows_computed`` count both); ``refresh=True`` recomputes.
     """
 
-    def __init__(self, engine: wb.Engine | None = None, *, batch_size: int | str | None = None,
-                 max_gen_toks: int = 256, tools: Sequence[Any] | None = None, run: str | None = None,
-                 refresh: bool | str = False, **load_kwargs: Any) -> None:
+    def __init__(
+        self,
+        engine: wb.Engine | None = None,
+        *,
+        batch_size: int | str | None = None,
+        max_gen_toks: int = 256,
+        tools: Sequence[Any] | None = None,
+        run: str | None = None,
+        refresh: bool | str = False,
+        **load_kwargs: Any,
+    ) -> None:
         super().__init__()
         if load_kwargs.get("device") == "auto":  # lm-eval's --device, left to workbench (see __main__)
             del load_kwargs["device"]
@@ -186,9 +194,13 @@ class WorkbenchLM(TemplateLM):
         return f"official {self.engine.family} chat format of {self.engine.model_id} (workbench formatter)"
 
     # ----------------------------------------------------------------------------- scoring
-    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str] | None, list[int], list[int]]],
-                              disable_tqdm: bool = False, desc: str = "Running loglikelihood requests",
-                              **kwargs: Any) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self,
+        requests: list[tuple[tuple[str, str] | None, list[int], list[int]]],
+        disable_tqdm: bool = False,
+        desc: str = "Running loglikelihood requests",
+        **kwargs: Any,
+    ) -> list[tuple[float, bool]]:
         """Score each (key, context ids, continuation ids): log P(continuation | BOS + context), greedy flag."""
         rows: list[tuple[list[int], int]] = []
         for index, (key, context, continuation) in enumerate(requests):
@@ -241,12 +253,17 @@ class WorkbenchLM(TemplateLM):
         windows: list[tuple[None, list[int], list[int]]] = []
         owner: list[int] = []
         for doc, (text,) in enumerate(req.args for req in requests):
-            for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
-                    token_list=self.tok_encode(text), prefix_token=self._bos, max_seq_len=width, context_len=1)):
+            for context, continuation in map(
+                make_disjoint_window,
+                get_rolling_token_windows(
+                    token_list=self.tok_encode(text), prefix_token=self._bos, max_seq_len=width, context_len=1
+                ),
+            ):
                 windows.append((None, context, continuation))
                 owner.append(doc)
-        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm,
-                                            desc="Running loglikelihood_rolling requests")
+        scores = self._loglikelihood_tokens(
+            windows, disable_tqdm=disable_tqdm, desc="Running loglikelihood_rolling requests"
+        )
         totals = [0.0] * len(requests)
         for doc, (logprob, _) in zip(owner, scores):
             totals[doc] += logprob
@@ -269,15 +286,17 @@ class WorkbenchLM(TemplateLM):
                     f"{self.engine.max_seq_len} (no room to generate); load the engine with a larger max_seq_len or "
                     "use fewer few-shot examples"
                 )
-        collator = Collator(args, sort_fn=lambda a: (-len(encoded[a[0]]), a[0]), group_by="gen_kwargs",
-                            group_fn=lambda a: a[1])
+        collator = Collator(
+            args, sort_fn=lambda a: (-len(encoded[a[0]]), a[0]), group_by="gen_kwargs", group_fn=lambda a: a[1]
+        )
         out: list[str] = []
         with tqdm(total=len(args), disable=disable_tqdm, desc="Running generate_until requests") as bar:
             for batch in collator.get_batched(n=self.batch_size or 0):
                 contexts = [context for context, _ in batch]
                 until, sampling = self._sampling(batch[0][1])
-                completions = self.engine.batch_completion([encoded[c] for c in contexts], stop=until or None,
-                                                           progress=False, **sampling, **self.stored)
+                completions = self.engine.batch_completion(
+                    [encoded[c] for c in contexts], stop=until or None, progress=False, **sampling, **self.stored
+                )
                 self._count(completions)
                 for (context, gen_kwargs), completion in zip(batch, completions):
                     text = postprocess_generated_text(self._generated_text(completion.tokens), until, None)
@@ -328,4 +347,3 @@ def _describe(key: tuple[str, str] | None) -> str:
         return "a rolling window"
     context, continuation = key
     return f"context {context[-40:]!r}, continuation {continuation[:40]!r}"
-
