@@ -115,7 +115,7 @@ def _top_level(index: Index, module: str, file: Path, node: ast.stmt, names: set
 # What the usual variable names of the docs stand for (``engine.cancel()`` is a method of an Engine, or of a part
 # it is built from).
 INSTANCES = {
-    "engine": ("Engine", "ModelManagement", "IntrospectionMixin"),
+    "engine": ("Engine", "StreamingMixin", "ModelManagement", "IntrospectionMixin"),
     "formatter": ("Formatter",),
     "tokenizer": ("Tokenizer",),
     "runner": ("LocalRunner", "ParallelRunner", "Runner"),

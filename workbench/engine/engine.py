@@ -5,17 +5,17 @@ in-process :class:`~workbench.runtime.local.LocalRunner`, or the model-parallel 
 runner's token events to a :class:`~.accumulator.RowAccumulator`, which builds the results.  It holds no
 per-request state between calls, which is what makes it safe to interrupt.  The work is done beside it: prompt
 checks (:mod:`.prompts`), the chat layer's rendering and parsing (:mod:`.chat`: ``prepare`` before generation,
-``finish`` after), batched streams (:mod:`.batch_stream`), one call at a time and cancellation (:mod:`.calls`),
-scoring's row checks (:mod:`.scoring`), introspection (:mod:`.introspection`), managing the loaded model
-(:mod:`.management`: quantization re-loads, vision, compiled decode, CUDA graphs, closing), Llama Stack's keyword
-spellings and the sampling keywords (:mod:`.llama_stack`, :mod:`.docs`).  Each row of a call is one
-:class:`~workbench.generation.Request` from here to its result.  A chat call is one straight path: ``prepare`` ->
-:meth:`Engine.generate_tokens` -> ``finish``.
+``finish`` after), the streaming calls (:mod:`.streaming`) and their batched streams (:mod:`.batch_stream`), one
+call at a time and cancellation (:mod:`.calls`), scoring's row checks (:mod:`.scoring`), introspection
+(:mod:`.introspection`), managing the loaded model (:mod:`.management`: quantization re-loads, vision, compiled
+decode, CUDA graphs, closing), Llama Stack's keyword spellings and the sampling keywords (:mod:`.llama_stack`,
+:mod:`.docs`).  Each row of a call is one :class:`~workbench.generation.Request` from here to its result.  A chat
+call is one straight path: ``prepare`` -> :meth:`Engine.generate_tokens` -> ``finish``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +24,6 @@ import torch
 from workbench import runs
 from workbench.engine import chat
 from workbench.engine.accumulator import RowAccumulator
-from workbench.engine.batch_stream import BatchStream
 from workbench.engine.calls import CallGate, Calls
 from workbench.engine.chat import PromptRow
 from workbench.engine.docs import sampling_doc
@@ -45,6 +44,7 @@ from workbench.engine.remember import (
     row_items,
 )
 from workbench.engine.scoring import logits_rows, score_rows, scored_rows
+from workbench.engine.streaming import StreamingMixin
 from workbench.errors import GenerationCancelled, InputError
 from workbench.formats import make_formatter
 from workbench.formats.tokenizer import Tokenizer
@@ -56,10 +56,10 @@ from workbench.progress import TokenRate, check_progress, progress_bar
 from workbench.runs import RowRequest, Run
 from workbench.runtime.settings import Settings
 from workbench.structured import OutputFormat, per_row_formats
-from workbench.types import ChatCompletion, Completion, ScoredRow, StreamChunk
+from workbench.types import ChatCompletion, Completion, ScoredRow
 
 
-class Engine(ModelManagement, IntrospectionMixin):
+class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
     """A loaded model with batch completion, chat and scoring APIs.  Build it with ``workbench.load``."""
 
     def __init__(
@@ -258,76 +258,6 @@ class Engine(ModelManagement, IntrospectionMixin):
             cut = rows.cancelled()
             raise GenerationCancelled(str(cut), partial=stored.partial(cut.partial))
         return stored.results()
-
-    @llama_stack_spellings(content="content")
-    @sampling_doc
-    def stream_completion(
-        self,
-        content: Content,
-        *,
-        sampling: SamplingParams | None = None,
-        response_format: Any = None,
-        item: Any = None,
-        run: str | None = None,
-        refresh: bool = False,
-    ) -> Iterator[StreamChunk]:
-        """Yield :class:`~workbench.types.StreamChunk` text deltas of one completion as tokens arrive.
-
-        The last chunk carries ``final``, the complete :class:`~workbench.types.Completion`.  Stop strings
-        never leak: text that could be the start of a stop string is held back until it is decided.  A row
-        answered from the run store (``run=``) streams its stored tokens the same way.
-        """
-        assert sampling is not None
-        prompt, tiles = encode_row(self, content, 0)
-        requests = self._requests(
-            [prompt],
-            [tiles],
-            sampling,
-            per_row_formats(response_format, 1),
-            [{"prompt": content}],
-            item,
-            "stream_completion",
-        )
-        return self._open_stream(
-            requests, what="stream_completion", stored=self._stored(run, refresh, requests)
-        ).chunks()
-
-    def _open_stream(
-        self,
-        requests: list[Request],
-        *,
-        what: str,
-        preemptible: bool = True,
-        stored: StoredCall | None = None,
-        finish: Finish | None = None,
-    ) -> BatchStream:
-        """A stream over a call's requests (lengths and grammars checked now, before the first ``next``).  With
-        ``stored``, its stored rows are replayed first and only the others run.  ``finish``: ``(request,
-        Completion) -> final`` (a chat reply parsed); a stored call made that final already when the row ended."""
-        check_lengths(self, [r.prompt for r in requests], [r.image_tiles for r in requests])
-        todo, replays = requests, None
-        if stored is not None:
-            todo, replays = stored.todo, stored.replays(self.tokenizer)
-        self._constrain(todo)
-        rows = RowAccumulator(
-            self.tokenizer, todo, stream=True, on_finish=stored.finish_row if stored is not None else None
-        )
-        if stored is not None and finish is not None:
-            finish = stored.output  # the row's result as stored: parsed once, when the row ended
-        return BatchStream(
-            self._runner,
-            self._gate,
-            self._calls,
-            todo,
-            rows,
-            what=what,
-            preemptible=preemptible,
-            total=len(requests),
-            replays=replays,
-            on_close=stored.close if stored else None,
-            partial=stored.partial if stored else None,
-            finish=finish,
-        )
 
     def _requests(
         self,
@@ -538,166 +468,6 @@ class Engine(ModelManagement, IntrospectionMixin):
         )
         stored = self._stored(run, refresh, requests, kind="chat")
         return self.generate_tokens(requests, progress=progress, stored=stored, finish=chat_finish(self.formatter))
-
-    @llama_stack_spellings(chat=True)
-    @sampling_doc
-    def stream_chat_completion(
-        self,
-        messages: Sequence[Any],
-        tools: Sequence[Any] | None = None,
-        *,
-        tool_choice: str = "auto",
-        tool_prompt_format: str | None = None,
-        sampling: SamplingParams | None = None,
-        response_format: Any = None,
-        constrain_tools: bool = False,
-        system_message_behavior: str = "append",
-        item: Any = None,
-        run: str | None = None,
-        refresh: bool = False,
-    ) -> Iterator[Any]:
-        """``chat_completion(..., stream=True)``: ``TextDelta`` / ``ToolCallDelta`` items, then the ChatCompletion."""
-        assert sampling is not None
-        return self._chat_stream(
-            messages,
-            tools,
-            tool_choice,
-            tool_prompt_format,
-            response_format,
-            constrain_tools,
-            system_message_behavior,
-            run,
-            refresh,
-            sampling,
-            item,
-        )
-
-    def _chat_stream(
-        self,
-        messages: Sequence[Any],
-        tools: Sequence[Any] | None,
-        tool_choice: str,
-        tool_prompt_format: str | None,
-        response_format: Any,
-        constrain_tools: bool,
-        system_message_behavior: str,
-        run: str | None,
-        refresh: bool,
-        sampling: SamplingParams,
-        item: Any,
-    ) -> Iterator[chat.StreamItem]:
-        prompts, formats = chat.prepare(
-            self.formatter,
-            [messages],
-            tools,
-            tool_choice,
-            tool_prompt_format,
-            response_format=response_format,
-            constrain_tools=constrain_tools,
-            system_message_behavior=system_message_behavior,
-        )
-        requests = self._requests(
-            *self._rendered(prompts),
-            sampling,
-            formats,
-            [chat_request(messages, tools, tool_choice, tool_prompt_format)],
-            item,
-            "stream_chat_completion",
-        )
-        stream = self._open_stream(
-            requests,
-            what="stream_completion",
-            stored=self._stored(run, refresh, requests, kind="chat"),
-            finish=chat_finish(self.formatter),
-        )
-        return chat.finish_stream(stream.chunks(), formats[0], self.formatter)
-
-    @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
-    @sampling_doc
-    def stream_batch_completion(
-        self,
-        contents: Sequence[Content],
-        *,
-        sampling: SamplingParams | None = None,
-        response_format: Any = None,
-        preemptible: bool = True,
-        item: Any = None,
-        run: str | None = None,
-        refresh: bool = False,
-    ) -> BatchStream:
-        """Stream many prompts in one batch: ``(row, StreamChunk)`` pairs as tokens arrive (rows interleave).
-
-        Each row's tokens equal ``batch_completion``'s; its last chunk carries ``final``.  ``stream.cancel(row)``
-        ends one row at the next step (final ``stop_reason="cancelled"``) and the others go on.
-        preemptible: False keeps other threads' calls waiting while the stream is suspended between items
-            (a server draining it from its own thread); True (default) lets them close an abandoned stream.
-        With ``run=``, rows the run store holds are streamed first (from their stored tokens), then the others.
-        """
-        assert sampling is not None
-        rows = [encode_row(self, c, i) for i, c in enumerate(contents)]
-        requests = self._requests(
-            [ids for ids, _ in rows],
-            [t for _, t in rows],
-            sampling,
-            per_row_formats(response_format, len(rows)),
-            [{"prompt": c} for c in contents],
-            item,
-            "stream_batch_completion",
-        )
-        return self._open_stream(
-            requests,
-            what="stream_batch_completion",
-            preemptible=preemptible,
-            stored=self._stored(run, refresh, requests),
-        )
-
-    @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
-    @sampling_doc
-    def stream_batch_chat_completion(
-        self,
-        dialogs: Sequence[Sequence[Any]],
-        tools: Sequence[Any] | None = None,
-        *,
-        tool_choice: str = "auto",
-        tool_prompt_format: str | None = None,
-        sampling: SamplingParams | None = None,
-        response_format: Any = None,
-        constrain_tools: bool = False,
-        preemptible: bool = True,
-        system_message_behavior: str = "append",
-        item: Any = None,
-        run: str | None = None,
-        refresh: bool = False,
-    ) -> BatchStream:
-        """``batch_chat_completion`` streamed: ``(row, StreamChunk)`` pairs of raw reply text; each row's last
-        chunk's ``final`` is its ChatCompletion (equal to ``batch_chat_completion``'s).  See
-        ``stream_batch_completion`` for ``cancel(row)``, ``preemptible`` and ``run=``."""
-        assert sampling is not None
-        prompts, formats = chat.prepare(
-            self.formatter,
-            dialogs,
-            tools,
-            tool_choice,
-            tool_prompt_format,
-            response_format=response_format,
-            constrain_tools=constrain_tools,
-            system_message_behavior=system_message_behavior,
-        )
-        requests = self._requests(
-            *self._rendered(prompts),
-            sampling,
-            formats,
-            [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs],
-            item,
-            "stream_batch_chat_completion",
-        )
-        return self._open_stream(
-            requests,
-            what="stream_batch_completion",
-            preemptible=preemptible,
-            stored=self._stored(run, refresh, requests, kind="chat"),
-            finish=chat_finish(self.formatter),
-        )
 
     # ----------------------------------------------------------------------------- scoring
     def logits(self, token_lists: Sequence[Sequence[int] | Any]) -> list[torch.Tensor]:

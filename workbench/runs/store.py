@@ -1,5 +1,6 @@
-"""The run store: one SQLite file (:mod:`workbench.runs.database`: schema, migrations, faults, queries) holding
-every finished row of every named run, and the :class:`Run` an engine writes through.
+"""The run store: one SQLite file (:mod:`workbench.runs.database`: connection, faults, queries;
+:mod:`workbench.runs.schema`: tables, migrations) holding every finished row of every named run, and the
+:class:`Run` an engine writes through.
 
 The engine-facing contract (:meth:`Run.lookup`, :meth:`Run.put`): a store that cannot be read or written
 (read-only file, full disk, locked past the busy timeout, I/O error) never raises into a call — it warns once
@@ -33,7 +34,6 @@ from workbench.runs.database import (
     MAX_VARS,
     ROW_COLUMNS,
     RUN_NAME_MAX,
-    SCHEMA_VERSION,
     Database,
     StoredRow,
     check_run_name,
@@ -43,6 +43,7 @@ from workbench.runs.database import (
 from workbench.runs.items import check_item, derive_item
 from workbench.runs.keys import RowKey, RowRequest, pack_ids, request_keys
 from workbench.runs.provenance import Provenance, environment
+from workbench.runs.schema import SCHEMA_VERSION
 
 __all__ = [
     "RUN_NAME_MAX",
