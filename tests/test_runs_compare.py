@@ -232,7 +232,7 @@ def test_score_bad_inputs_keep_the_store_whole(st):
         runs.score("s", lambda row: {"output": 1}, store=st)
     with pytest.raises(InputError, match="number or a bool"):
         runs.score("s", lambda row: {"label": "good"}, store=st)
-    assert set(RESERVED_NAMES) >= set(wb.runs.browse.ROW_COLUMNS)
+    assert set(RESERVED_NAMES) >= set(wb.runs.browse.FRAME_COLUMNS)
 
 
 def test_a_harness_whose_store_cannot_take_scores_warns_and_goes_on(st, tmp_path):

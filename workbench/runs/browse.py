@@ -20,7 +20,7 @@ import pandas as pd
 from workbench.errors import InputError
 from workbench.reports import human_bytes
 from workbench.runs.codec import encode
-from workbench.runs.outline import gc_paused, read_outline
+from workbench.runs.outline import FRAME_COLUMNS, NOT_SCORES, gc_paused, read_outline
 from workbench.runs.store import Store, StoredRow, open_store
 from workbench.types import ChatCompletion, Completion, Message, ScoredRow, Transcript
 
@@ -260,53 +260,16 @@ def rows(name: str, *, store: str | Path | Store | None = None) -> pd.DataFrame:
     return frame_of(name, records)
 
 
-ROW_COLUMNS = [
-    "run",
-    "item",
-    "turn",
-    "kind",
-    "prompt",
-    "output",
-    "stop_reason",
-    "generated_tokens",
-    "tool_calls",
-    "n_tool_calls",
-    "prompt_tokens",
-    "seed",
-    "seed_drawn",
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_tokens",
-    "computed",
-    "stored_at",
-    "seconds",
-    "model",
-    "checkpoint_identity",
-    "checkpoint_path",
-    "quantization",
-    "dtype",
-    "model_parallel_size",
-    "device",
-    "workbench_version",
-    "torch_version",
-    "numerics_version",
-    "host",
-    "git_commit",
-    "key",
-    "match",
-]
 _INT_COLUMNS = ("turn", "top_k", "max_tokens", "model_parallel_size", "numerics_version")
-_NOT_SCORES = {"tokens", "row_id", "request", "prompt_ids", "sampling", "timings", "provenance", "result"}
 
 
 def frame_of(name: str, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     """The rows DataFrame of ``records`` (:func:`row_record` dicts).  Seeds span 64 bits, which a float column
     would round, so ``seed`` holds Python ints (None where absent); counts are nullable integers."""
     records = list(records)
-    extra = list(dict.fromkeys(k for r in records for k in r if k not in ROW_COLUMNS))
-    frame = pd.DataFrame.from_records(records, columns=[*ROW_COLUMNS, *extra])
-    scores = [k for k in extra if k not in _NOT_SCORES]
+    extra = list(dict.fromkeys(k for r in records for k in r if k not in FRAME_COLUMNS))
+    frame = pd.DataFrame.from_records(records, columns=[*FRAME_COLUMNS, *extra])
+    scores = [k for k in extra if k not in NOT_SCORES]
     for column in scores:  # a row without the score holds None (pass/fail columns stay True/False, not 1.0/0.0)
         frame[column] = pd.Series([r.get(column) for r in records], index=frame.index, dtype=object)
     frame["seed"] = pd.Series([r["seed"] for r in records], index=frame.index, dtype=object)

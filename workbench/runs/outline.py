@@ -22,6 +22,46 @@ from typing import Any
 from workbench.runs.codec import TAG
 from workbench.runs.database import Database
 
+# The columns of wb.runs.rows() in order (scores follow, one column each), and the record fields that are
+# neither columns nor scores: score names must be none of these (workbench.runs.scores).
+FRAME_COLUMNS = [
+    "run",
+    "item",
+    "turn",
+    "kind",
+    "prompt",
+    "output",
+    "stop_reason",
+    "generated_tokens",
+    "tool_calls",
+    "n_tool_calls",
+    "prompt_tokens",
+    "seed",
+    "seed_drawn",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "computed",
+    "stored_at",
+    "seconds",
+    "model",
+    "checkpoint_identity",
+    "checkpoint_path",
+    "quantization",
+    "dtype",
+    "model_parallel_size",
+    "device",
+    "workbench_version",
+    "torch_version",
+    "numerics_version",
+    "host",
+    "git_commit",
+    "key",
+    "match",
+]
+NOT_SCORES = {"tokens", "row_id", "request", "prompt_ids", "sampling", "timings", "provenance", "result"}
+
 # what a fast read selects (one query per page; the output and request stay JSON text until parsed here)
 _SELECT = (
     "SELECT r.id, r.item, r.turn, r.kind, r.output, r.request, r.sampling, r.seed_drawn, r.timings, "

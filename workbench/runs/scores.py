@@ -22,60 +22,13 @@ from workbench.errors import InputError, ScoreWarning, StoreError, StoreWarning
 from workbench.runs.database import Database
 from workbench.runs.items import check_item
 from workbench.runs.keys import pack_ids
-from workbench.runs.outline import gc_paused, outline
+from workbench.runs.outline import FRAME_COLUMNS, NOT_SCORES, gc_paused, outline
 from workbench.runs.store import Store, open_store
 
 ScoreValue = bool | int | float
 SCORE_NAME_MAX = 100
-# the columns rows() already has (workbench.runs.browse.ROW_COLUMNS and its extras): not score names
-RESERVED_NAMES = frozenset(
-    (
-        "run",
-        "item",
-        "turn",
-        "kind",
-        "prompt",
-        "output",
-        "stop_reason",
-        "generated_tokens",
-        "tool_calls",
-        "n_tool_calls",
-        "prompt_tokens",
-        "seed",
-        "seed_drawn",
-        "temperature",
-        "top_p",
-        "top_k",
-        "max_tokens",
-        "computed",
-        "stored_at",
-        "seconds",
-        "model",
-        "checkpoint_identity",
-        "checkpoint_path",
-        "quantization",
-        "dtype",
-        "model_parallel_size",
-        "device",
-        "workbench_version",
-        "torch_version",
-        "numerics_version",
-        "host",
-        "git_commit",
-        "key",
-        "match",
-        "tokens",
-        "row_id",
-        "request",
-        "prompt_ids",
-        "sampling",
-        "timings",
-        "provenance",
-        "result",
-        "change",
-        "same",
-    )
-)
+# the columns and fields rows() already has: not score names (the viewer adds "change" and "same")
+RESERVED_NAMES = frozenset({*FRAME_COLUMNS, *NOT_SCORES, "change", "same"})
 
 
 def score_kind(name: str, value: Any) -> tuple[str, float] | None:
