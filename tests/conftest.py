@@ -1,18 +1,87 @@
-"""Shared fixtures: tiny random-weight checkpoints in Meta's layout, written once per test session."""
+"""Shared fixtures and how the suite runs on both cores (docs/test-suite.md has the whole story).
+
+How a run is laid out
+  ``python -m pytest -q`` runs on pytest-xdist workers (``-n auto --dist loadgroup``, from pyproject's addopts;
+  ``-n 0`` runs in one process, for ``--pdb`` or ``-s``).  Every test gets an ``xdist_group`` here
+  (:func:`pytest_collection_modifyitems`): by default its file, so a file's tests run in order on one worker
+  and its module fixtures load once; files that use one machine-wide resource share a group (``SERIAL``) and
+  never overlap.  Groups are handed out longest first (``LONGEST_FIRST``), so a long file never starts last.
+  Each worker runs torch on one thread (two workers on two cores; children inherit ``OMP_NUM_THREADS=1``).
+
+Fixtures for new tests (use these before loading anything yourself)
+  ``make_checkpoint(params, n_shards=1, layout="modules", seed=0)`` -> folder: a tiny random-weight checkpoint
+      in Meta's layout, written once per run (one writer across workers, a file lock), read-only for tests
+      (copy it to edit: ``shutil.copytree(llama3_dir, tmp_path / "ckpt")``).
+  ``llama3_dir``, ``llama4_dir``: the two tiny checkpoints most tests use (``TINY_LLAMA3``, ``TINY_LLAMA4``).
+  ``tiny_llama3_engine``, ``tiny_llama4_engine``: engines on them (``max_batch_size=4, max_seq_len=256``),
+      loaded once per worker and shared by every file that asks; a test that changes one (quantization,
+      compile, its runner, close) builds its own with ``build_engine(resolve_settings(...))`` instead.
+  ``demo_engine``: the embedded demo model as ``wb.load()`` returns it, the kernel singleton: one load shared
+      by every module of a worker, unless a test unloads it (tests/test_session.py does, around each test):
+      module-scoped, so the next module gets it loaded again rather than a closed engine.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from filelock import FileLock
 
+import workbench as wb
 from workbench.checkpoints.factory import TINY_LLAMA3, TINY_LLAMA4, write_checkpoint
 from workbench.config import ENV_VARS
+from workbench.session import build_engine, resolve_settings
 
 CheckpointMaker = Callable[..., Path]
+
+# Files that share one machine-wide resource run one after another on one worker: each starts its own local
+# Ray (the module's pool, a two-node cluster, the notebook's pool), and two Rays starting together on two
+# cores miss Ray's 30 s node-registration window.
+SERIAL = {
+    "tests/test_cluster.py": "ray",
+    "notebooks/05_scale_out.ipynb": "ray",
+}
+
+# Groups in the order workers take them: the longest first (measured, docs/test-suite.md), so the run ends
+# on short files.  A group not listed goes after these, in collection order.
+LONGEST_FIRST = (
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A worker of a parallel run takes one core: torch on one thread here and in every child it starts."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def _group_of(item: pytest.Item) -> str:
+    path = Path(str(item.path)).resolve()
+    try:
+        name = path.relative_to(Path(str(item.config.rootpath)).resolve()).as_posix()
+    except ValueError:
+        name = path.as_posix()
+    return SERIAL.get(name, name)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test in a group (its file's, unless ``SERIAL`` names one); groups ordered ``LONGEST_FIRST``."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    order: dict[str, int] = {}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_group_of(item)))
+        group = next(iter(item.iter_markers("xdist_group"))).args[0]
+        order.setdefault(group, rank.get(group, len(rank) + len(order)))
+    items.sort(key=lambda item: order[next(iter(item.iter_markers("xdist_group"))).args[0]])  # stable
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,17 +110,28 @@ def run_store(tmp_path_factory: pytest.TempPathFactory):
         yield
 
 
+def _run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's temporary folder, the same for every worker (xdist gives each worker a folder inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def make_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> CheckpointMaker:
-    """``make_checkpoint(params, n_shards=1, layout="modules", seed=0)`` -> folder (cached per arguments)."""
-    made: dict[str, Path] = {}
+    """``make_checkpoint(params, n_shards=1, layout="modules", seed=0)`` -> folder, written once per run: the
+    first worker to ask writes it under a file lock, the others wait and read it."""
+    shared = _run_folder(tmp_path_factory) / "checkpoints"
+    shared.mkdir(exist_ok=True)
 
     def make(params: dict[str, Any], *, n_shards: int = 1, layout: str = "modules", seed: int = 0) -> Path:
         key = json.dumps([params, n_shards, layout, seed], sort_keys=True)
-        if key not in made:
-            folder = tmp_path_factory.mktemp("ckpt")
-            made[key] = write_checkpoint(folder, params, n_shards=n_shards, layout=layout, seed=seed)
-        return made[key]
+        folder = shared / f"ckpt-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        with FileLock(f"{folder}.lock"):
+            if not folder.exists():  # written aside and renamed: a crashed writer leaves no half checkpoint
+                partial = shared / f".partial-{folder.name}"
+                write_checkpoint(partial, params, n_shards=n_shards, layout=layout, seed=seed)
+                os.replace(partial, folder)
+        return folder
 
     return make
 
@@ -64,3 +144,26 @@ def llama3_dir(make_checkpoint: CheckpointMaker) -> Path:
 @pytest.fixture(scope="session")
 def llama4_dir(make_checkpoint: CheckpointMaker) -> Path:
     return make_checkpoint(TINY_LLAMA4)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama3_engine(llama3_dir: Path) -> Iterator[wb.Engine]:
+    """The tiny Llama 3 checkpoint's engine, shared by every test that asks (do not change or close it)."""
+    engine = build_engine(resolve_settings(llama3_dir, max_batch_size=4, max_seq_len=256))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama4_engine(llama4_dir: Path) -> Iterator[wb.Engine]:
+    """The tiny Llama 4 checkpoint's engine, shared by every test that asks (do not change or close it)."""
+    engine = build_engine(resolve_settings(llama4_dir, max_batch_size=4, max_seq_len=256))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def demo_engine() -> wb.Engine:
+    """The demo model as ``wb.load()`` gives it: the kernel singleton, loaded once and the same object for every
+    module until a test unloads it (the next module then loads it again)."""
+    return wb.load()
