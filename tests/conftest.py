@@ -26,6 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -49,20 +51,88 @@ SERIAL = {
     "notebooks/05_scale_out.ipynb": "ray",
 }
 
-# Groups in the order workers take them: the longest first (measured, docs/test-suite.md), so the run ends
-# on short files.  A group not listed goes after these, in collection order.
-LONGEST_FIRST = (
+# Long tests that use no module fixture worth sharing: each is a group of its own (its node id), so it runs
+# beside the rest of its file instead of after it.
+OWN_GROUP = (
+    "tests/test_throughput.py::test_compiled_decode_gives_the_eager_tokens",
+    "tests/test_quantization.py::test_model_parallel_2_matches_1",
 )
+
+# Groups in the order workers take them: the longest first (measured, docs/test-suite.md), so the run ends on
+# short files.  A group not listed goes after these, in collection order.
+LONGEST_FIRST = (
+    "ray",
+    "tests/test_parallel.py",
+    "tests/test_throughput.py::test_compiled_decode_gives_the_eager_tokens[llama3]",
+    "tests/test_user_install.py",
+    "tests/test_quantization.py",
+    "tests/test_engine.py",
+    "tests/test_browser.py",
+    "tests/test_throughput.py::test_compiled_decode_gives_the_eager_tokens[llama4]",
+    "tests/test_session.py",
+    "tests/test_structured.py",
+    "tests/test_runs_engine.py",
+    "tests/test_throughput.py",
+    "tests/test_quantization.py::test_model_parallel_2_matches_1[llama4-modes1]",
+    "notebooks/03_throughput.ipynb",
+    "tests/test_lm_eval.py",
+    "notebooks/02_tool_experiments.ipynb",
+    "tests/test_vision_engine.py",
+    "tests/test_quantization.py::test_model_parallel_2_matches_1[llama3-modes0]",
+    "tests/test_demo_model.py",
+    "tests/test_demo_train.py",
+    "tests/test_vision32_engine.py",
+    "tests/test_runs_store.py",
+    "tests/test_cli.py",
+    "notebooks/04_quantization.ipynb",
+    "tests/test_serve.py",
+    "tests/test_engine_score.py",
+    "tests/test_parity.py",
+    "tests/test_llama_stack_api.py",
+    "notebooks/06_evaluations.ipynb",
+    "tests/test_inspect.py",
+    "tests/test_batches.py",
+    "notebooks/01_quickstart.ipynb",
+    "tests/test_batch_stream.py",
+    "tests/test_stored_notebooks.py",
+)
+
+_HOST_ENV = pytest.MonkeyPatch()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A worker of a parallel run takes one core: torch on one thread here and in every child it starts."""
+    """The process's environment for every test, and every child a test starts (notebook kernels included,
+    which nbval starts before any fixture runs, hence here and not in a fixture):
+
+    * no Llama Stack variables or checkpoints.toml pointer from the host;
+    * Batch API files and records of the servers tests start, and rows stored by tests (``run=``), in this
+      process's own temporary folders, never the user's (a test that counts rows points ``WORKBENCH_STORE``
+      at its own file);
+    * a worker of a parallel run takes one core: torch on one thread, here and in its children.
+    """
+    for var in (*ENV_VARS.values(), "WORKBENCH_CHECKPOINTS"):
+        _HOST_ENV.delenv(var, raising=False)
+    scratch = Path(tempfile.mkdtemp(prefix="workbench-tests-"))
+    _HOST_ENV.setattr(config, "workbench_scratch", scratch, raising=False)
+    for name in ("workbench-data", "workbench-store"):
+        (scratch / name).mkdir()
+    _HOST_ENV.setenv("WORKBENCH_DATA_DIR", str(scratch / "workbench-data"))
+    _HOST_ENV.setenv("WORKBENCH_STORE", str(scratch / "workbench-store" / "runs.sqlite"))
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        _HOST_ENV.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    scratch = getattr(config, "workbench_scratch", None)
+    _HOST_ENV.undo()
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _group_of(item: pytest.Item) -> str:
+    if item.nodeid.startswith(OWN_GROUP):
+        return item.nodeid
     path = Path(str(item.path)).resolve()
     try:
         name = path.relative_to(Path(str(item.config.rootpath)).resolve()).as_posix()
@@ -73,7 +143,8 @@ def _group_of(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test in a group (its file's, unless ``SERIAL`` names one); groups ordered ``LONGEST_FIRST``."""
+    """Every test in a group (its file's, unless ``SERIAL`` or ``OWN_GROUP`` says otherwise); groups ordered
+    ``LONGEST_FIRST`` on xdist's workers (xdist hands groups out in the order its workers collected them)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     order: dict[str, int] = {}
     for item in items:
@@ -81,33 +152,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(_group_of(item)))
         group = next(iter(item.iter_markers("xdist_group"))).args[0]
         order.setdefault(group, rank.get(group, len(rank) + len(order)))
-    items.sort(key=lambda item: order[next(iter(item.iter_markers("xdist_group"))).args[0]])  # stable
-
-
-@pytest.fixture(scope="session", autouse=True)
-def no_host_settings():
-    """Llama Stack variables or a checkpoints.toml pointer from the host must not leak into any test."""
-    with pytest.MonkeyPatch.context() as mp:
-        for var in (*ENV_VARS.values(), "WORKBENCH_CHECKPOINTS"):
-            mp.delenv(var, raising=False)
-        yield
-
-
-@pytest.fixture(scope="session", autouse=True)
-def batch_data_dir(tmp_path_factory: pytest.TempPathFactory):
-    """Servers started by tests keep Batch API files and records in a temporary folder, not the user's."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WORKBENCH_DATA_DIR", str(tmp_path_factory.mktemp("workbench-data")))
-        yield
-
-
-@pytest.fixture(scope="session", autouse=True)
-def run_store(tmp_path_factory: pytest.TempPathFactory):
-    """Rows stored by tests (``run=``) go to a temporary run store, never the user's; a test that counts rows
-    points ``WORKBENCH_STORE`` at its own file."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WORKBENCH_STORE", str(tmp_path_factory.mktemp("workbench-store") / "runs.sqlite"))
-        yield
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # in one process, files keep their order (and run whole)
+        items.sort(key=lambda item: order[next(iter(item.iter_markers("xdist_group"))).args[0]])  # stable
 
 
 def _run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
