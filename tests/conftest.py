@@ -1,11 +1,12 @@
 """Shared fixtures and how the suite runs on both cores (docs/test-suite.md has the whole story).
 
 How a run is laid out
-  ``python -m pytest -q`` runs on pytest-xdist workers (``-n auto --dist loadgroup``, from pyproject's addopts;
-  ``-n 0`` runs in one process, for ``--pdb`` or ``-s``).  Every test gets an ``xdist_group`` here
-  (:func:`pytest_collection_modifyitems`): by default its file, so a file's tests run in order on one worker
-  and its module fixtures load once; files that use one machine-wide resource share a group (``SERIAL``) and
-  never overlap.  Groups are handed out longest first (``LONGEST_FIRST``), so a long file never starts last.
+  ``python -m pytest -q`` runs on pytest-xdist workers (``-n auto --dist loadfile``, from pyproject's addopts;
+  ``-n 0`` runs in one process, for ``--pdb`` or ``-s``).  Every test runs in a group (:func:`group_of`, used by
+  the scheduler made in :func:`pytest_xdist_make_scheduler`): by default its file, so a file's tests run in
+  order on one worker and its module fixtures load once; files that use one machine-wide resource share a
+  group (``SERIAL``) and never overlap; a long test named in ``OWN_GROUP`` runs beside the rest of its file.
+  Groups are handed out longest first (``LONGEST_FIRST``), so a long file never starts last.
   Each worker runs torch on one thread (two workers on two cores; children inherit ``OMP_NUM_THREADS=1``).
 
 Fixtures for new tests (use these before loading anything yourself)
@@ -130,30 +131,38 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _group_of(item: pytest.Item) -> str:
-    if item.nodeid.startswith(OWN_GROUP):
-        return item.nodeid
-    path = Path(str(item.path)).resolve()
-    try:
-        name = path.relative_to(Path(str(item.config.rootpath)).resolve()).as_posix()
-    except ValueError:
-        name = path.as_posix()
-    return SERIAL.get(name, name)
+def group_of(nodeid: str) -> str:
+    """The group a test runs in: its file, unless ``SERIAL`` or ``OWN_GROUP`` says otherwise."""
+    if nodeid.startswith(OWN_GROUP):
+        return nodeid
+    file = nodeid.split("::", 1)[0]
+    return SERIAL.get(file, file)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` refined by :func:`group_of`: a group's tests run in order on one worker.  (xdist's own
+    ``--dist loadgroup`` marks do not reach the node ids under pytest 9, so the groups are made here.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test in a group (its file's, unless ``SERIAL`` or ``OWN_GROUP`` says otherwise); groups ordered
-    ``LONGEST_FIRST`` on xdist's workers (xdist hands groups out in the order its workers collected them)."""
+    """On xdist's workers, groups in the order ``LONGEST_FIRST``: the scheduler hands groups out in the order the
+    workers collected them (``--no-loadscope-reorder``).  In one process, files keep their order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     order: dict[str, int] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_group_of(item)))
-        group = next(iter(item.iter_markers("xdist_group"))).args[0]
-        order.setdefault(group, rank.get(group, len(rank) + len(order)))
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # in one process, files keep their order (and run whole)
-        items.sort(key=lambda item: order[next(iter(item.iter_markers("xdist_group"))).args[0]])  # stable
+        order.setdefault(group_of(item.nodeid), rank.get(group_of(item.nodeid), len(rank) + len(order)))
+    items.sort(key=lambda item: order[group_of(item.nodeid)])  # stable: a group keeps its tests' order
 
 
 def _run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
