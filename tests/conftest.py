@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 import torch
 from filelock import FileLock
+from xdist.scheduler import LoadFileScheduling
 
 import workbench as wb
 from workbench.checkpoints.factory import TINY_LLAMA3, TINY_LLAMA4, write_checkpoint
@@ -139,18 +140,17 @@ def group_of(nodeid: str) -> str:
     return SERIAL.get(file, file)
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile`` refined by :func:`group_of`: a group's tests run in order on one worker.  (xdist's own
-    ``--dist loadgroup`` marks do not reach the node ids under pytest 9, so the groups are made here.)"""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
+class GroupScheduling(LoadFileScheduling):
+    """``--dist loadfile`` with :func:`group_of`'s groups instead of bare files.  (xdist's own ``--dist loadgroup``
+    cannot be used: its ``xdist_group`` marks do not reach the node ids under pytest 9.)"""
 
-    class GroupScheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid)
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
 
-    return GroupScheduling(config, log)
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> GroupScheduling | None:
+    """A group's tests run in order on one worker (``--dist loadfile``, the mode in pyproject's addopts)."""
+    return GroupScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
