@@ -99,7 +99,7 @@ def _column(frame: pd.DataFrame, *names: str) -> str | None:
 def cmd_ls(args: argparse.Namespace) -> int:
     frame = runs.table(store=args.store)
     if not len(frame):
-        print(f"no runs in {open_store(args.store).path}")
+        print(f"no runs in {_place(open_store(args.store).path, WIDTH - 12)}")
         return EXIT_OK
     created, last = _column(frame, "created", "created_at"), _column(frame, "last_written", "last_row_at")
     records = [
@@ -235,7 +235,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     path = report(list(args.names), args.output, baseline=args.baseline, store=args.store)
-    print(f"wrote {path} ({_size(path.stat().st_size)})")
+    print(f"wrote {_place(path, WIDTH - 20)} ({_size(path.stat().st_size)})")
     return EXIT_OK
 
 
@@ -265,19 +265,21 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     path = runs.export(args.name, args.file, store=args.store)
-    print(f"wrote {path} ({_size(Path(path).stat().st_size)})")
+    print(f"wrote {_place(path, WIDTH - 20)} ({_size(Path(path).stat().st_size)})")
     return EXIT_OK
 
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
-    result = runs.vacuum(store=args.store)
-    if isinstance(result, dict) and "before" in result and "after" in result:
-        print(f"vacuumed {open_store(args.store).path}: {_size(result['before'])} -> {_size(result['after'])}")
-    elif isinstance(result, tuple) and len(result) == 2:
-        print(f"vacuumed {open_store(args.store).path}: {_size(result[0])} -> {_size(result[1])}")
-    else:
-        print(f"vacuumed {open_store(args.store).path}: {result}")
+    sizes = runs.vacuum(store=args.store)
+    where = _place(open_store(args.store).path, WIDTH - 40)
+    print(f"vacuumed {where}: {_size(sizes['before'])} -> {_size(sizes['after'])}")
     return EXIT_OK
+
+
+def _place(path: Any, width: int) -> str:
+    """A file's path in at most ``width`` characters, its end kept (the file name says the most)."""
+    text = str(path)
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 def build_parser() -> argparse.ArgumentParser:
