@@ -166,7 +166,6 @@ def prompt_text(request: Any) -> str:
 def row_record(row: StoredRow) -> dict[str, Any]:
     """One stored row as a flat dict of named columns (what :func:`rows` shows)."""
     prov = row.provenance
-    load = prov.get("load", {})
     timings = row.timings
     return {
         "run": row.run,
@@ -185,6 +184,17 @@ def row_record(row: StoredRow) -> dict[str, Any]:
         "computed": row.computed,
         "stored_at": _when(row.created_at),
         "seconds": timings.get("seconds"),
+        **provenance_columns(prov),
+        "key": row.key,
+        "match": row.match,
+        **row.scores,
+    }
+
+
+def provenance_columns(prov: dict[str, Any]) -> dict[str, Any]:
+    """The provenance columns of a row written by a session with provenance ``prov`` (its load settings inside)."""
+    load = prov.get("load", {})
+    return {
         "model": prov.get("model"),
         "checkpoint_identity": prov.get("checkpoint_identity"),
         "checkpoint_path": prov.get("checkpoint_path"),
@@ -197,9 +207,6 @@ def row_record(row: StoredRow) -> dict[str, Any]:
         "numerics_version": prov.get("numerics_version"),
         "host": prov.get("host"),
         "git_commit": prov.get("git_commit"),
-        "key": row.key,
-        "match": row.match,
-        **row.scores,
     }
 
 
@@ -214,7 +221,6 @@ def rows(name: str, *, store: str | Path | Store | None = None) -> pd.DataFrame:
     records = []
     for r in read_outline(st, name):
         prov = sessions.get(r["session"], {})
-        load = prov.get("load", {})
         sampling = r["sampling"]
         records.append(
             {
@@ -238,18 +244,7 @@ def rows(name: str, *, store: str | Path | Store | None = None) -> pd.DataFrame:
                 "computed": r["computed"],
                 "stored_at": _when(r["created_at"]),
                 "seconds": r["timings"].get("seconds"),
-                "model": prov.get("model"),
-                "checkpoint_identity": prov.get("checkpoint_identity"),
-                "checkpoint_path": prov.get("checkpoint_path"),
-                "quantization": load.get("quantization"),
-                "dtype": load.get("dtype"),
-                "model_parallel_size": load.get("model_parallel_size"),
-                "device": prov.get("device"),
-                "workbench_version": prov.get("workbench_version"),
-                "torch_version": prov.get("torch_version"),
-                "numerics_version": prov.get("numerics_version"),
-                "host": prov.get("host"),
-                "git_commit": prov.get("git_commit"),
+                **provenance_columns(prov),
                 "key": r["key"],
                 "match": r["match"],
                 "tokens": r["tokens"],
