@@ -143,6 +143,20 @@ def test_the_engine_checks_a_calls_tools_once_and_takes_them_per_dialog(monkeypa
         engine.batch_chat_completion([PARIS, OSLO], [[get_weather]], **sampling)
 
 
+def test_batch_and_streamed_chat_store_each_dialogs_own_tools(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
+    engine = wb.load()
+    store = wb.runs.store()
+    offered = {"tools": [[get_weather], [add]], "tool_choice": ["auto", "add"], "max_tokens": 3}
+    engine.batch_chat_completion([PARIS, OSLO], run="batch", **offered)
+    list(engine.stream_batch_chat_completion([PARIS, OSLO], run="stream", **offered))
+    for name in ("batch", "stream"):
+        requests = sorted((r.request for r in store.rows(name)), key=lambda r: r["messages"][0]["content"])
+        oslo, paris = (str(r["tools"]) for r in requests)  # each row holds its own dialog's tools, not the call's
+        assert "add" in oslo and "get_weather" not in oslo and "get_weather" in paris and "add" not in paris, name
+        assert [r.get("tool_choice", "auto") for r in requests] == ["add", "auto"], name
+
+
 def test_a_too_long_prompt_error_names_every_row_that_does_not_fit() -> None:
     engine = wb.load()
     long = [{"role": "user", "content": "snow " * engine.max_seq_len}]

@@ -467,7 +467,9 @@ def test_the_tool_loop_names_each_dialog_an_item_and_numbers_its_turns(demo, sto
     for dialog, transcript in zip(dialogs, transcripts):
         mine = frame[frame["item"] == runs.input_item(dialog)]
         assert mine["turn"].tolist() == list(range(sum(m.role == "assistant" for m in transcript)))
-    assert frame["item"].iloc[1].startswith("What's the weather in Rome? #")  # the system prompt is no part of it
+    rome = runs.input_item(dialogs[1])
+    assert rome == runs.input_item(dialogs[1][1:]) and rome in set(frame["item"])  # the system prompt is no part of it
+    assert rome.startswith("What's the weather in Rome? #")
     assert frame["n_tool_calls"].sum() >= 1
     named = wb.tools.run(demo, dialogs[0], tools=loop_tools, max_tokens=48, run="loop-named", item="paris")
     assert named.cached and set(runs.rows("loop-named")["item"]) == {"paris"}  # rows copied from "loop", renamed

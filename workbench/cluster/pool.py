@@ -33,7 +33,7 @@ from ..engine.prompts import check_lengths
 from ..engine.remember import (
     StoredCall,
     chat_finish,
-    chat_request,
+    chat_requests,
     check_run,
     engine_provenance,
     generation_call,
@@ -199,8 +199,7 @@ class ReplicaPool:
         assert formatter is not None, "the pool renders prompts once its replicas have loaded (load() starts them)"
         prompts, formats = chat.prepare(formatter, dialogs, tools, **options)
         check_lengths(self, [p.tokens if isinstance(p, Prompt) else p for p in prompts])
-        offers = chat.dialog_offers(len(dialogs), tools, options.get("tool_choice", "auto"))
-        given = [chat_request(d, t, c, options.get("tool_prompt_format")) for d, (t, c) in zip(dialogs, offers)]
+        given = chat_requests(dialogs, tools, options.get("tool_choice", "auto"), options.get("tool_prompt_format"))
         if any(f is not None for f in formats):
             kwargs["response_format"] = formats
         stored = self._stored(kwargs, prompts, given, "chat", formats=formats)

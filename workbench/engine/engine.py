@@ -38,6 +38,7 @@ from workbench.engine.remember import (
     StoredCall,
     chat_finish,
     chat_request,
+    chat_requests,
     check_run,
     engine_provenance,
     generation_call,
@@ -459,10 +460,7 @@ class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
             *self._rendered(prompts),
             sampling,
             formats,
-            [
-                chat_request(d, t, c, tool_prompt_format)
-                for d, (t, c) in zip(dialogs, chat.dialog_offers(len(dialogs), tools, tool_choice))
-            ],
+            chat_requests(dialogs, tools, tool_choice, tool_prompt_format),
             item,
             "batch_chat_completion",
         )

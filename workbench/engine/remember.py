@@ -370,3 +370,12 @@ def chat_request(messages: Any, tools: Any, tool_choice: Any, tool_prompt_format
     if tool_prompt_format is not None:
         request["tool_prompt_format"] = tool_prompt_format
     return request
+
+
+def chat_requests(
+    dialogs: Sequence[Any], tools: Any, tool_choice: Any, tool_prompt_format: Any
+) -> list[dict[str, Any]]:
+    """:func:`chat_request` of every dialog of a batch chat call, each with its own tools and tool choice
+    (``tools`` / ``tool_choice`` one for all or one per dialog: :func:`workbench.engine.chat.dialog_offers`)."""
+    offers = chat.dialog_offers(len(dialogs), tools, tool_choice)
+    return [chat_request(d, t, c, tool_prompt_format) for d, (t, c) in zip(dialogs, offers)]

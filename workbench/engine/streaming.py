@@ -14,7 +14,7 @@ from workbench.engine.batch_stream import BatchStream
 from workbench.engine.docs import sampling_doc
 from workbench.engine.llama_stack import llama_stack_spellings
 from workbench.engine.prompts import Content, check_lengths, encode_row
-from workbench.engine.remember import Finish, StoredCall, chat_finish, chat_request
+from workbench.engine.remember import Finish, StoredCall, chat_finish, chat_request, chat_requests
 from workbench.generation import Request, SamplingParams
 from workbench.structured import per_row_formats
 from workbench.types import StreamChunk
@@ -206,7 +206,7 @@ class StreamingMixin:
             *self._rendered(prompts),
             sampling,
             formats,
-            [chat_request(d, tools, tool_choice, tool_prompt_format) for d in dialogs],
+            chat_requests(dialogs, tools, tool_choice, tool_prompt_format),
             item,
             "stream_batch_chat_completion",
         )
