@@ -29,7 +29,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,17 @@ LONGEST_FIRST = (
     "tests/test_stored_notebooks.py",
 )
 
+# Notebooks that the real-browser test runs whole (Run All Cells in JupyterLab; it fails on an error output or a
+# cell that did not run, as nbval does): nbval's own run of them would make the same check a second time, so it
+# is left out of a session that runs that test.  Where the browser test does not run (deselected, as with
+# ``-m "not slow"``, or skipped for want of Chromium outside CI), nbval runs them as usual.
+RUN_IN_BROWSER = (
+    "tests/test_browser.py::test_playground_and_plot_in_a_real_browser",
+    ("notebooks/02_tool_experiments.ipynb", "notebooks/03_throughput.ipynb"),
+)
+
+MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824"
+
 _HOST_ENV = pytest.MonkeyPatch()
 
 
@@ -110,7 +121,8 @@ def pytest_configure(config: pytest.Config) -> None:
     * Batch API files and records of the servers tests start, and rows stored by tests (``run=``), in this
       process's own temporary folders, never the user's (a test that counts rows points ``WORKBENCH_STORE``
       at its own file);
-    * a worker of a parallel run takes one core: torch on one thread, here and in its children.
+    * a worker of a parallel run takes one core: torch on one thread, here and in its children;
+    * the processes started from here keep freed heap memory for reuse (``MALLOC_TUNABLES``).
     """
     for var in (*ENV_VARS.values(), "WORKBENCH_CHECKPOINTS"):
         _HOST_ENV.delenv(var, raising=False)
@@ -123,6 +135,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         _HOST_ENV.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    # glibc returns freed memory to the OS as soon as the top of the heap is 2x its largest recent block free,
+    # so a decode step's vocabulary-wide buffers ([B, 202k] logits, sort indices) page-fault afresh at every
+    # step (page faults: most of the suite's system CPU time).  Processes started from here on (xdist's workers,
+    # notebook kernels, rank workers, command lines) keep up to 1 GiB of freed heap for reuse instead.
+    # (glibc reads this at process start; other C libraries ignore it.)
+    if "GLIBC_TUNABLES" not in os.environ:
+        _HOST_ENV.setenv("GLIBC_TUNABLES", MALLOC_TUNABLES)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -153,9 +172,32 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> GroupSchedul
     return GroupScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
+def browser_will_run(
+    environ: Mapping[str, str] = os.environ, which: Callable[[str], str | None] = shutil.which
+) -> bool:
+    """Whether the real-browser test runs rather than skips: Chromium and its driver are on PATH, or this is CI
+    (where their absence fails the test instead of skipping it: tests/test_browser.py ``browser_binaries``)."""
+    in_ci = environ.get("CI", "").lower() not in ("", "0", "false")
+    return in_ci or (which("chromium") is not None and which("chromedriver") is not None)
+
+
+def repeated_in_browser(nodeids: list[str], browser_runs: bool) -> list[str]:
+    """The nbval items of this session whose check the browser test makes too (``RUN_IN_BROWSER``)."""
+    test, notebooks = RUN_IN_BROWSER
+    if not browser_runs or test not in nodeids:
+        return []
+    return [nodeid for nodeid in nodeids if nodeid.split("::", 1)[0] in notebooks]
+
+
+@pytest.hookimpl(trylast=True)  # after -m, -k and --deselect have chosen the session's tests
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On xdist's workers, groups in the order ``LONGEST_FIRST``: the scheduler hands groups out in the order the
-    workers collected them (``--no-loadscope-reorder``).  In one process, files keep their order."""
+    """The session's tests, less nbval's runs of the notebooks the browser test runs (``RUN_IN_BROWSER``).  On
+    xdist's workers, groups in the order ``LONGEST_FIRST``: the scheduler hands groups out in the order the workers
+    collected them (``--no-loadscope-reorder``).  In one process, files keep their order."""
+    repeated = set(repeated_in_browser([item.nodeid for item in items], browser_will_run()))
+    if repeated:
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in repeated])
+        items[:] = [item for item in items if item.nodeid not in repeated]
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}

@@ -22,15 +22,19 @@ from workbench.tools import CodeInterpreter
 USER = {"role": "user", "content": "go"}
 MARK = "wb-fault-sleeper"  # argv marker of processes the tests start through model-written code
 
-# Forks a grandchild that leaves the session (setsid) and sleeps with stdout still open.
+# Forks a grandchild that leaves the session (setsid) and sleeps with stdout still open.  The parent goes on
+# once the grandchild has printed (a byte on a pipe), so the code never ends before that line is out.
 DETACH = f"""
 import os, sys
+printed, tell = os.pipe()
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
         print("detached child alive", flush=True)
+        os.write(tell, b"1")
         os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", "{MARK}"])
     os._exit(0)
+os.read(printed, 1)
 print("parent done", flush=True)
 """
 

@@ -27,6 +27,7 @@ from workbench.progress import tqdm_bars_off
 
 lm_eval = pytest.importorskip("lm_eval", reason="the lm-eval extra is not installed: pip install -e '.[lm-eval]'")
 
+from lm_eval import evaluator as lm_eval_evaluator  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 from workbench.evals.lm_eval import RequestTooLongError, TaskOptionError, WorkbenchLM  # noqa: E402
@@ -41,6 +42,24 @@ def _hide_the_torchvision_standin():
     saved = {k: sys.modules.pop(k) for k in list(sys.modules) if standin and k.split(".")[0] == "torchvision"}
     yield
     sys.modules.update(saved)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _environment_described_once():
+    """lm-eval's evaluator describes the machine in every result (``add_env_info``: torch's ``collect_env``,
+    which runs ``pip list``, 1.3 s of CPU); the description is the same for every evaluation of this module, so it
+    is made once and copied into each result (what these tests check does not read it)."""
+    real = lm_eval_evaluator.add_env_info
+    described: dict[str, Any] = {}
+
+    def add_env_info(storage: dict[str, Any]) -> None:
+        if not described:
+            real(described)
+        storage.update(described)
+
+    lm_eval_evaluator.add_env_info = add_env_info
+    yield
+    lm_eval_evaluator.add_env_info = real
 
 
 ATOL = 1e-4

@@ -9,6 +9,8 @@ on Llama 3 and on Llama 4 (chunked attention: prefixes ending before, at and aft
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from workbench.checkpoints.factory import TINY_LLAMA4
 from workbench.generation.prefix_cache import MIN_SHARED_PREFIX, common_prefix
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import ensure_model_parallel
-from workbench.models.feed_forward import MoE
+from workbench.models.feed_forward import MoE, eager_in_compiled_graphs
 from workbench.session import build_engine, resolve_settings
 
 MAX_TOKENS = 6
@@ -181,6 +183,45 @@ def test_grouped_experts_equal_per_expert_loop(num_experts, top_k):
         looped = moe(x)
         del moe.experts.grouped
         torch.testing.assert_close(grouped, looped, rtol=1e-5, atol=1e-5)
+
+
+def test_the_per_expert_loop_runs_eagerly_inside_a_compiled_graph():
+    """A function wrapped by ``eager_in_compiled_graphs`` (the per-expert loop: its group sizes are data) runs
+    eagerly when a compiled graph calls it: new group sizes trace nothing again, and results equal eager ones."""
+    compiling = []
+
+    @eager_in_compiled_graphs
+    def doubled_groups(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        compiling.append(torch.compiler.is_compiling())
+        starts = [0, *torch.cumsum(counts, 0).tolist()]
+        return torch.cat([x[a:b] * (i + 1) for i, (a, b) in enumerate(zip(starts, starts[1:])) if b > a])
+
+    def step(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return doubled_groups(x.sin(), counts).cos()
+
+    compiled = torch.compile(step, backend="eager")
+    x = torch.rand(6, 3, generator=torch.Generator().manual_seed(0))
+    for counts in ([1, 5], [2, 4]):  # the first calls trace (sizes first static, then dynamic)
+        compiled(x, torch.tensor(counts))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for counts in ([3, 3], [6, 0], [0, 6]):
+            torch.testing.assert_close(compiled(x, torch.tensor(counts)), step(x, torch.tensor(counts)))
+    assert compiling and not any(compiling)
+
+
+def test_loading_and_generating_do_not_import_the_compiler(llama4_dir):
+    """torch._dynamo (a second of CPU per process) is imported only by a process that compiles: not by importing
+    workbench, nor by loading a Llama 4 (MoE) model and generating with it."""
+    code = (
+        "import sys, workbench as wb\n"
+        "assert 'torch._dynamo' not in sys.modules, 'imported by import workbench'\n"
+        "engine = wb.load(sys.argv[1], max_batch_size=2, max_seq_len=64)\n"
+        "assert engine.batch_completion(['Hello there', 'a b c d e f'], max_tokens=4)[0].tokens\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(llama4_dir)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
 
 
 # --------------------------------------------------------------------------------------------- packed output

@@ -6,6 +6,10 @@ expert).  Parameter names are Meta's (``feed_forward.w1/w2/w3``, ``feed_forward.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
 import torch
 import torch.nn.functional as F
 from fairscale.nn.model_parallel.mappings import reduce_from_model_parallel_region
@@ -14,6 +18,9 @@ from torch import nn
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import model_parallel_size
 from workbench.models.layers import ColumnParallel, RowParallel, divide
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class FeedForward(nn.Module):
@@ -84,7 +91,29 @@ class Experts(nn.Module):
         return torch._grouped_mm(hidden, self.w2, offs=offsets)  # [n, D]
 
 
-@torch.compiler.disable  # data-dependent group sizes: run eagerly inside a compiled step, no recompiles
+def eager_in_compiled_graphs(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` as it is, but run eagerly (``torch.compiler.disable``) when a compiled graph calls it.
+
+    ``torch.compiler.disable`` used as a decorator imports ``torch._dynamo`` when the module is imported: a
+    second of CPU in every process that loads a model (rank workers, notebook kernels, Ray replicas), most of
+    which never compile.  Here the disabled function is made the first time a compiled graph reaches it, when
+    ``torch._dynamo`` is loaded anyway; the graphs torch.compile builds are the same.
+    """
+    disabled: Callable[P, R] | None = None
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        nonlocal disabled
+        if not torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return run
+
+
+@eager_in_compiled_graphs  # data-dependent group sizes: run eagerly inside a compiled step, no recompiles
 def _per_expert(experts: nn.Module, routed_in: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Each used expert on its rows of ``routed_in`` [n, D] (sorted by expert; ``counts`` [E])."""
     pieces = []
