@@ -172,13 +172,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> GroupSchedul
     return GroupScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
+def in_ci(environ: Mapping[str, str] = os.environ) -> bool:
+    """True under CI (``CI`` set to anything but empty, 0 or false, as CI services set it)."""
+    return environ.get("CI", "").lower() not in ("", "0", "false")
+
+
 def browser_will_run(
     environ: Mapping[str, str] = os.environ, which: Callable[[str], str | None] = shutil.which
 ) -> bool:
     """Whether the real-browser test runs rather than skips: Chromium and its driver are on PATH, or this is CI
     (where their absence fails the test instead of skipping it: tests/test_browser.py ``browser_binaries``)."""
-    in_ci = environ.get("CI", "").lower() not in ("", "0", "false")
-    return in_ci or (which("chromium") is not None and which("chromedriver") is not None)
+    return in_ci(environ) or (which("chromium") is not None and which("chromedriver") is not None)
 
 
 def repeated_in_browser(nodeids: list[str], browser_runs: bool) -> list[str]:

@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import in_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_02, NOTEBOOK_03 = "02_tool_experiments.ipynb", "03_throughput.ipynb"
@@ -47,7 +48,7 @@ def browser_binaries(which=shutil.which, environ=os.environ) -> tuple[str, str]:
     them; missing under CI (``CI`` set, as CI sets it): the test fails, so a broken install cannot hide."""
     chromium, driver = which("chromium"), which("chromedriver")
     if chromium is None or driver is None:
-        if environ.get("CI", "").lower() not in ("", "0", "false"):
+        if in_ci(environ):
             pytest.fail(BROWSER_MISSING)
         pytest.skip(BROWSER_MISSING)
     return chromium, driver

@@ -57,9 +57,9 @@ def _environment_described_once():
             real(described)
         storage.update(described)
 
-    lm_eval_evaluator.add_env_info = add_env_info
-    yield
-    lm_eval_evaluator.add_env_info = real
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lm_eval_evaluator, "add_env_info", add_env_info)
+        yield
 
 
 ATOL = 1e-4

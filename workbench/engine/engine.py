@@ -37,7 +37,6 @@ from workbench.engine.remember import (
     Finish,
     StoredCall,
     chat_finish,
-    chat_request,
     chat_requests,
     check_run,
     engine_provenance,
@@ -288,6 +287,34 @@ class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
             for i, prompt in enumerate(prompts)
         ]
 
+    def _chat_requests(
+        self,
+        dialogs: Sequence[Any],
+        tools: Any,
+        tool_choice: Any,
+        tool_prompt_format: Any,
+        response_format: Any,
+        constrain_tools: bool,
+        system_message_behavior: str,
+        sampling: SamplingParams,
+        item: Any,
+        method: str,
+    ) -> list[Request]:
+        """A chat call's rows (one per dialog): rendered by :func:`chat.prepare`, as :meth:`_requests` makes them,
+        each keeping its dialog and tool options as given (what the run store shows)."""
+        prompts, formats = chat.prepare(
+            self.formatter,
+            dialogs,
+            tools,
+            tool_choice,
+            tool_prompt_format,
+            response_format=response_format,
+            constrain_tools=constrain_tools,
+            system_message_behavior=system_message_behavior,
+        )
+        given = chat_requests(dialogs, tools, tool_choice, tool_prompt_format)
+        return self._requests(*self._rendered(prompts), sampling, formats, given, item, method)
+
     def _rendered(self, prompts: Sequence[PromptRow]) -> tuple[list[list[int]], list[Any]]:
         """The chat layer's prompts as token ids and image tiles (ids as the formatter built them)."""
         rows = [prompt_row(self, p, i) for i, p in enumerate(prompts)]
@@ -392,21 +419,15 @@ class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
                 sampling,
                 item,
             )
-        prompts, formats = chat.prepare(
-            self.formatter,
+        requests = self._chat_requests(
             [messages],
             tools,
             tool_choice,
             tool_prompt_format,
-            response_format=response_format,
-            constrain_tools=constrain_tools,
-            system_message_behavior=system_message_behavior,
-        )
-        requests = self._requests(
-            *self._rendered(prompts),
+            response_format,
+            constrain_tools,
+            system_message_behavior,
             sampling,
-            formats,
-            [chat_request(messages, tools, tool_choice, tool_prompt_format)],
             item,
             "chat_completion",
         )
@@ -443,27 +464,21 @@ class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
             has run for a couple of seconds, True at once, False never.
         """
         assert sampling is not None
-        prompts, formats = chat.prepare(
-            self.formatter,
+        requests = self._chat_requests(
             dialogs,
             tools,
             tool_choice,
             tool_prompt_format,
-            response_format=response_format,
-            constrain_tools=constrain_tools,
-            system_message_behavior=system_message_behavior,
-        )
-        if not prompts:
-            return []
-        check_progress(progress)
-        requests = self._requests(
-            *self._rendered(prompts),
+            response_format,
+            constrain_tools,
+            system_message_behavior,
             sampling,
-            formats,
-            chat_requests(dialogs, tools, tool_choice, tool_prompt_format),
             item,
             "batch_chat_completion",
         )
+        if not requests:
+            return []
+        check_progress(progress)
         stored = self._stored(run, refresh, requests, kind="chat")
         return self.generate_tokens(requests, progress=progress, stored=stored, finish=chat_finish(self.formatter))
 

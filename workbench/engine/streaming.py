@@ -14,7 +14,7 @@ from workbench.engine.batch_stream import BatchStream
 from workbench.engine.docs import sampling_doc
 from workbench.engine.llama_stack import llama_stack_spellings
 from workbench.engine.prompts import Content, check_lengths, encode_row
-from workbench.engine.remember import Finish, StoredCall, chat_finish, chat_request, chat_requests
+from workbench.engine.remember import Finish, StoredCall, chat_finish
 from workbench.generation import Request, SamplingParams
 from workbench.structured import per_row_formats
 from workbench.types import StreamChunk
@@ -144,21 +144,15 @@ class StreamingMixin:
         sampling: SamplingParams,
         item: Any,
     ) -> Iterator[chat.StreamItem]:
-        prompts, formats = chat.prepare(
-            self.formatter,
+        requests = self._chat_requests(
             [messages],
             tools,
             tool_choice,
             tool_prompt_format,
-            response_format=response_format,
-            constrain_tools=constrain_tools,
-            system_message_behavior=system_message_behavior,
-        )
-        requests = self._requests(
-            *self._rendered(prompts),
+            response_format,
+            constrain_tools,
+            system_message_behavior,
             sampling,
-            formats,
-            [chat_request(messages, tools, tool_choice, tool_prompt_format)],
             item,
             "stream_chat_completion",
         )
@@ -168,7 +162,7 @@ class StreamingMixin:
             stored=self._stored(run, refresh, requests, kind="chat"),
             finish=chat_finish(self.formatter),
         )
-        return chat.finish_stream(stream.chunks(), formats[0], self.formatter)
+        return chat.finish_stream(stream.chunks(), requests[0].format, self.formatter)
 
     @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
     @sampling_doc
@@ -192,21 +186,15 @@ class StreamingMixin:
         chunk's ``final`` is its ChatCompletion (equal to ``batch_chat_completion``'s).  See
         ``stream_batch_completion`` for ``cancel(row)``, ``preemptible`` and ``run=``."""
         assert sampling is not None
-        prompts, formats = chat.prepare(
-            self.formatter,
+        requests = self._chat_requests(
             dialogs,
             tools,
             tool_choice,
             tool_prompt_format,
-            response_format=response_format,
-            constrain_tools=constrain_tools,
-            system_message_behavior=system_message_behavior,
-        )
-        requests = self._requests(
-            *self._rendered(prompts),
+            response_format,
+            constrain_tools,
+            system_message_behavior,
             sampling,
-            formats,
-            chat_requests(dialogs, tools, tool_choice, tool_prompt_format),
             item,
             "stream_batch_chat_completion",
         )
