@@ -265,8 +265,11 @@ class RunsView:
         right = runs.transcript(other, item, store=self.store) if other is not None else []
         row = self.items[self.items["item"] == item] if len(self.items) else self.items
         status = row["status"].iloc[0] if len(row) else ""
+        why = [(n, runs.explanation(n, item, store=self.store)) for n in (baseline, other) if n is not None]
+        notes = "".join(f"<p><b>{esc(n)}</b>: <pre>{esc(text)}</pre></p>" for n, text in why if text)
         self.detail.value = (
             f"<h3>{esc(item)} <span class='wb-change-{esc(status)}'>{esc(status)}</span></h3>"
+            + notes
             + side_by_side_html(baseline, transcript_text(left), other or "", transcript_text(right))
         )
         return self.detail.value

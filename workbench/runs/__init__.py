@@ -14,6 +14,7 @@ For people (``wb.runs``)::
     wb.runs.score("sweep", fn)           # fn(row) -> {"passed": bool, ...} on every row; nothing generated
     wb.runs.compare("a", "b")            # DataFrame: one row per item in both runs (by="request": exact pairs)
     wb.runs.transcript("a", item)        # one item's rows, turn by turn
+    wb.runs.explanation("a", item)       # why the item scored as it did, where its harness said (BFCL multi-turn)
     wb.runs.summary(["a", "b"])          # per run x score: mean, 95 % interval, paired diff, p-value
     wb.runs.tag("a", "baseline"); wb.runs.note("a", "..."); wb.runs.rename("a", "b"); wb.runs.vacuum()
     wb.runs.export("sweep", "sweep.parquet")   # or .jsonl
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.runs.codec import decode, dumps, encode, loads
+from workbench.runs.explanations import explanation, put_explanations
 from workbench.runs.identity import CheckpointIdentity, checkpoint_identity
 from workbench.runs.items import check_item, derive_item, input_item, item_id
 from workbench.runs.keys import (
@@ -132,6 +134,7 @@ __all__ = [
     "draw_seed",
     "dumps",
     "encode",
+    "explanation",
     "export",
     "image_digest",
     "input_item",
@@ -142,6 +145,7 @@ __all__ = [
     "needs_seed",
     "note",
     "path",
+    "put_explanations",
     "put_scores",
     "rename",
     "report",

@@ -47,7 +47,14 @@ AST_CATEGORIES = (
 )
 #: Categories scored on whether the reply holds a call at all (irrelevance: it must not; relevance: it must).
 RELEVANCE_CATEGORIES = ("irrelevance", "live_irrelevance", "live_relevance")
-SUPPORTED_CATEGORIES = AST_CATEGORIES + RELEVANCE_CATEGORIES
+#: Multi-turn categories: dialogs on BFCL's stateful backends, scored by its multi-turn checker.
+MULTI_TURN_CATEGORIES = (
+    "multi_turn_base",
+    "multi_turn_miss_func",
+    "multi_turn_miss_param",
+    "multi_turn_long_context",
+)
+SUPPORTED_CATEGORIES = AST_CATEGORIES + RELEVANCE_CATEGORIES + MULTI_TURN_CATEGORIES
 
 
 class BFCLError(InputError):
@@ -124,8 +131,8 @@ def check_categories(categories: Any) -> tuple[str, ...]:
             continue
         if isinstance(name, str) and name.startswith(("multi_turn", "memory", "web_search", "format_sensitivity")):
             raise BFCLError(
-                f"BFCL category {name!r} is multi-turn or agentic (it executes BFCL's tool backends); "
-                f"workbench runs the single-turn ones: {', '.join(SUPPORTED_CATEGORIES)}"
+                f"BFCL category {name!r} is agentic or a composite (memory, web search, format sensitivity); "
+                f"workbench runs these: {', '.join(SUPPORTED_CATEGORIES)}"
             )
         if name in ("simple_java", "simple_javascript"):
             raise BFCLError(
@@ -165,6 +172,21 @@ def load_entries(category: str, limit: int | None) -> list[dict[str, Any]]:
             raise BFCLError(f"BFCL entry {entry['id']} has no ground truth in the installed bfcl-eval")
         out.append({**entry, "ground_truth": answers.get(entry["id"]), "checker_function": checker_docs[entry["id"]]})
     return out
+
+
+def load_multi_turn_entries(category: str, limit: int | None) -> list[dict[str, Any]]:
+    """The first ``limit`` entries of a multi-turn category as BFCL's generation loads them (function docs of
+    the involved classes, held-out functions moved to ``missed_function``), each with its ``ground_truth``
+    (per turn, BFCL's call strings)."""
+    pkg = bfcl()
+    entries = pkg.utils.load_dataset_entry(category, include_prereq=False)
+    if limit is not None:
+        entries = entries[:limit]
+    answers = {a["id"]: a["ground_truth"] for a in pkg.utils.load_ground_truth_entry(category)}
+    missing = [e["id"] for e in entries if e["id"] not in answers]
+    if missing:
+        raise BFCLError(f"BFCL entries {missing[:3]} have no ground truth in the installed bfcl-eval")
+    return [{**e, "ground_truth": answers[e["id"]]} for e in entries]
 
 
 def check_calls(entry: dict[str, Any], category: str, calls: list[dict[str, Any]]) -> tuple[bool, str | None]:

@@ -9,6 +9,7 @@ checker only ever sees the parsed calls, never model text.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -19,7 +20,9 @@ from workbench.engine import Engine
 
 from ...errors import WorkbenchError
 from ...reports import wilson_interval
+from .multi_turn import run_multi_turn
 from .package import (
+    MULTI_TURN_CATEGORIES,
     BFCLError,
     bfcl_messages,
     check_calls,
@@ -55,7 +58,9 @@ def run(
 ) -> pd.DataFrame:
     """Answer BFCL entries with ``engine`` and score them; one row per entry, in BFCL's order per category.
 
-    categories: BFCL single-turn category names (see ``SUPPORTED_CATEGORIES``).
+    categories: BFCL category names (see ``SUPPORTED_CATEGORIES``): single-turn ones, and the four multi-turn ones
+        (``MULTI_TURN_CATEGORIES``), where every entry is one dialog of the tool loop on BFCL's stateful backends,
+        all entries in flight together (see :mod:`.multi_turn`).
     limit: the first ``limit`` entries of each category (None: all of them).
     prompt: ``"official"`` renders each entry in the model's own tool-calling format (what it was trained on);
         ``"bfcl"`` reproduces BFCL's Llama handler prompt (its system prompt, raw function docs, every message
@@ -67,7 +72,11 @@ def run(
 
     Columns: ``id``, ``category``, ``calls`` (BFCL's ``[{name: {arg: value}}]``), ``valid`` (BFCL's checker's
     verdict), ``error`` (why not, or None), ``prompt``, ``reply`` (the raw text), ``prompt_tokens``, ``tokens``,
-    ``cached`` (the reply came from the run store).
+    ``cached`` (the reply came from the run store).  Multi-turn entries' rows have ``id``, ``category``,
+    ``valid``, ``error`` (BFCL's error type, e.g. ``multi_turn:instance_state_mismatch``), ``turns``, ``steps``,
+    ``calls`` (per turn, per step with calls, the call strings BFCL's checker executed), ``force_terminated``,
+    ``cached``, ``prompt``, ``failed_turn``, ``explanation`` (the state that differs attribute by attribute, or
+    the expected results missing), ``tokens`` and ``log`` (per turn, per step: reply, calls, results).
     An entry that cannot be rendered (a function BFCL describes that workbench cannot offer) or does not fit
     ``engine.max_seq_len`` is not generated: it counts as wrong, with the reason in ``error``.
     """
@@ -81,6 +90,46 @@ def run(
         raise BFCLError(f"limit must be a positive number of entries per category (or None for all), got {limit!r}")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise BFCLError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    single = [c for c in cats if c not in MULTI_TURN_CATEGORIES]
+    frames = []
+    if single:
+        frames.append(_run_single(engine, single, limit, prompt, max_tokens, temperature, seed, progress, run, refresh))
+    multi = [c for c in cats if c in MULTI_TURN_CATEGORIES]
+    if multi:
+        frames.append(
+            run_multi_turn(
+                engine,
+                multi,
+                limit=limit,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=seed,
+                progress=progress,
+                run=run,
+                refresh=refresh,
+            )
+        )
+    if len(frames) == 1:
+        return frames[0]
+    out = pd.concat(frames, ignore_index=True)  # the categories in the order asked
+    order = {c: i for i, c in enumerate(cats)}
+    return out.sort_values("category", key=lambda col: col.map(order), kind="stable").reset_index(drop=True)
+
+
+def _run_single(
+    engine: Engine,
+    cats: list[str],
+    limit: int | None,
+    prompt: str,
+    max_tokens: int,
+    temperature: float,
+    seed: int | None,
+    progress: bool | None,
+    run: str | None,
+    refresh: bool,
+) -> pd.DataFrame:
+    """The single-turn categories: every entry one row of one ``engine.batch_completion``."""
     rows: list[dict[str, Any]] = []
     work: list[tuple[dict[str, Any], dict[str, Any], list[int]]] = []
     for category in cats:
@@ -164,7 +213,10 @@ def encode_bfcl_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[i
 
 def summarize(results: pd.DataFrame, by: Sequence[str] | None = None) -> pd.DataFrame:
     """Accuracy per category as BFCL counts it (entries the checker accepts / entries run, every entry
-    counted), with ``correct`` and ``entries``; grouped by ``prompt`` too when the frame holds several."""
+    counted), with ``correct``, ``entries`` and a 95 % Wilson interval (``low``, ``high``); grouped by ``prompt``
+    too when the frame holds several.  When multi-turn categories are present, a ``multi_turn_overall`` row per
+    group follows them: BFCL's multi-turn overall, the unweighted mean of the multi-turn categories present
+    (BFCL's is over all four), its interval from the categories' binomial variances (normal approximation)."""
     if not isinstance(results, pd.DataFrame) or not {"category", "valid"} <= set(results.columns):
         raise BFCLError("summarize takes the DataFrame returned by bfcl.run (columns category and valid)")
     if by is None:
@@ -177,10 +229,36 @@ def summarize(results: pd.DataFrame, by: Sequence[str] | None = None) -> pd.Data
         .reset_index()
     )
     table["accuracy"] = table["correct"] / table["entries"]
+    bounds = [wilson_interval(int(k), int(n)) for k, n in zip(table["correct"], table["entries"])]
+    table["low"], table["high"] = [b[0] for b in bounds], [b[1] for b in bounds]
     # rows in the order the results first show each key (the order of the runs and of BFCL's categories)
     orders = {k: {v: i for i, v in enumerate(dict.fromkeys(results[k]))} for k in keys}
     table = table.sort_values(by=keys, key=lambda col: col.map(orders[col.name]), kind="stable")
-    return table[[*keys, "accuracy", "correct", "entries"]].reset_index(drop=True)
+    table = table[[*keys, "accuracy", "low", "high", "correct", "entries"]].reset_index(drop=True)
+    multi = table[table["category"].isin(MULTI_TURN_CATEGORIES)]
+    if len(multi):
+        overall = [
+            _overall(part, dict(zip(by, key if isinstance(key, tuple) else (key,))))
+            for key, part in (multi.groupby(list(by), sort=False) if by else [((), multi)])
+        ]
+        table = pd.concat([table, pd.DataFrame(overall)], ignore_index=True)
+    return table
+
+
+def _overall(part: pd.DataFrame, group: dict[str, Any]) -> dict[str, Any]:
+    """BFCL's multi-turn overall of one group: the unweighted mean of its categories' accuracies."""
+    p, n = part["accuracy"].astype(float), part["entries"].astype(float)
+    mean = float(p.mean())
+    half = 1.96 * math.sqrt(float((p * (1 - p) / n).sum())) / len(p)
+    return {
+        **group,
+        "category": "multi_turn_overall",
+        "accuracy": mean,
+        "low": max(0.0, mean - half),
+        "high": min(1.0, mean + half),
+        "correct": int(part["correct"].sum()),
+        "entries": int(part["entries"].sum()),
+    }
 
 
 def plot(summary: pd.DataFrame, *, ax: Any = None, path: str | None = None) -> Any:
@@ -206,7 +284,11 @@ def plot(summary: pd.DataFrame, *, ax: Any = None, path: str | None = None) -> A
             for c, a, k, n in zip(part["category"], part["accuracy"].astype(float), part["correct"], part["entries"])
         }
         values = [rows[c][0] if c in rows else float("nan") for c in cats]
-        bounds = [wilson_interval(rows[c][1], rows[c][2]) if c in rows else (float("nan"),) * 2 for c in cats]
+        given = dict(zip(part["category"], zip(part["low"], part["high"]))) if "low" in part.columns else {}
+        bounds = [
+            given.get(c) or (wilson_interval(rows[c][1], rows[c][2]) if c in rows else (float("nan"),) * 2)
+            for c in cats
+        ]
         errors = [
             [max(v - lo, 0) for v, (lo, _) in zip(values, bounds)],
             [max(hi - v, 0) for v, (_, hi) in zip(values, bounds)],
@@ -223,7 +305,7 @@ def plot(summary: pd.DataFrame, *, ax: Any = None, path: str | None = None) -> A
     ax.set_ylim(0, 1.3)  # room for the labels above a full bar
     ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     ax.set_ylabel("BFCL accuracy (95% Wilson interval)")
-    ax.set_title("BFCL accuracy per category (AST checker)")
+    ax.set_title("BFCL accuracy per category (BFCL's checkers)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
     fig.tight_layout()
     if path:
