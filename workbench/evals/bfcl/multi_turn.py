@@ -133,9 +133,10 @@ def run_multi_turn(
                 _take(e, *replies[e], prompt=prompt, prompts=prompts)
             bar.update(sum(e.done for e in active))
     rows = [_row(e, prompt) for e in work]
-    if run is not None:
-        runs.keep_scores(run, {r["id"]: {"valid": bool(r["valid"])} for r in rows if r["steps"]})
-        runs.put_explanations(run, {r["id"]: r["explanation"] or "" for r in rows if r["steps"]})
+    stepped = [r for r in rows if r["steps"]]  # entries with rows in the store (others never fit)
+    if run is not None and stepped:
+        runs.keep_scores(run, {r["id"]: {"valid": bool(r["valid"])} for r in stepped})
+        runs.put_explanations(run, {r["id"]: r["explanation"] or "" for r in stepped})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

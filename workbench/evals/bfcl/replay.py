@@ -52,6 +52,8 @@ class GroundTruthEngine:
     ``script[entry_id]`` is the list of replies still to come: each a list of calls (an empty list: a text
     reply, which ends the turn).  ``calls`` counts the engine calls, ``rows`` the replies of each."""
 
+    model_id = "BFCL ground truth"
+
     def __init__(
         self,
         categories: Sequence[str],
