@@ -209,7 +209,8 @@ def test_demo_model_end_to_end_both_prompts_summary_plot_and_cli(engine, tmp_pat
         assert isinstance(row["valid"], bool) and row["tokens"] > 0 and row["prompt_tokens"] > 0
         assert row["valid"] == pd.isna(row["error"])  # error text exactly when BFCL says wrong
     summary = bfcl.summarize(results)
-    assert list(summary.columns) == ["prompt", "category", "accuracy", "correct", "entries"]
+    assert list(summary.columns) == ["prompt", "category", "accuracy", "low", "high", "correct", "entries"]
+    assert (summary["low"] <= summary["accuracy"]).all() and (summary["accuracy"] <= summary["high"]).all()
     assert len(summary) == 2 * len(NAMED) and summary["accuracy"].between(0, 1).all()
     fig = bfcl.plot(summary, path=str(tmp_path / "bfcl.png"))
     assert (tmp_path / "bfcl.png").stat().st_size > 0 and fig.axes
@@ -264,7 +265,7 @@ def test_a_prompt_longer_than_max_seq_len_is_scored_wrong_not_generated(engine):
     ("kwargs", "message"),
     [
         ({"categories": ["simple_pyhton"]}, "unknown BFCL category 'simple_pyhton'"),
-        ({"categories": ["multi_turn_base"]}, "multi-turn or agentic"),
+        ({"categories": ["memory_kv"]}, "agentic or a composite"),
         ({"categories": ["simple_java"]}, "Java/JavaScript source text"),
         ({"categories": []}, "categories is empty"),
         ({"categories": ["irrelevance", "irrelevance"]}, "name a category twice"),
@@ -282,7 +283,7 @@ def test_summarize_and_cli_reject_what_they_cannot_use(capsys):
     with pytest.raises(bfcl.BFCLError, match="DataFrame returned by bfcl.run"):
         bfcl.summarize(pd.DataFrame({"x": [1]}))
     assert bfcl_main(["--categories", "memory_kv", "--limit", "1"]) == 2
-    assert "multi-turn or agentic" in capsys.readouterr().err
+    assert "agentic or a composite" in capsys.readouterr().err
 
 
 def test_missing_bfcl_eval_names_the_install_command(monkeypatch):

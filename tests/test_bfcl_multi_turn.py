@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import html
 import importlib
 import os
 import signal
@@ -74,7 +75,9 @@ def test_ground_truth_replay_scores_all_800_entries_as_bfcls_checker_does(oracle
     assert summary["accuracy"].tolist() == [1.0] * 5 and (summary["low"] > 0.97).all()
     first = results.iloc[0]
     assert first["turns"] == len(entries[first["id"]]["question"])
-    assert first["calls"][0] == [["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf', destination='temp')"]]
+    assert first["calls"][0] == [
+        ["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf', destination='temp')"]
+    ]
 
 
 def _perturb(entry_id: str, kind: str) -> tuple[GroundTruthEngine, dict[str, Any], list[list[list[str]]]]:
@@ -238,7 +241,9 @@ def test_bfcl_prompts_equal_bfcls_llama_handlers_at_every_step(handlers, model, 
     stand_in = type("E", (), {"formatter": Formatter(tokenizer, model), "tokenizer": tokenizer, "max_seq_len": 1})
     style = multi_turn.handler_style(stand_in)
     assert style == ("json" if "3.1" in model else "python_list")
-    ours = _Recorder(GroundTruthEngine(["multi_turn_miss_func"], limit=1, engine=stand_in, one_call_per_reply=style == "json"))
+    ours = _Recorder(
+        GroundTruthEngine(["multi_turn_miss_func"], limit=1, engine=stand_in, one_call_per_reply=style == "json")
+    )
     row = bfcl.run(ours, ["multi_turn_miss_func"], limit=1, prompt="bfcl", progress=False).iloc[0]
     assert row["valid"], row["explanation"]
 
@@ -326,3 +331,5 @@ def test_a_killed_run_resumes_from_the_store(tmp_path, monkeypatch):
     assert stored["turn"].tolist() == list(range(row["steps"]))
     assert stored["valid"].dropna().tolist() == [row["valid"]]
     assert wb.runs.explanation("mt", "multi_turn_base_0") == row["explanation"]
+    shown = wb.runs.view("mt").open_item("multi_turn_base_0")  # the viewer shows why the entry failed
+    assert html.escape(row["explanation"]) in shown
