@@ -116,6 +116,8 @@ def test_perturbed_replays_fail_with_bfcls_error_type(oracle, kind, error):
     assert bfcl_verdict(oracle, entry, per_turn)["error_type"] == row["error"]  # what BFCL says of these calls
     assert row["failed_turn"] == 0 and row["explanation"].startswith("turn 0: GorillaFileSystem's state differs")
     assert "  root: model " in row["explanation"]  # the attribute that differs, both values
+    states = bfcl.turn_states(row)
+    assert states[0]["differs"] == ["GorillaFileSystem.root"] and states[0]["calls"] == calls[0]
 
 
 def test_a_missing_result_is_explained_and_a_silent_turn_is_empty(oracle):

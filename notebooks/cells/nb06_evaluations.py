@@ -272,3 +272,67 @@ fig""",
 - `02_tool_experiments.ipynb`: workbench's own tool-calling cases, with the settings that move them.""",
     ),
 ]
+
+BFCL_MULTI_TURN_CELLS = [
+    (
+        "md",
+        """## BFCL multi-turn: dialogs on BFCL's own backends, scored by BFCL's own checker
+
+`bfcl.run` with the multi-turn categories (`multi_turn_base`, `multi_turn_miss_func`, `multi_turn_miss_param`,
+`multi_turn_long_context`, 200 entries each) runs every entry as one dialog of the tool loop, all entries in
+flight together: BFCL's stateful backends (a file system, a messaging API, a trading bot...) are loaded from the
+entry's `initial_config`, the user's turns come in order, the model is asked again after each round of calls
+until it replies without one, and each call runs on the backends **by name, with parsed arguments — never
+`eval` of model text**. BFCL's multi-turn checker then compares the backends' state and the call results with
+the ground truth's, turn by turn. **The demo model scores near 0 here**: it knows only its 14 demo tools, not
+BFCL's functions, so it ends its turns without a call BFCL's checker accepts. The prompts hold ~3,000 tokens of
+function docs, so the engine is loaded again with a longer context.""",
+    ),
+    (
+        "code",
+        """engine = wb.load(CHECKPOINT, max_batch_size=16, max_seq_len=8192)  # BFCL's function docs are long
+mt = bfcl.run(engine, ["multi_turn_base"], limit=3, max_tokens=32, run="nb06-multi-turn")
+display(mt[["id", "valid", "error", "turns", "steps", "failed_turn", "force_terminated", "cached"]])
+bfcl.summarize(mt)  # accuracy with a 95% interval; multi_turn_overall: BFCL's unweighted mean of the categories""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """Why the first entry failed, in BFCL's words (its error type) and ours: the turn where the checker stopped
+and what it saw there — the backend attributes that differ from the ground truth's, or the expected results
+the model never produced. `wb.runs.view("nb06-multi-turn")` shows the same text when the item is opened.""",
+    ),
+    (
+        "code",
+        """row = mt.iloc[0]
+print(row["error"], "at turn", row["failed_turn"])
+print(row["explanation"])""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """The same entry turn by turn: what the user asked, the calls the model made (as the call strings BFCL's
+checker executed), and the backend state after the turn next to the ground truth's (`differs`: the
+attributes BFCL's state check would flag).""",
+    ),
+    (
+        "code",
+        """turns = bfcl.turn_states(row)
+display(pd.DataFrame([{k: t[k] for k in ("turn", "user", "calls", "differs")} for t in turns]))
+first = turns[0]
+{name: {k: repr(v)[:120] for k, v in attrs.items()} for name, attrs in first["expected_state"].items()}""",
+        IGNORE,
+    ),
+    (
+        "md",
+        """On a real checkpoint, all four categories with BFCL's own Llama handler prompt (comparable with the public
+leaderboard), from a shell — every step kept in the run store, so a killed run resumes, and two settings
+compare item by item with `wb.runs.summary(["mt-bf16", "mt-int4"])`:
+
+```
+python -m workbench.evals.bfcl --checkpoint /ckpts/Llama3.2-3B-Instruct --model Llama3.2-3B-Instruct \\
+    --categories multi_turn_base multi_turn_miss_func multi_turn_miss_param multi_turn_long_context \\
+    --prompt bfcl --run mt-bf16
+```""",
+    ),
+]

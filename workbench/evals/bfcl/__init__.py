@@ -14,7 +14,7 @@ Needs the ``bfcl-eval`` package (``pip install --no-deps bfcl-eval==2026.3.23``)
 checker are read from the installed package.  ``python -m workbench.evals.bfcl --help`` runs it from a shell.
 """
 
-from .multi_turn import handler_style
+from .multi_turn import handler_style, turn_states
 from .package import (
     AST_CATEGORIES,
     MULTI_TURN_CATEGORIES,
@@ -41,4 +41,5 @@ __all__ = [
     "run",
     "summarize",
     "to_openai_tool",
+    "turn_states",
 ]

@@ -33,6 +33,7 @@ from workbench.types import Message, ToolCall, Transcript
 from .backends import Backends, call_string
 from .multi_turn_check import check_entry, explain, step_limit
 from .package import bfcl, bfcl_messages, load_multi_turn_entries, to_openai_tool
+from .replay import parse_ground_truth
 
 COLUMNS = [
     "id",
@@ -120,7 +121,7 @@ def run_multi_turn(
     for e in work:
         _next_turn(e, prompt, prompts)
     sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "progress": False, **stored}
-    with progress_bar(len(work), desc="BFCL multi-turn", unit="entry", progress=progress) as bar:
+    with progress_bar(len(work), desc="BFCL multi-turn", unit="dialog", progress=progress) as bar:
         while active := [e for e in work if not e.done]:
             if prompt == "official":
                 replies = _official_step(engine, active, sampling)
@@ -232,6 +233,7 @@ def _take(e: _Entry, text: Any, calls: list[ToolCall], cached: bool, tokens: int
         return
     results = [e.backends.execute(c.tool_name, dict(c.arguments)) for c in calls]
     record["calls"] = [call_string(c.tool_name, dict(c.arguments)) for c in calls]
+    record["parsed"] = [(c.tool_name, dict(c.arguments)) for c in calls]
     record["results"] = results
     e.calls[-1].append(record["calls"])
     if prompt == "official":
@@ -264,6 +266,36 @@ def _row(e: _Entry, prompt: str) -> dict[str, Any]:
         "tokens": e.tokens,
         "log": e.log,
     }
+
+
+def turn_states(row: Any) -> list[dict[str, Any]]:
+    """An entry's dialog turn by turn, from its result row: the user's message, the calls made, and the state of
+    every stateful backend after the turn next to the ground truth's after the same turn (both replayed on fresh
+    instances by name; ``differs`` lists the attributes that are not equal, as BFCL's state check compares them).
+    """
+    entry = next(e for e in load_multi_turn_entries(row["category"], None) if e["id"] == row["id"])
+    ours, truth = Backends.for_entry(entry), Backends.for_entry(entry)
+    expected = parse_ground_truth(entry)
+    out = []
+    for turn, steps in enumerate(row["log"]):
+        for step in steps:
+            for name, arguments in step.get("parsed", []):
+                ours.execute(name, arguments)
+        for call in expected[turn] if turn < len(expected) else []:
+            truth.execute(call.tool_name, dict(call.arguments))
+        state, wanted = ours.state(), truth.state()
+        question = entry["question"][turn] if turn < len(entry["question"]) else []
+        out.append(
+            {
+                "turn": turn,
+                "user": " / ".join(str(m["content"]) for m in question) or "(held-out functions added)",
+                "calls": [c for step in steps for c in step["calls"]],
+                "state": state,
+                "expected_state": wanted,
+                "differs": [f"{c}.{k}" for c in wanted for k in wanted[c] if state[c].get(k) != wanted[c][k]],
+            }
+        )
+    return out
 
 
 # ------------------------------------------------------------------------------------------- BFCL's prompts

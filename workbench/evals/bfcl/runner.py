@@ -9,7 +9,6 @@ checker only ever sees the parsed calls, never model text.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -216,7 +215,7 @@ def summarize(results: pd.DataFrame, by: Sequence[str] | None = None) -> pd.Data
     counted), with ``correct``, ``entries`` and a 95 % Wilson interval (``low``, ``high``); grouped by ``prompt``
     too when the frame holds several.  When multi-turn categories are present, a ``multi_turn_overall`` row per
     group follows them: BFCL's multi-turn overall, the unweighted mean of the multi-turn categories present
-    (BFCL's is over all four), its interval from the categories' binomial variances (normal approximation)."""
+    (BFCL's is over all four), its interval the mean of the categories' Wilson bounds."""
     if not isinstance(results, pd.DataFrame) or not {"category", "valid"} <= set(results.columns):
         raise BFCLError("summarize takes the DataFrame returned by bfcl.run (columns category and valid)")
     if by is None:
@@ -247,15 +246,12 @@ def summarize(results: pd.DataFrame, by: Sequence[str] | None = None) -> pd.Data
 
 def _overall(part: pd.DataFrame, group: dict[str, Any]) -> dict[str, Any]:
     """BFCL's multi-turn overall of one group: the unweighted mean of its categories' accuracies."""
-    p, n = part["accuracy"].astype(float), part["entries"].astype(float)
-    mean = float(p.mean())
-    half = 1.96 * math.sqrt(float((p * (1 - p) / n).sum())) / len(p)
     return {
         **group,
         "category": "multi_turn_overall",
-        "accuracy": mean,
-        "low": max(0.0, mean - half),
-        "high": min(1.0, mean + half),
+        "accuracy": float(part["accuracy"].astype(float).mean()),
+        "low": float(part["low"].mean()),
+        "high": float(part["high"].mean()),
         "correct": int(part["correct"].sum()),
         "entries": int(part["entries"].sum()),
     }
