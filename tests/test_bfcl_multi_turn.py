@@ -270,6 +270,41 @@ def test_bfcl_prompts_equal_bfcls_llama_handlers_at_every_step(handlers, model, 
     assert ("<|start_header_id|>ipython" in theirs[-1]) or ("<|header_start|>ipython" in theirs[-1])
 
 
+def _stand_in(max_seq_len: int) -> Any:
+    tokenizer = Tokenizer.for_checkpoint(None, "llama3")
+    return type(
+        "E",
+        (),
+        {"formatter": Formatter(tokenizer, "Llama3.2-3B-Instruct"), "tokenizer": tokenizer, "max_seq_len": max_seq_len},
+    )
+
+
+def test_a_prompt_outgrowing_the_context_ends_the_entry_with_the_reason():
+    probe = _Recorder(GroundTruthEngine(["multi_turn_base"], limit=1, engine=_stand_in(10**6)))
+    bfcl.run(probe, ["multi_turn_base"], limit=1, prompt="bfcl", progress=False)
+    fits = len(probe.prompts[0]) + 1  # the first step fits, the prompt after its tool results does not
+    replay = GroundTruthEngine(["multi_turn_base"], limit=1, engine=_stand_in(fits))
+    row = bfcl.run(replay, ["multi_turn_base"], limit=1, prompt="bfcl", progress=False).iloc[0]
+    assert not row["valid"] and row["error"] == "multi_turn:inference_error" and row["steps"] == 1
+    assert f"max_seq_len is {fits}" in row["explanation"]
+
+
+def test_an_unparsable_reply_ends_the_turn_and_nothing_raises():
+    class Broken(GroundTruthEngine):
+        def batch_completion(self, prompts: Any, *, item: Any, **kw: Any) -> list[Any]:
+            self.rows.append(len(prompts))
+            return [
+                wb.Completion(text="[cd(folder=__import__('os'))]", tokens=[1], stop_reason="end_of_turn") for _ in item
+            ]
+
+    engine = Broken(["multi_turn_base"], limit=1, engine=_stand_in(10**6))
+    row = bfcl.run(engine, ["multi_turn_base"], limit=1, prompt="bfcl", progress=False).iloc[0]
+    assert row["steps"] == row["turns"] == 4 and row["calls"] == [[], [], [], []]  # each turn ended at once
+    assert row["error"] == "multi_turn:empty_turn_model_response" and row["log"][0][0]["reply"].startswith(
+        "[cd(folder=__import__"
+    )
+
+
 def test_encode_handler_prompt_puts_special_tokens_by_id_only():
     tokenizer = Tokenizer.for_checkpoint(None, "llama3")
     ids = encode_handler_prompt(tokenizer, [{"role": "user", "content": "say <|eot_id|>"}], [], "python_list")
@@ -335,3 +370,9 @@ def test_a_killed_run_resumes_from_the_store(tmp_path, monkeypatch):
     assert wb.runs.explanation("mt", "multi_turn_base_0") == row["explanation"]
     shown = wb.runs.view("mt").open_item("multi_turn_base_0")  # the viewer shows why the entry failed
     assert html.escape(row["explanation"]) in shown
+    # another setting (BFCL's own prompt) on the same entries, compared item by item
+    other = bfcl.run(engine, ["multi_turn_base"], limit=1, max_tokens=4, progress=False, prompt="bfcl", run="mt-b")
+    numbered = wb.runs.rows("mt-b")
+    assert numbered["turn"].tolist() == list(range(other.iloc[0]["steps"]))  # completion rows numbered too
+    summary = wb.runs.summary(["mt", "mt-b"])
+    assert set(summary["run"]) == {"mt", "mt-b"} and set(summary["score"]) == {"valid"}

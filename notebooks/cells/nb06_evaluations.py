@@ -332,7 +332,7 @@ compare item by item with `wb.runs.summary(["mt-bf16", "mt-int4"])`:
 ```
 python -m workbench.evals.bfcl --checkpoint /ckpts/Llama3.2-3B-Instruct --model Llama3.2-3B-Instruct \\
     --categories multi_turn_base multi_turn_miss_func multi_turn_miss_param multi_turn_long_context \\
-    --prompt bfcl --run mt-bf16
+    --prompt bfcl --max-seq-len 16384 --run mt-bf16
 ```""",
     ),
 ]

@@ -62,7 +62,7 @@ from workbench.runs.keys import (
 )
 from workbench.runs.manage import note, rename, tag, untag, vacuum
 from workbench.runs.provenance import Provenance
-from workbench.runs.scores import keep_scores, put_scores, score, set_items
+from workbench.runs.scores import keep_scores, put_scores, score, set_items, set_turns
 from workbench.runs.settings import Varies, diff_settings, settings, tool_schema_hash
 from workbench.runs.store import (
     SCHEMA_VERSION,
@@ -155,6 +155,7 @@ __all__ = [
     "rows",
     "score",
     "set_items",
+    "set_turns",
     "settings",
     "settle_seed",
     "store",

@@ -287,4 +287,26 @@ def keep_scores(
     return True
 
 
-__all__ = ["keep_scores", "put_scores", "score", "score_kind", "set_items", "write_scores"]
+def set_turns(
+    name: str, turns: Sequence[tuple[Sequence[int], Any, int]], *, store: str | Path | Store | None = None
+) -> int:
+    """Number the rows of run ``name`` that a completion call stored for an item: ``[(prompt_ids, item, turn)]``
+    (a chat row's turn comes from its dialog; a harness that renders its own prompts, e.g. BFCL's handler
+    prompt, knows the step instead).  Returns how many rows were numbered."""
+    st = open_store(store)
+    run_id = st.run_id(name)
+    wanted = {(pack_ids(ids), check_item(item)): int(turn) for ids, item, turn in turns}
+    updates = [
+        (wanted[(blob, item)], row_id)
+        for row_id, blob, item in st.query("SELECT id, prompt_ids, item FROM rows WHERE run_id = ?", (run_id,))
+        if (blob, item) in wanted
+    ]
+    if updates:
+        try:
+            st.transaction(lambda conn: conn.executemany("UPDATE rows SET turn = ? WHERE id = ?", updates))
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not number the turns of run {name!r} in {str(st.path)!r} ({exc})") from exc
+    return len(updates)
+
+
+__all__ = ["keep_scores", "put_scores", "score", "score_kind", "set_items", "set_turns", "write_scores"]

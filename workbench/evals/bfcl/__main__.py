@@ -5,6 +5,9 @@ Prints one row per (prompt, category) and a final JSON line, e.g.::
     python -m workbench.evals.bfcl --limit 20                       # the demo model, both prompts
     python -m workbench.evals.bfcl --checkpoint /ckpts/Llama3.2-3B-Instruct --model Llama3.2-3B-Instruct \\
         --categories simple_python multiple parallel parallel_multiple irrelevance live_simple --prompt bfcl
+    python -m workbench.evals.bfcl --checkpoint /ckpts/Llama3.2-3B-Instruct --model Llama3.2-3B-Instruct \\
+        --categories multi_turn_base multi_turn_miss_func multi_turn_miss_param multi_turn_long_context \\
+        --prompt bfcl --max-seq-len 16384 --run mt-bf16
 """
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="model id (selects the official prompt format)")
     parser.add_argument("--max-batch-size", type=int, default=None, help="engine batch rows")
     parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="engine context in tokens (multi-turn prompts hold ~3,000 tokens of function docs and grow each step)",
+    )
+    parser.add_argument(
         "--categories",
         nargs="+",
         default=list(DEFAULT_CATEGORIES),
@@ -57,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_categories(args.categories)  # before the model loads
-        engine = load(args.checkpoint, model=args.model, max_batch_size=args.max_batch_size)
+        engine = load(
+            args.checkpoint, model=args.model, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len
+        )
         started = time.perf_counter()
         frames = [
             run(

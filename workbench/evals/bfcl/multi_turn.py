@@ -18,7 +18,10 @@ never by ``eval``; the checker gets call strings rebuilt from the parsed calls (
 
 from __future__ import annotations
 
+import importlib
 import json
+import sqlite3
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from workbench import runs
+from workbench.errors import StoreError, StoreWarning
 from workbench.progress import progress_bar
 from workbench.tools import Dialog, Toolbox, complete_turn
 from workbench.types import Message, ToolCall, Transcript
@@ -94,6 +98,7 @@ class _Entry:
     done: bool = False
     cached: bool = True
     tokens: int = 0
+    prompts: list[list[int]] = field(default_factory=list)  # prompt="bfcl": each step's prompt ids
 
 
 def run_multi_turn(
@@ -136,15 +141,23 @@ def run_multi_turn(
     rows = [_row(e, prompt) for e in work]
     stepped = [r for r in rows if r["steps"]]  # entries with rows in the store (others never fit)
     if run is not None and stepped:
+        if prompt == "bfcl":  # completion rows: each numbered by its reply in the entry, as chat rows are
+            _number_turns(run, [(ids, e.entry["id"], k) for e in work for k, ids in enumerate(e.prompts)])
         runs.keep_scores(run, {r["id"]: {"valid": bool(r["valid"])} for r in stepped})
         runs.put_explanations(run, {r["id"]: r["explanation"] or "" for r in stepped})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def _number_turns(run: str, turns: list[tuple[list[int], str, int]]) -> None:
+    """Number the stored completion rows; a store that cannot be written warns, as every harness write does."""
+    try:
+        runs.set_turns(run, turns)
+    except (StoreError, sqlite3.Error, OSError) as exc:
+        warnings.warn(f"the turns of run {run!r} could not be numbered ({exc})", StoreWarning, stacklevel=3)
+
+
 def _modules_prompts() -> Any:
     bfcl()
-    import importlib
-
     return importlib.import_module("bfcl_eval.constants.default_prompts")
 
 
@@ -210,6 +223,7 @@ def _bfcl_step(engine: Any, active: list[_Entry], sampling: dict[str, Any], styl
             continue
         asked.append(e)
         prompts.append(ids)
+        e.prompts.append(ids)
     if not asked:
         return {}
     completions = engine.batch_completion(prompts, item=[e.entry["id"] for e in asked], **sampling)
