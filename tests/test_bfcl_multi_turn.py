@@ -24,7 +24,8 @@ from workbench.evals.bfcl import multi_turn, package
 from workbench.evals.bfcl.__main__ import main as bfcl_main
 from workbench.evals.bfcl.backends import Backends, call_string
 from workbench.evals.bfcl.multi_turn import encode_handler_prompt
-from workbench.evals.bfcl.replay import GroundTruthEngine
+from workbench.evals.bfcl.replay import GroundTruthEngine, parse_ground_truth
+from workbench.formats import render_tool_call
 from workbench.formats.formatter import Formatter
 from workbench.formats.tokenizer import Tokenizer
 from workbench.types import ToolCall
@@ -41,6 +42,13 @@ def oracle() -> Any:
         importlib.import_module("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker"),
         importlib.import_module("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils"),
     )
+
+
+@pytest.fixture(scope="module")
+def truth() -> dict[str, Any]:
+    """The 800 entries and their ground truth parsed into calls (once for the module)."""
+    entries = {e["id"]: e for c in CATEGORIES for e in package.load_multi_turn_entries(c, None)}
+    return {"entries": entries, "parsed": {i: parse_ground_truth(e) for i, e in entries.items()}}
 
 
 def bfcl_verdict(oracle: Any, entry: dict[str, Any], calls: list[list[list[str]]]) -> dict[str, Any]:
@@ -60,13 +68,13 @@ def as_steps(turns: list[list[str]]) -> list[list[list[str]]]:
 
 
 # ------------------------------------------------------------------------------------------- scoring
-def test_ground_truth_replay_scores_all_800_entries_as_bfcls_checker_does(oracle):
-    engine = GroundTruthEngine(CATEGORIES)
+def test_ground_truth_replay_scores_all_800_entries_as_bfcls_checker_does(oracle, truth):
+    engine = GroundTruthEngine(CATEGORIES, parsed=truth["parsed"])
     results = bfcl.run(engine, CATEGORIES, progress=False)
     assert len(results) == 800 and list(results.groupby("category", sort=False).size()) == [200] * 4
     # every entry in flight at once: each engine call is one step of every entry still running
     assert engine.rows[0] == 800 and engine.calls == max(results["steps"])
-    entries = {e["id"]: e for c in CATEGORIES for e in package.load_multi_turn_entries(c, None)}
+    entries = truth["entries"]
     expected = {i: bfcl_verdict(oracle, e, as_steps(e["ground_truth"]))["valid"] for i, e in entries.items()}
     assert results.set_index("id")["valid"].to_dict() == expected  # the ground truth's own verdicts
     assert results["valid"].all() and results["error"].isna().all() and not results["force_terminated"].any()
@@ -78,6 +86,19 @@ def test_ground_truth_replay_scores_all_800_entries_as_bfcls_checker_does(oracle
     assert first["calls"][0] == [
         ["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf', destination='temp')"]
     ]
+
+
+@pytest.mark.parametrize(("model", "fmt"), [("Llama3.2-3B-Instruct", "python_list"), ("Llama3.1-8B-Instruct", "json")])
+def test_every_ground_truth_call_survives_the_models_syntax_and_our_parser(truth, model, fmt):
+    """prompt="bfcl" decodes replies with the model's own parser: every call of the 800 entries' ground truth,
+    written in the handler's syntax, comes back as the same name and arguments."""
+    formatter = Formatter(Tokenizer.for_checkpoint(None, "llama3"), model)
+    calls = [c for turns in truth["parsed"].values() for turn in turns for c in turn]
+    assert len(calls) > 2000
+    for call in calls:
+        text = render_tool_call(call, fmt)
+        parsed = formatter.decode_assistant(text, "end_of_turn").tool_calls
+        assert [(p.tool_name, p.arguments) for p in parsed] == [(call.tool_name, call.arguments)], text
 
 
 def _perturb(entry_id: str, kind: str) -> tuple[GroundTruthEngine, dict[str, Any], list[list[list[str]]]]:

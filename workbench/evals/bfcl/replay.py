@@ -50,7 +50,8 @@ class GroundTruthEngine:
     (``batch_completion``, ``prompt="bfcl"``).
 
     ``script[entry_id]`` is the list of replies still to come: each a list of calls (an empty list: a text
-    reply, which ends the turn).  ``calls`` counts the engine calls, ``rows`` the replies of each."""
+    reply, which ends the turn).  ``calls`` counts the engine calls, ``rows`` the replies of each.  ``parsed``:
+    the ground truth already parsed (:func:`parse_ground_truth` by entry id), to build several engines cheaply."""
 
     model_id = "BFCL ground truth"
 
@@ -61,6 +62,7 @@ class GroundTruthEngine:
         limit: int | None = None,
         engine: Any = None,
         one_call_per_reply: bool = False,
+        parsed: dict[str, list[list[ToolCall]]] | None = None,
     ) -> None:
         self.order: list[str] = []
         self.script: dict[str, list[list[ToolCall]]] = {}
@@ -68,7 +70,8 @@ class GroundTruthEngine:
             for entry in load_multi_turn_entries(category, limit):
                 self.order.append(entry["id"])
                 steps: list[list[ToolCall]] = []
-                for calls in parse_ground_truth(entry):
+                turns = parsed[entry["id"]] if parsed is not None else parse_ground_truth(entry)
+                for calls in turns:
                     steps += [[c] for c in calls] if one_call_per_reply else ([calls] if calls else [])
                     steps.append([])
                 self.script[entry["id"]] = steps
