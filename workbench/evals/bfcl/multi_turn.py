@@ -99,6 +99,7 @@ class _Entry:
     cached: bool = True
     tokens: int = 0
     prompts: list[list[int]] = field(default_factory=list)  # prompt="bfcl": each step's prompt ids
+    toolboxes: dict[tuple[str, ...], Toolbox] = field(default_factory=dict)  # shared by the run's entries
 
 
 def run_multi_turn(
@@ -118,8 +119,9 @@ def run_multi_turn(
     stored = runs.call_keywords(run, refresh)
     prompts = _modules_prompts()
     style = handler_style(engine) if prompt == "bfcl" else None
+    toolboxes: dict[tuple[str, ...], Toolbox] = {}
     work = [
-        _start(entry, category, prompt, style)
+        _start(entry, category, prompt, style, toolboxes)
         for category in categories
         for entry in load_multi_turn_entries(category, limit)
     ]
@@ -161,11 +163,23 @@ def _modules_prompts() -> Any:
     return importlib.import_module("bfcl_eval.constants.default_prompts")
 
 
-def _start(entry: dict[str, Any], category: str, prompt: str, style: str | None) -> _Entry:
+def _toolbox(functions: list[dict[str, Any]], toolboxes: dict[tuple[str, ...], Toolbox]) -> Toolbox:
+    """One Toolbox per distinct function set (entries of the same classes share it, so a batch checks it once);
+    a set is named by its functions' names (every entry reads a class's docs from the same BFCL file)."""
+    key = tuple(f["name"] for f in functions)
+    if key not in toolboxes:
+        toolboxes[key] = Toolbox.create([to_openai_tool(f) for f in functions])
+    return toolboxes[key]
+
+
+def _start(
+    entry: dict[str, Any], category: str, prompt: str, style: str | None, toolboxes: dict[tuple[str, ...], Toolbox]
+) -> _Entry:
     functions = [dict(f) for f in entry["function"]]
     e = _Entry(entry, category, entry["ground_truth"], Backends.for_entry(entry), functions, style)
+    e.toolboxes = toolboxes
     if prompt == "official":
-        tools = Toolbox.create([to_openai_tool(f) for f in functions])
+        tools = _toolbox(functions, toolboxes)
         e.dialog = Dialog(Transcript([]), tools, item=entry["id"])
     return e
 
@@ -182,7 +196,7 @@ def _next_turn(e: _Entry, prompt: str, prompts: Any) -> None:
     if held_out is not None:
         if prompt == "official":  # BFCL's FC flow: the tools grow, the user says so
             e.functions.extend(held_out)
-            e.dialog.toolbox = Toolbox.create([to_openai_tool(f) for f in e.functions])
+            e.dialog.toolbox = _toolbox(e.functions, e.toolboxes)
             text = prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
         else:  # BFCL's prompting flow: the functions are written into the user message
             text = prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(functions=held_out)

@@ -177,16 +177,22 @@ def load_entries(category: str, limit: int | None) -> list[dict[str, Any]]:
 def load_multi_turn_entries(category: str, limit: int | None) -> list[dict[str, Any]]:
     """The first ``limit`` entries of a multi-turn category as BFCL's generation loads them (function docs of
     the involved classes, held-out functions moved to ``missed_function``), each with its ``ground_truth``
-    (per turn, BFCL's call strings)."""
+    (per turn, BFCL's call strings).  Read once per process (BFCL's loader reads the function-doc files again for
+    every entry); each call gets its own entry dicts, whose contents are shared and must be treated as read-only.
+    """
+    entries = _multi_turn_entries(category)
+    return [dict(e) for e in (entries if limit is None else entries[:limit])]
+
+
+@cache
+def _multi_turn_entries(category: str) -> tuple[dict[str, Any], ...]:
     pkg = bfcl()
     entries = pkg.utils.load_dataset_entry(category, include_prereq=False)
-    if limit is not None:
-        entries = entries[:limit]
     answers = {a["id"]: a["ground_truth"] for a in pkg.utils.load_ground_truth_entry(category)}
     missing = [e["id"] for e in entries if e["id"] not in answers]
     if missing:
         raise BFCLError(f"BFCL entries {missing[:3]} have no ground truth in the installed bfcl-eval")
-    return [{**e, "ground_truth": answers[e["id"]]} for e in entries]
+    return tuple({**e, "ground_truth": answers[e["id"]]} for e in entries)
 
 
 def check_calls(entry: dict[str, Any], category: str, calls: list[dict[str, Any]]) -> tuple[bool, str | None]:
