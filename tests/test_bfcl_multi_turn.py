@@ -345,6 +345,14 @@ def test_agentic_categories_are_refused_with_the_supported_list():
         bfcl.run(None, ["memory_kv"])
 
 
+def test_explanations_and_turns_of_a_run_the_store_lacks_warn_or_name_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "runs.sqlite"))
+    with pytest.warns(wb.errors.StoreWarning, match="could not be stored"):
+        assert wb.runs.put_explanations("nothing-here", {"a": "why"}) is False
+    with pytest.raises(wb.errors.InputError, match="no run named 'nothing-here'"):
+        wb.runs.set_turns("nothing-here", [([1, 2], "a", 0)])
+
+
 KILL_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys
