@@ -326,6 +326,27 @@ def test_an_unparsable_reply_ends_the_turn_and_nothing_raises():
     )
 
 
+def test_official_holdout_turn_adds_the_functions_and_bfcls_fc_message():
+    seen: list[tuple[set[str], str]] = []
+
+    class Watched(GroundTruthEngine):
+        def batch_chat_completion(self, dialogs: Any, tools: Any = None, **kw: Any) -> list[Any]:
+            tool_set = tools[0] if tools and isinstance(tools[0], list) else tools
+            users = [m for m in dialogs[0] if m.role == "user"]
+            seen.append(({t.tool_name for t in tool_set}, users[-1].content))
+            return super().batch_chat_completion(dialogs, tools, **kw)
+
+    entry = package.load_multi_turn_entries("multi_turn_miss_func", 1)[0]
+    ((turn, held_out),) = entry["missed_function"].items()
+    names = {f["name"] for f in held_out}
+    row = bfcl.run(Watched(["multi_turn_miss_func"], limit=1), ["multi_turn_miss_func"], limit=1).iloc[0]
+    assert row["valid"]
+    prompts = importlib.import_module("bfcl_eval.constants.default_prompts")
+    holdout = [k for k, (_, user) in enumerate(seen) if user == prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC]
+    assert holdout and holdout[0] == sum(len(t) for t in row["log"][: int(turn)])  # the first step of that turn
+    assert all(not names & tools for tools, _ in seen[: holdout[0]]) and all(names <= t for t, _ in seen[holdout[0] :])
+
+
 def test_encode_handler_prompt_puts_special_tokens_by_id_only():
     tokenizer = Tokenizer.for_checkpoint(None, "llama3")
     ids = encode_handler_prompt(tokenizer, [{"role": "user", "content": "say <|eot_id|>"}], [], "python_list")
