@@ -291,7 +291,7 @@ function docs, so the engine is loaded again with a longer context.""",
     (
         "code",
         """engine = wb.load(CHECKPOINT, max_batch_size=16, max_seq_len=8192)  # BFCL's function docs are long
-mt = bfcl.run(engine, ["multi_turn_base"], limit=3, max_tokens=32, run="nb06-multi-turn")
+mt = bfcl.run(engine, ["multi_turn_base"], limit=2, max_tokens=24, run="nb06-multi-turn")
 display(mt[["id", "valid", "error", "turns", "steps", "failed_turn", "force_terminated", "cached"]])
 bfcl.summarize(mt)  # accuracy with a 95% interval; multi_turn_overall: BFCL's unweighted mean of the categories""",
         IGNORE,
