@@ -30,7 +30,12 @@ from cells.nb02_tool_experiments import TOOL_EXPERIMENTS  # noqa: E402
 from cells.nb03_throughput import THROUGHPUT  # noqa: E402
 from cells.nb04_quantization import QUANTIZATION  # noqa: E402
 from cells.nb05_scale_out import SCALE_OUT  # noqa: E402
-from cells.nb06_evaluations import BFCL_INSPECT_CELLS, EVALUATIONS_INTRO, LM_EVAL_CELLS  # noqa: E402
+from cells.nb06_evaluations import (  # noqa: E402
+    BFCL_INSPECT_CELLS,
+    BFCL_MULTI_TURN_CELLS,
+    EVALUATIONS_INTRO,
+    LM_EVAL_CELLS,
+)
 from cells.nb07_run_store import RUN_STORE  # noqa: E402
 from cells.nb08_experiments import EXPERIMENTS  # noqa: E402
 from checks import WIDGET_STATE, coalesced, output_texts, problems, shown_widget_models  # noqa: E402
@@ -41,7 +46,7 @@ NOTEBOOKS = {
     "03": ("03_throughput.ipynb", THROUGHPUT),
     "04": ("04_quantization.ipynb", QUANTIZATION),
     "05": ("05_scale_out.ipynb", SCALE_OUT),
-    "06": ("06_evaluations.ipynb", EVALUATIONS_INTRO + LM_EVAL_CELLS + BFCL_INSPECT_CELLS),
+    "06": ("06_evaluations.ipynb", EVALUATIONS_INTRO + LM_EVAL_CELLS + BFCL_INSPECT_CELLS + BFCL_MULTI_TURN_CELLS),
     "07": ("07_run_store.ipynb", RUN_STORE),
     "08": ("08_experiments.ipynb", EXPERIMENTS),
 }
