@@ -3,7 +3,10 @@
 Every long-running public call takes ``progress=``: ``None`` (auto, the default) shows a bar only once
 the call has run for :data:`AUTO_DELAY_S` seconds, so quick calls print nothing; ``True`` shows it at
 once; ``False`` never.  ``WORKBENCH_PROGRESS=0`` turns the automatic bars off for a whole session
-(e.g. in CI logs); an explicit ``progress=True`` still shows one.
+(e.g. in CI logs); an explicit ``progress=True`` still shows one.  ``WORKBENCH_PROGRESS_DELAY`` (seconds)
+moves the automatic threshold: ``0`` shows every automatic bar at once, whatever the machine's speed — which is
+how ``notebooks/build.py`` runs the notebooks, so that an output which would change with load (a bar that shows
+only when a call is slow) is found when the notebook is built, not on a reader's busy machine.
 
 A bar that was shown is replaced, when the call ends, by one line that says what the call did
 (``generating: 8 rows · 141 tokens · 6.2 s · 22.7 tok/s``).  In Jupyter the bar is a widget displayed
@@ -26,6 +29,24 @@ from tqdm import tqdm
 from workbench.errors import InputError
 
 AUTO_DELAY_S = 2.0
+DELAY_VARIABLE = "WORKBENCH_PROGRESS_DELAY"
+
+
+def auto_delay() -> float:
+    """Seconds a call runs before its automatic bar shows: ``$WORKBENCH_PROGRESS_DELAY`` or :data:`AUTO_DELAY_S`."""
+    text = os.environ.get(DELAY_VARIABLE, "").strip()
+    if not text:
+        return AUTO_DELAY_S
+    try:
+        delay = float(text)
+    except ValueError:
+        delay = -1.0
+    if not delay >= 0 or delay == float("inf"):
+        raise InputError(
+            f"{DELAY_VARIABLE}={text!r} is not a number of seconds; set it to e.g. 2 (the default) or 0 "
+            "(every automatic bar at once), or unset it"
+        )
+    return delay
 
 
 class _NoBar:
@@ -68,7 +89,7 @@ def progress_bar(
     progress = check_progress(progress)
     if progress is False or (progress is None and os.environ.get("WORKBENCH_PROGRESS", "1") == "0"):
         return _NoBar()
-    delay = 0.0 if progress else AUTO_DELAY_S
+    delay = 0.0 if progress else auto_delay()
     if _in_notebook():
         return _NotebookBar(total, desc=desc, unit=unit, delay=delay, rate=rate)
     return _TerminalBar(total, desc=desc, unit=unit, delay=delay, rate=rate)
