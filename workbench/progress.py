@@ -27,6 +27,7 @@ from typing import Any
 from tqdm import tqdm
 
 from workbench.errors import InputError
+from workbench.reports import human_bytes
 
 AUTO_DELAY_S = 2.0
 DELAY_VARIABLE = "WORKBENCH_PROGRESS_DELAY"
@@ -83,16 +84,23 @@ def check_progress(progress: Any) -> bool | None:
 
 
 def progress_bar(
-    total: int | None, *, desc: str, unit: str, progress: bool | None = None, rate: TokenRate | None = None
+    total: int | None,
+    *,
+    desc: str,
+    unit: str,
+    progress: bool | None = None,
+    rate: TokenRate | None = None,
+    auto: bool = False,
 ) -> Any:
-    """A bar (or a silent stand-in) for ``total`` steps of ``unit``; ``rate`` adds tokens to its summary line."""
+    """A bar (or a silent stand-in) for ``total`` steps of ``unit``; ``rate`` adds tokens to its summary line.
+    ``auto``: a bar the caller decided to show by its own automatic rule (a replica pool's job), marked as
+    automatic like those of ``progress=None``."""
     progress = check_progress(progress)
     if progress is False or (progress is None and os.environ.get("WORKBENCH_PROGRESS", "1") == "0"):
         return _NoBar()
     delay = 0.0 if progress else auto_delay()
-    if _in_notebook():
-        return _NotebookBar(total, desc=desc, unit=unit, delay=delay, rate=rate)
-    return _TerminalBar(total, desc=desc, unit=unit, delay=delay, rate=rate)
+    kind = _NotebookBar if _in_notebook() else _TerminalBar
+    return kind(total, desc=desc, unit=unit, delay=delay, rate=rate, auto=auto or progress is None)
 
 
 def _in_notebook() -> bool:
@@ -113,8 +121,10 @@ def _in_notebook() -> bool:
 class _Bar:
     """What both bars share: counting, the delay before showing, and the closing summary line."""
 
-    def __init__(self, total: int | None, *, desc: str, unit: str, delay: float, rate: TokenRate | None) -> None:
-        self.total, self.desc, self.unit, self.delay, self.rate = total, desc, unit, delay, rate
+    def __init__(
+        self, total: int | None, *, desc: str, unit: str, delay: float, rate: TokenRate | None, auto: bool
+    ) -> None:
+        self.total, self.desc, self.unit, self.delay, self.rate, self.auto = total, desc, unit, delay, rate, auto
         self.n = 0
         self.postfix = ""
         self.start = time.perf_counter()
@@ -124,8 +134,13 @@ class _Bar:
 
     def summary(self) -> str:
         elapsed = time.perf_counter() - self.start
-        done = f"{self.n}/{self.total}" if self.total is not None and self.n != self.total else f"{self.n}"
-        parts = [f"{done} {self.unit}{'s' if self.n != 1 else ''}"]
+        if self.unit == "B":  # bytes read: "15.8 MiB", not "16612435 Bs"
+            parts = [
+                human_bytes(self.n) + (f" of {human_bytes(self.total)}" if self.total not in (None, self.n) else "")
+            ]
+        else:
+            done = f"{self.n}/{self.total}" if self.total is not None and self.n != self.total else f"{self.n}"
+            parts = [f"{done} {self.unit}{'s' if self.n != 1 else ''}"]
         if self.rate is not None:
             parts += [f"{self.rate.tokens} tokens"]
         parts += [f"{elapsed:.1f} s"]
@@ -223,7 +238,9 @@ class _NotebookBar(_Bar):
     def _finish(self, line: str) -> None:
         from IPython.display import Pretty
 
-        self._handle.update(Pretty(line))  # the output now holds the text only, not a view of the widget
+        # the output now holds the text only, not a view of the widget; the mark (an automatic bar's or an asked
+        # one's) lets notebooks/checks.py find it
+        self._handle.update(Pretty(line), metadata={"workbench": {"progress": "auto" if self.auto else "asked"}})
         self._box.close()
 
 

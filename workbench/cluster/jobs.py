@@ -246,6 +246,7 @@ class Job:
                 unit="row",
                 progress=True,
                 rate=self._rate,
+                auto=self._progress is None,
             )
             self._bar.start = self._start  # its closing summary counts the seconds since the job began
         self._rate.tokens = self.tokens
