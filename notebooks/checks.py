@@ -253,29 +253,26 @@ ENV_SET = re.compile(
 
 def environment_problems(nb: nbformat.NotebookNode) -> list[str]:
     """An environment variable a notebook sets must be put back before it ends: its old value read before the
-    first change, and a later cell that removes it or sets the old value again (``os.environ.pop(NAME, None)``
-    when it was unset).  Otherwise later work in the same kernel (a run stored, a benchmark clock) silently
-    follows the notebook's setting."""
+    first change, and, after it (later in that cell or in a later one), code that removes it or sets the old
+    value again (``os.environ.pop(NAME, None)`` when it was unset).  Otherwise later work in the same kernel (a
+    run stored, a benchmark clock) silently follows the notebook's setting."""
     code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     found = []
-    changed: dict[str, int] = {}
+    changed: dict[str, tuple[int, int]] = {}  # name -> (cell, offset) of its first change
     for number, source in code:
         for match in ENV_SET.finditer(source):
-            changed.setdefault(match.group(1) or match.group(2), number)
+            changed.setdefault(match.group(1) or match.group(2), (number, match.start()))
+
+    def where(pattern: str) -> list[tuple[int, int]]:
+        return [(number, m.start()) for number, source in code for m in re.finditer(pattern, source)]
+
     for name, first in changed.items():
         key = rf"['\"]{name}['\"]"
-        saved = any(
-            re.search(rf"os\.environ\.get\(\s*{key}|os\.getenv\(\s*{key}|os\.environ\.copy\(\)", source)
-            and number <= first
-            for number, source in code
-        )
-        restored = any(
-            re.search(rf"os\.environ\.pop\(\s*{key}|del os\.environ\[\s*{key}", source) and number > first
-            for number, source in code
-        ) or any(re.search(r"os\.environ\.clear\(\)|os\.environ\.update\(", s) and n > first for n, s in code)
-        if not (saved and restored):
+        read = where(rf"os\.environ\.get\(\s*{key}|os\.getenv\(\s*{key}|os\.environ\.copy\(\)")
+        put_back = where(rf"os\.environ\.pop\(\s*{key}|del os\.environ\[\s*{key}|os\.environ\.update\(")
+        if not (any(at < first for at in read) and any(at > first for at in put_back)):
             found.append(
-                f"cell {first}: ${name} is changed and never put back (read its old value first; a later cell "
+                f"cell {first[0]}: ${name} is changed and never put back (read its old value first; later code "
                 f"restores it, os.environ.pop({name!r}, None) when it was unset)"
             )
     return found

@@ -294,8 +294,8 @@ def test_the_claim_checks_reject_the_notebooks_as_they_were_stored_before() -> N
     assert any("0.68 to 1.61 includes 1" in p for p in found)
     assert any(p.startswith("cell 1: $BENCH_CLOCK is changed and never put back") for p in found)
     assert checks.claim_problems(_before("07_run_store")) == [
-        "cell 0: $WORKBENCH_STORE is changed and never put back (read its old value first; a later cell restores "
-        "it, os.environ.pop('WORKBENCH_STORE', None) when it was unset)"
+        "cell 0: $WORKBENCH_STORE is changed and never put back (read its old value first; later code restores it, "
+        "os.environ.pop('WORKBENCH_STORE', None) when it was unset)"
     ]
     assert checks.claim_problems(_before("08_experiments")) == [
         f"cell 0: score {s!r} is 0.875 in every run compared (shown as a finding; say so, or measure what the "
@@ -349,6 +349,17 @@ def test_the_environment_check_wants_each_variable_read_first_and_put_back_later
         '    os.environ["WORKBENCH_STORE"] = previous',
     )
     assert checks.environment_problems(restored) == []
+    one_cell = _code(
+        'previous = os.environ.get("BENCH_CLOCK")\nos.environ["BENCH_CLOCK"] = "wall"\ntry:\n    measure()\n'
+        'finally:\n    if previous is None:\n        os.environ.pop("BENCH_CLOCK", None)\n    else:\n'
+        '        os.environ["BENCH_CLOCK"] = previous'
+    )
+    assert checks.environment_problems(one_cell) == []
+    popped_first = _code(
+        'os.environ.pop("BENCH_CLOCK", None)\nprevious = os.environ.get("BENCH_CLOCK")',
+        'os.environ["BENCH_CLOCK"] = "x"',
+    )
+    assert len(checks.environment_problems(popped_first)) == 1  # put back *before* it was changed: not put back
 
 
 def _summary_cell(means: dict[tuple[str, str], float], said: str = "") -> nbformat.NotebookNode:
