@@ -84,13 +84,11 @@ for mode, base in [("bf16", "none"), ("int4_mixed", "none"), ("int4_mixed", "bf1
 verdicts = pd.DataFrame(verdicts)
 for name, group in verdicts.groupby("ratio", sort=False):
     parts = []
-    for verdict, cell in group.groupby("verdict", sort=False):
-        batches = ", ".join(str(b) for b in sorted(cell.batch_size.unique()))
-        lengths = sorted(cell.prompt_len.unique())
-        where = f"batch {batches}" + ("" if len(lengths) == group.prompt_len.nunique() else
-                                      f" (prompt {', '.join(map(str, lengths))})")
-        parts.append(f"{verdict} at {where}: {len(cell)} cells, medians from {cell['median'].min():.2f} to "
-                     f"{cell['median'].max():.2f}")
+    for verdict, cell in group.groupby("verdict", sort=False):  # which cells, by prompt length and batch size
+        where = " and ".join(f"prompt {n} x batch {', '.join(map(str, sorted(c.batch_size)))}"
+                             for n, c in cell.groupby("prompt_len"))
+        parts.append(f"{verdict} at {where} ({len(cell)} cells, medians from {cell['median'].min():.2f} to "
+                     f"{cell['median'].max():.2f})")
     print(f"{name:<18}", "; ".join(parts))
 verdicts.pivot_table(index=["prompt_len", "batch_size"], columns="ratio", values="median", sort=False).round(2)""",
         IGNORE,
