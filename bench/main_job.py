@@ -8,8 +8,9 @@ ratio.  This script runs the same dialogs and settings on the same engine and co
   with steps, not tokens.  One at a time, every generated token is a step; batched, the tool loop moves the
   dialogs in lockstep, so a round takes as many steps as its *longest* reply.  The ratio of the two step counts
   is the speed-up batching can give here, whatever the engine does.
-* **the timing itself** — the main job timed a cold batched run (the first call after loading) against a warm
-  one-at-a-time run, once each, not alternated: on a loaded machine the ratio moved with the load.
+* **the timing itself** — the main job timed a cold batched run (the first calls after loading: first
+  allocations, the shared tool prompt not yet in the prefix cache) against a warm one-at-a-time run, once each,
+  not alternated: the ratio came out low, and on a loaded machine it moved with the load.
 
 Prints the per-round reply lengths, both step counts, the bound, the ratio as the main job measured it (cold,
 once) and as measured here (warm, ``--rounds`` alternating rounds, medians), and one JSON line.

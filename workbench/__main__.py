@@ -5,10 +5,10 @@ Loads the engine once and runs a small batch of tool dialogs through the tool lo
 model's official prompt format, every call the model makes is run and answered, and the loop goes on until
 it answers.  It prints the calls, their results and the final answers, then runs the same dialogs one at a
 time and batched once more, checks that every transcript agrees, and prints the throughput of both and a JSON
-summary line.  The speed-up compares warm runs: the first batched run after loading also pays for building the
-CPU kernels of its shapes (oneDNN creates them on first use), which once made the printed ratio 1.1-1.6x where
-warm runs give about 2-3x; bench/main_job.py shows why it is not 6x (the tool loop's rounds take as many steps
-as their longest reply; docs/benchmarks.md).
+summary line.  The speed-up compares warm runs taken one after the other: the first batched run after loading
+runs cold (first allocations, the shared tool prompt not yet in the prefix cache) and used to be the one timed,
+against a warm one-at-a-time run.  bench/main_job.py shows why even warm batching is not 6x here: the tool loop
+moves the dialogs in rounds, and a round takes as many decode steps as its longest reply (docs/benchmarks.md).
 User errors (a bad folder, ``--max-tokens 0``) print one line and exit with status 2 (``--debug`` shows the
 traceback); Ctrl-C stops generation at the next decode step.
 """
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         start = time.perf_counter()
         batched = tools.run_batch(engine, dialogs, DEMO_TOOLS, **settings)
-        first_s = time.perf_counter() - start  # cold: the first calls build the kernels of their shapes
+        first_s = time.perf_counter() - start  # cold: the first calls after loading
         _print_transcripts(batched)
         start = time.perf_counter()
         single = [tools.run(engine, d, DEMO_TOOLS, **settings) for d in dialogs]
