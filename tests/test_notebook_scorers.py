@@ -21,6 +21,7 @@ from workbench.demo.tools import (
     get_random_joke,
     get_weather,
 )
+from workbench.types import Message, ToolCall
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -113,3 +114,45 @@ def test_08_repeats_call_counts_the_same_call_twice_in_one_reply_or_across_turns
     assert score(_row("weather/Paris", 0, twice))["repeats_call"] is True
     two_places = [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Oslo"})]
     assert score(_row("weather/Paris", 0, two_places))["repeats_call"] is False
+
+
+@pytest.fixture(scope="module")
+def nb02_check() -> Any:
+    namespace: dict[str, Any] = {}
+    exec(_cells("nb02_tool_experiments").CHECK_CELL, namespace)  # noqa: S102  (the notebook's own cell)
+    return namespace["check"]
+
+
+def _transcript(question: str, calls: list[tuple[str, dict]], results: list[str], answer: str) -> list[Message]:
+    made = [ToolCall(name, arguments, f"call-{i}") for i, (name, arguments) in enumerate(calls)]
+    tool_messages = [Message("tool", result, call_id=call.call_id) for call, result in zip(made, results)]
+    return [Message("user", question), Message("assistant", "", made), *tool_messages, Message("assistant", answer)]
+
+
+def test_02_check_passes_a_right_dialog(nb02_check):
+    right = _transcript(
+        "What's the weather in Lima?",
+        [("get_weather", {"city": "Lima"})],
+        ["0 C and windy"],
+        "The weather in Lima is 0 C and windy.",
+    )
+    assert nb02_check("What's the weather in Lima?", "get_weather", right) == ""
+
+
+def test_02_check_fails_a_wrong_argument_and_a_wrong_city_answer(nb02_check):
+    question = "What's the weather in Lima?"
+    wrong_argument = _transcript(
+        question,
+        [("get_weather", {"city": "Lisbon"})],
+        [get_weather("Lisbon")],
+        f"The weather in Lisbon is {get_weather('Lisbon')}.",
+    )
+    assert nb02_check(question, "get_weather", wrong_argument) == "wrote ['Lisbon'] into the call: not in the question"
+    wrong_city = _transcript(
+        question, [("get_weather", {"city": "Lima"})], ["0 C and windy"], "The weather in tiger is 0 C and windy."
+    )
+    assert nb02_check(question, "get_weather", wrong_city) == "the answer leaves out ['Lima']"
+    wrong_tool = _transcript(question, [("get_local_time", {"city": "Lima"})], ["22:34"], "It is 22:34 in Lima.")
+    assert nb02_check(question, "get_weather", wrong_tool) == "called get_local_time, not get_weather"
+    called_anyway = _transcript("Tell me a story.", [("get_capital", {"country": "Peru"})], ["Lima"], "Lima.")
+    assert nb02_check("Tell me a story.", None, called_anyway) == "called get_capital though no offered tool fits"
