@@ -344,6 +344,7 @@ results[results["run"] == "baseline"][columns].head(10)""",
         IGNORE,
     ),
     (
+        "md",
         """## Where to go next
 
 - `04_quantization.ipynb`: what each quantization mode does to memory, speed and these tool dialogs.

@@ -87,7 +87,7 @@ for name, group in verdicts.groupby("ratio", sort=False):
     for verdict, cell in group.groupby("verdict", sort=False):  # which cells, by prompt length and batch size
         where = " and ".join(f"prompt {n} x batch {', '.join(map(str, sorted(c.batch_size)))}"
                              for n, c in cell.groupby("prompt_len"))
-        parts.append(f"{verdict} at {where} ({len(cell)} cells, medians from {cell['median'].min():.2f} to "
+        parts.append(f"{verdict} at {where} ({len(cell)} cell{'s' if len(cell) > 1 else ''}, medians from {cell['median'].min():.2f} to "
                      f"{cell['median'].max():.2f})")
     print(f"{name:<18}", "; ".join(parts))
 verdicts.pivot_table(index=["prompt_len", "batch_size"], columns="ratio", values="median", sort=False).round(2)""",
