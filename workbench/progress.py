@@ -27,7 +27,6 @@ from typing import Any
 from tqdm import tqdm
 
 from workbench.errors import InputError
-from workbench.reports import human_bytes
 
 AUTO_DELAY_S = 2.0
 DELAY_VARIABLE = "WORKBENCH_PROGRESS_DELAY"
@@ -48,6 +47,15 @@ def auto_delay() -> float:
             "(every automatic bar at once), or unset it"
         )
     return delay
+
+
+def _bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (a bar's count of bytes; workbench.reports, a sibling, has its own)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 class _NoBar:
@@ -135,9 +143,7 @@ class _Bar:
     def summary(self) -> str:
         elapsed = time.perf_counter() - self.start
         if self.unit == "B":  # bytes read: "15.8 MiB", not "16612435 Bs"
-            parts = [
-                human_bytes(self.n) + (f" of {human_bytes(self.total)}" if self.total not in (None, self.n) else "")
-            ]
+            parts = [_bytes(self.n) + (f" of {_bytes(self.total)}" if self.total not in (None, self.n) else "")]
         else:
             done = f"{self.n}/{self.total}" if self.total is not None and self.n != self.total else f"{self.n}"
             parts = [f"{done} {self.unit}{'s' if self.n != 1 else ''}"]
