@@ -69,6 +69,8 @@ def test_report_of_unscored_runs_shows_the_settings_and_the_changed_items(tmp_pa
     with pytest.raises(InputError, match="hold no scores yet"):  # the summary itself still says what to do
         wb.runs.summary(["prompt-a", "prompt-b"], store=store)
     assert len(wb.runs.summary(["prompt-a", "prompt-b"], store=store, empty_ok=True)) == 0
+    view = wb.runs.view("prompt-a", "prompt-b", store=store)  # the viewer too: no scores yet, not an error
+    assert "no scores yet" in view.summary_box.value and "wb-regressed-verdict" not in view.summary_box.value
 
 
 def test_report_caps_the_items_and_counts_the_rest(experiment, tmp_path):
