@@ -6,13 +6,16 @@ their outputs (with widget state), refusing any that ``checks.py`` rejects.
 
 Cells are tagged for nbval (``nbval-check-output``: deterministic, compared in CI;
 ``nbval-ignore-output``: depends on the model or the machine), so the code a reader copies carries no
-test comments.  Execution metadata (timings) is stripped; the state of the widgets a stored output shows is
+test comments.  The kernel runs with ``WORKBENCH_PROGRESS_DELAY=0``: every automatic progress bar shows, so
+that a compared cell whose output a slow machine would change is refused here.  Execution metadata (timings) is
+stripped; the state of the widgets a stored output shows is
 saved so that they render from the stored notebook (closed progress bars' leftovers are dropped), and every
 widget also carries a text/HTML fallback.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -38,7 +41,17 @@ from cells.nb06_evaluations import (  # noqa: E402
 )
 from cells.nb07_run_store import RUN_STORE  # noqa: E402
 from cells.nb08_experiments import EXPERIMENTS  # noqa: E402
-from checks import WIDGET_STATE, coalesced, output_texts, problems, shown_widget_models  # noqa: E402
+from checks import (  # noqa: E402
+    WIDGET_STATE,
+    automatic_bar,
+    coalesced,
+    output_texts,
+    problems,
+    shown_widget_models,
+    timing_problems,
+)
+
+DELAY_VARIABLE = "WORKBENCH_PROGRESS_DELAY"  # workbench.progress.DELAY_VARIABLE
 
 NOTEBOOKS = {
     "01": ("01_quickstart.ipynb", QUICKSTART),
@@ -67,11 +80,15 @@ def make(cells: list[tuple]) -> nbformat.NotebookNode:
 
 
 def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Strip what differs between runs and says nothing to a reader: timings, cell ids' noise, the redraws
+    """Strip what differs between runs and says nothing to a reader: timings, the closing lines of automatic
+    progress bars (the build shows every one, see the module's docstring; a reader's run shows those of slow
+    calls only), cell ids' noise, the redraws
     of third-party text bars (stored as what a reader sees: each line after its last carriage return), and
     the saved state of widgets no stored output shows (closed progress bars leave their models behind)."""
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        if cell.get("outputs"):  # an automatic bar's closing line: shown only because the build asked for all
+            cell.outputs = [o for o in cell.outputs if not automatic_bar(o)]
         outputs = cell.get("outputs", [])
         if any(o.get("output_type") == "stream" and "\r" in o.get("text", "") for o in outputs):
             cell.outputs = [nbformat.from_dict(o) for o in coalesced(outputs)]
@@ -92,17 +109,28 @@ def build(key: str, execute: bool = True) -> Path:
     name, cells = NOTEBOOKS[key]
     nb = make(cells)
     if execute:
-        NotebookClient(
-            nb,
-            timeout=1800,
-            kernel_name="python3",
-            resources={"metadata": {"path": str(HERE)}},
-            store_widget_state=True,
-            record_timing=False,
-        ).execute()
+        # every automatic progress bar shows at once: a compared cell that would show one on a slow machine
+        # shows it here, and checks.timing_problems refuses to store it
+        previous = os.environ.get(DELAY_VARIABLE)
+        os.environ[DELAY_VARIABLE] = "0"
+        try:
+            NotebookClient(
+                nb,
+                timeout=1800,
+                kernel_name="python3",
+                resources={"metadata": {"path": str(HERE)}},
+                store_widget_state=True,
+                record_timing=False,
+            ).execute()
+        finally:
+            if previous is None:
+                os.environ.pop(DELAY_VARIABLE, None)
+            else:
+                os.environ[DELAY_VARIABLE] = previous
+    timing = timing_problems(nb) if execute else []  # before clean() drops the automatic bars' lines
     clean(nb)
     if execute:
-        found = problems(nb)
+        found = timing + problems(nb)
         if found:
             rejected = Path(tempfile.gettempdir()) / f"rejected-{name}"
             nbformat.write(nb, rejected)

@@ -46,10 +46,15 @@ def right_tool(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_runs(
-    store_file: Path, n_items: int = 40, names: tuple[str, ...] = ("prompt-a", "prompt-b"), first: int = 0
+    store_file: Path,
+    n_items: int = 40,
+    names: tuple[str, ...] = ("prompt-a", "prompt-b"),
+    first: int = 0,
+    scored: bool = True,
 ) -> Path:
-    """Runs ``names`` of ``n_items`` items each in ``store_file``, scored; returns the file.  ``first`` > 0
-    writes items ``first...`` under the run name ``other-items`` instead (no item in common with the others)."""
+    """Runs ``names`` of ``n_items`` items each in ``store_file``, scored unless ``scored=False``; returns the
+    file.  ``first`` > 0 writes items ``first...`` under the run name ``other-items`` instead (no item in common
+    with the others)."""
     store = runs.store(store_file)
     for name in names:
         stored_as = "other-items" if first else name
@@ -73,7 +78,8 @@ def write_runs(
                 }
             )
         run.put_many(rows)
-        runs.score(stored_as, right_tool, store=store)
+        if scored:
+            runs.score(stored_as, right_tool, store=store)
     return store_file
 
 

@@ -100,7 +100,11 @@ def test_quantization_plot(engine, tmp_path):
         engine, ["Hello", "The capital of France is"], modes=(None, "bf16"), max_tokens=3, progress=False
     )
     fig = plots.quantization(frame, save=tmp_path / "q.png")
-    assert [ax.get_title() for ax in fig.axes] == ["memory", "speed", "accuracy"]
+    assert [ax.get_title() for ax in fig.axes] == [
+        "memory",
+        "speed",
+        f"fidelity to {frame.index[0]} (not task accuracy)",
+    ]
     assert (tmp_path / "q.png").read_bytes()[:4] == b"\x89PNG"
     # memory: what the weights occupy, the float32 model's packed copy included, one bar height per mode
     memory, speed, accuracy = fig.axes

@@ -142,6 +142,26 @@ def test_progress_bar_counts_rows_and_tokens(engine, capsys):
         engine.batch_completion(PROMPTS, max_tokens=5, progress="yes")
 
 
+def test_the_automatic_bar_threshold_follows_workbench_progress_delay(engine, capsys, monkeypatch):
+    """progress=None shows a bar only after the threshold: with $WORKBENCH_PROGRESS_DELAY=0 every automatic bar
+    shows (what notebooks/build.py runs with, so that a bar that would appear on a slow machine appears at build
+    time too); with a threshold far above the call's length none does; a value that is no number of seconds is a
+    clear error."""
+    monkeypatch.setenv("WORKBENCH_PROGRESS_DELAY", "0")
+    results = engine.batch_completion(PROMPTS, max_tokens=5)
+    err = capsys.readouterr().err
+    assert "4/4" in err or f"{sum(len(r.tokens) for r in results)} tokens" in err
+    monkeypatch.setenv("WORKBENCH_PROGRESS_DELAY", "3600")
+    engine.batch_completion(PROMPTS, max_tokens=5)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("WORKBENCH_PROGRESS_DELAY", "soon")
+    with pytest.raises(InputError, match="WORKBENCH_PROGRESS_DELAY='soon' is not a number of seconds"):
+        engine.batch_completion(PROMPTS, max_tokens=5)
+    monkeypatch.setenv("WORKBENCH_PROGRESS_DELAY", "0")
+    assert engine.batch_completion(PROMPTS, max_tokens=5, progress=False) == results  # still usable, no bar
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     "name",
     [

@@ -101,7 +101,7 @@ def test_scoring_of_right_and_wrong_calls_and_answers():
     assert engine.batches[0] == len(cases)
     summary = evals.summarize(df.reset_index())
     tool_cases = 7
-    assert summary.loc[0, "tool_call_exact"] == pytest.approx(3 / tool_cases)  # right, answer-misses, numbers
+    assert summary.loc[0, "exact_match"] == pytest.approx(3 / tool_cases)  # right, answer-misses, numbers
     assert summary.loc[0, "direct_answer"] == pytest.approx(0.5)
 
 
@@ -167,17 +167,16 @@ def test_summaries_group_by_setting_and_plot(tmp_path):
         }
     )
     summary = evals.summarize(rows, by=["quantization"]).set_index("quantization")
-    assert summary.loc["none", "tool_call_exact"] == 0.5 and summary.loc["int4_mixed", "tool_call_exact"] == 0.0
+    assert summary.loc["none", "exact_match"] == 0.5 and summary.loc["int4_mixed", "exact_match"] == 0.0
     assert summary.loc["int4_mixed", "direct_answer"] == 1.0 and summary.loc["int4_mixed", "parse_failure_rate"] == 0.5
     fig = evals.plot_summary(summary.reset_index(), by="quantization", path=str(tmp_path / "acc.png"))
     # every rate carries its number of cases and a Wilson interval, and the settings keep their order
     assert list(evals.summarize(rows, by=["quantization"])["quantization"]) == ["none", "int4_mixed"]
     none = summary.loc["none"]
     assert (none.tool_cases, none.direct_cases, none.cases) == (2, 0, 2)
-    assert none.tool_call_exact_low < 0.5 < none.tool_call_exact_high and pd.isna(none.direct_answer_low)
+    assert none.exact_match_low < 0.5 < none.exact_match_high and pd.isna(none.direct_answer_low)
     assert (
-        evals.rate_table(summary.reset_index(), by="quantization").loc["none", "tool_call_exact"]
-        == "0.50 [0.09, 0.91] n=2"
+        evals.rate_table(summary.reset_index(), by="quantization").loc["none", "exact_match"] == "0.50 [0.09, 0.91] n=2"
     )
     assert evals.setting_labels(pd.DataFrame({"quantization": ["int4_mixed", float("nan")]})) == [
         "quantization=int4_mixed",

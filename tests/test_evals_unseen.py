@@ -80,12 +80,12 @@ def test_scoring_on_unseen_tools(rename):
     cases, tools = evals.unseen_cases(25, seed=5)
     results = evals.run_cases(OracleEngine(cases, rename=rename), cases, tools=tools)
     summary = evals.summarize(results).iloc[0]
-    assert summary["tool_name_match"] == 1.0 and summary["direct_answer"] == 1.0
+    assert summary["name_match"] == 1.0 and summary["direct_answer"] == 1.0
     if rename:  # the right tools with argument names the schema does not have
-        assert summary["arg_names_from_schema"] == 0.0 and summary["tool_call_exact"] == 0.0
+        assert summary["arg_names_from_schema"] == 0.0 and summary["exact_match"] == 0.0
     else:
-        assert summary["arg_names_from_schema"] == 1.0 and summary["tool_call_exact"] == 1.0
-        assert summary["answer_restates_result"] == 1.0
+        assert summary["arg_names_from_schema"] == 1.0 and summary["exact_match"] == 1.0
+        assert summary["answer_has_result"] == 1.0
     assert summary["parse_failure_rate"] == 0.0
 
 
@@ -103,9 +103,9 @@ def test_the_command_runs_the_unseen_split_on_the_demo_model(capsys):
     assert summary["cases"] == 5
     row = summary["summary"][0]
     assert {
-        "tool_call_exact",
-        "tool_name_match",
+        "exact_match",
+        "name_match",
         "arg_names_from_schema",
-        "answer_restates_result",
+        "answer_has_result",
         "direct_answer",
     } <= set(row)

@@ -98,6 +98,18 @@ def test_reading_commands(store, tmp_path):
     assert len(jsonl.read_text().splitlines()) == N_DEFAULT and json.loads(jsonl.read_text().splitlines()[0])
 
 
+def test_report_and_diff_of_unscored_runs(tmp_path):
+    """Runs stored before any score: ``report`` writes the settings and the changed items (no "hold no scores"
+    refusal), ``diff`` lists the changes; ``summary`` alone, which is only statistics, says how to score."""
+    unscored = write_runs(tmp_path / "unscored.sqlite", N_DEFAULT, scored=False)
+    out = tmp_path / "unscored.html"
+    assert "wrote" in ok("report", "prompt-a", "prompt-b", "-o", out, "--store", unscored)
+    text = out.read_text()
+    assert "no scores yet" in text and "You are terse and call tools." in text and "get_time" in text
+    assert "You are terse" in ok("diff", "prompt-a", "prompt-b", "--store", unscored)
+    assert "hold no scores yet" in bad("summary", "prompt-a", "prompt-b", "--store", unscored)
+
+
 def test_managing_commands(tmp_path):
     store = write_runs(tmp_path / "runs.sqlite", 12)
     ok("tag", "prompt-a", "baseline", "v1", "--store", store)

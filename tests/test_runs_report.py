@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from _runs_experiment import expected_counts, write_runs
+from _runs_experiment import expected_counts, tool_of, write_runs
 
 import workbench as wb
 from workbench.errors import InputError
@@ -53,6 +53,24 @@ def test_report_is_one_self_contained_file_with_summary_settings_and_changes(exp
     assert items[: counts["regressed"]] == ["regressed"] * counts["regressed"]  # regressions first
     assert items.count("improved") == counts["improved"] and "changed" in items
     assert '<span class="wb-del">get_weather</span>' in text and '<span class="wb-ins">get_time</span>' in text
+
+
+def test_report_of_unscored_runs_shows_the_settings_and_the_changed_items(tmp_path):
+    """Two runs just stored, before any score (the first thing one wants after trying a second system prompt):
+    the report holds the differing setting and the changed items, and says there are no scores yet."""
+    store = write_runs(tmp_path / "runs.sqlite", N_ITEMS, scored=False)
+    path = wb.runs.report(["prompt-a", "prompt-b"], tmp_path / "unscored.html", store=store)
+    text = path.read_text()
+    assert "no scores yet" in text and "wb.runs.score(name, fn)" in text
+    assert "system_prompt" in text and "You are terse and call tools." in text  # the setting that differs
+    changed = sum(tool_of("prompt-a", i) != tool_of("prompt-b", i) or i % 11 == 5 for i in range(N_ITEMS))
+    assert text.count("class='wb-item'") == changed  # every changed item, both outputs side by side
+    assert "get_time" in text and "wb-summary-row" not in text
+    with pytest.raises(InputError, match="hold no scores yet"):  # the summary itself still says what to do
+        wb.runs.summary(["prompt-a", "prompt-b"], store=store)
+    assert len(wb.runs.summary(["prompt-a", "prompt-b"], store=store, empty_ok=True)) == 0
+    view = wb.runs.view("prompt-a", "prompt-b", store=store)  # the viewer too: no scores yet, not an error
+    assert "no scores yet" in view.summary_box.value and "wb-regressed-verdict" not in view.summary_box.value
 
 
 def test_report_caps_the_items_and_counts_the_rest(experiment, tmp_path):

@@ -8,6 +8,7 @@ shown to fire on a bad sample."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -43,6 +44,12 @@ def test_stored_notebook_shows_nothing_a_reader_should_not_see(path: Path) -> No
     nb = nbformat.read(path, as_version=4)
     assert checks.output_problems(nb) == []
     assert checks.structure_problems(nb) == []
+    assert checks.timing_problems(nb) == []
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
+def test_stored_notebook_says_only_what_its_numbers_show_and_restores_the_environment(path: Path) -> None:
+    assert checks.claim_problems(nbformat.read(path, as_version=4)) == []
 
 
 def test_every_built_notebook_is_stored() -> None:
@@ -269,3 +276,147 @@ def test_require_names_the_pip_line_in_one_line(monkeypatch: pytest.MonkeyPatch)
     assert info.value._render_traceback_() == [f"MissingExtraError: {info.value}"]
     with pytest.raises(MissingExtraError, match="unknown extra"):
         wb.require("gpu")
+
+
+BEFORE = json.loads((Path(__file__).parent / "data" / "notebooks_before_issue51.json").read_text())
+
+
+def _before(name: str) -> nbformat.NotebookNode:
+    return nbformat.reads(json.dumps(BEFORE[name]), as_version=4)
+
+
+def test_the_claim_checks_reject_the_notebooks_as_they_were_stored_before() -> None:
+    """Excerpts of 03, 07 and 08 as stored before issue 51: a pooled "faster" over cells of which two were
+    slower, $BENCH_CLOCK and $WORKBENCH_STORE changed for good, and a summary whose two scores are 0.875 in all
+    four runs, presented as the experiment's result."""
+    found = checks.claim_problems(_before("03_throughput"))
+    assert [p.split(" where ")[0] for p in found if "'faster'" in p] == ["cell 0: 'faster'", "cell 0: 'faster'"]
+    assert any("0.68 to 1.61 includes 1" in p for p in found)
+    assert any(p.startswith("cell 1: $BENCH_CLOCK is changed and never put back") for p in found)
+    assert checks.claim_problems(_before("07_run_store")) == [
+        "cell 0: $WORKBENCH_STORE is changed and never put back (read its old value first; later code restores it, "
+        "os.environ.pop('WORKBENCH_STORE', None) when it was unset)"
+    ]
+    assert checks.claim_problems(_before("08_experiments")) == [
+        f"cell 0: score {s!r} is 0.875 in every run compared (shown as a finding; say so, or measure what the "
+        "settings change)"
+        for s in ("right_tool", "restates")
+    ]
+
+
+def _printed(*lines: str, tags: tuple[str, ...] = ()) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("report()")
+    cell.metadata["tags"] = list(tags)
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="\n".join(lines) + "\n")]
+    nb.cells.append(cell)
+    return nb
+
+
+def test_the_verdict_check_holds_each_word_to_the_range_on_its_line() -> None:
+    wrong = [
+        "bf16 ÷ none median 1.38 (from 0.68 to 1.61 over 8 cells): faster",
+        "int4 1.29x [0.91, 1.56] faster",
+        "brief restates -0.100 [-0.200, -0.050]: higher",
+        "int4 0.80x [0.70, 0.90] faster",
+    ]
+    assert len(checks.verdict_problems(_printed(*wrong))) == 4
+    fine = [
+        "bf16 ÷ none: faster at batch >= 2 (1.32 to 1.61), slower at batch 1 (0.68 to 0.70)",
+        "int4 1.29x [1.08, 1.56] faster",
+        "int4 1.02x [0.91, 1.12] not shown to differ",
+        "brief restates +0.000 [-0.099, +0.099] vs plain, p = 1: not shown to differ",
+        "brief answer length -5.1 [-6.0, -4.2] words: lower",
+    ]
+    assert checks.verdict_problems(_printed(*fine)) == []
+
+
+def _code(*sources: str) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    return nb
+
+
+def test_the_environment_check_wants_each_variable_read_first_and_put_back_later() -> None:
+    changed = _code('os.environ["WORKBENCH_STORE"] = "x.sqlite"', "work()")
+    assert [p.split(" is ")[0] for p in checks.environment_problems(changed)] == ["cell 0: $WORKBENCH_STORE"]
+    unread = _code('os.environ["BENCH_CLOCK"] = "wall"', 'os.environ.pop("BENCH_CLOCK", None)')
+    assert len(checks.environment_problems(unread)) == 1  # put back, but to what? its old value was never read
+    restored = _code(
+        'previous = os.environ.get("WORKBENCH_STORE")\nos.environ["WORKBENCH_STORE"] = "x.sqlite"',
+        "work()",
+        'if previous is None:\n    os.environ.pop("WORKBENCH_STORE", None)\nelse:\n'
+        '    os.environ["WORKBENCH_STORE"] = previous',
+    )
+    assert checks.environment_problems(restored) == []
+    one_cell = _code(
+        'previous = os.environ.get("BENCH_CLOCK")\nos.environ["BENCH_CLOCK"] = "wall"\ntry:\n    measure()\n'
+        'finally:\n    if previous is None:\n        os.environ.pop("BENCH_CLOCK", None)\n    else:\n'
+        '        os.environ["BENCH_CLOCK"] = previous'
+    )
+    assert checks.environment_problems(one_cell) == []
+    popped_first = _code(
+        'os.environ.pop("BENCH_CLOCK", None)\nprevious = os.environ.get("BENCH_CLOCK")',
+        'os.environ["BENCH_CLOCK"] = "x"',
+    )
+    assert len(checks.environment_problems(popped_first)) == 1  # put back *before* it was changed: not put back
+
+
+def _summary_cell(means: dict[tuple[str, str], float], said: str = "") -> nbformat.NotebookNode:
+    rows = "".join(
+        f"<tr><th>{i}</th><td>{run}</td><td>{score}</td><td>{mean}</td></tr>"
+        for i, ((run, score), mean) in enumerate(means.items())
+    )
+    html = (
+        f"<table><thead><tr><th></th><th>run</th><th>score</th><th>mean</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("summary")
+    cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/html": html, "text/plain": "..."})]
+    if said:
+        cell.outputs.insert(0, nbformat.v4.new_output("stream", name="stdout", text=said))
+    nb.cells.append(cell)
+    return nb
+
+
+def test_the_equal_score_check_finds_a_score_that_no_run_moves_unless_the_notebook_says_so() -> None:
+    same = {("a", "right_tool"): 0.875, ("b", "right_tool"): 0.875, ("a", "repeats"): 0.0, ("b", "repeats"): 0.22}
+    assert checks.equal_score_problems(_summary_cell(same)) == [
+        "cell 0: score 'right_tool' is 0.875 in every run compared (shown as a finding; say so, or measure what "
+        "the settings change)"
+    ]
+    said = "right_tool: 0.875 in every run: these settings do not move it\n"
+    assert checks.equal_score_problems(_summary_cell(same, said)) == []
+    assert checks.equal_score_problems(_summary_cell({("a", "right_tool"): 0.875})) == []  # one run: no comparison
+
+
+def test_the_timing_check_finds_a_progress_line_only_where_nbval_compares() -> None:
+    line = "tool loop: 32 dialogs · 720 tokens · 3.0 s · 242.0 tok/s"
+    compared = _printed(line, tags=("nbval-check-output",))
+    assert checks.timing_problems(compared) == [
+        "cell 0: a progress bar in a cell whose output nbval compares (it shows only when a call is slow: pass "
+        "progress=False there)"
+    ]
+    assert checks.timing_problems(_printed(line, tags=("nbval-ignore-output",))) == []
+    assert checks.timing_problems(_printed("32 replies; 0 from the store", tags=("nbval-check-output",))) == []
+
+
+def test_build_drops_the_automatic_bars_lines_after_the_timing_check_saw_them() -> None:
+    """build.py runs the kernel with every automatic bar shown: the timing check sees them in compared cells,
+    then clean() drops their closing lines (a reader's fast run shows none); a bar asked for stays."""
+    line = "generating: 32 rows · 232 tokens · 1.0 s · 222.9 tok/s"
+    auto = nbformat.v4.new_output(
+        "display_data", data={"text/plain": line}, metadata={"workbench": {"progress": "auto"}}
+    )
+    asked = nbformat.v4.new_output(
+        "display_data", data={"text/plain": line}, metadata={"workbench": {"progress": "asked"}}
+    )
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("a()"), nbformat.v4.new_code_cell("b()")]
+    nb.cells[0].metadata["tags"] = ["nbval-check-output"]
+    nb.cells[0].outputs = [auto, nbformat.v4.new_output("stream", name="stdout", text="True\n")]
+    nb.cells[1].outputs = [auto, asked]
+    assert [p.split(":")[0] for p in checks.timing_problems(nb)] == ["cell 0"]
+    build.clean(nb)
+    assert [o.get("text") for o in nb.cells[0].outputs] == ["True\n"]
+    assert [o.metadata["workbench"]["progress"] for o in nb.cells[1].outputs] == ["asked"]

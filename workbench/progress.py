@@ -3,7 +3,10 @@
 Every long-running public call takes ``progress=``: ``None`` (auto, the default) shows a bar only once
 the call has run for :data:`AUTO_DELAY_S` seconds, so quick calls print nothing; ``True`` shows it at
 once; ``False`` never.  ``WORKBENCH_PROGRESS=0`` turns the automatic bars off for a whole session
-(e.g. in CI logs); an explicit ``progress=True`` still shows one.
+(e.g. in CI logs); an explicit ``progress=True`` still shows one.  ``WORKBENCH_PROGRESS_DELAY`` (seconds)
+moves the automatic threshold: ``0`` shows every automatic bar at once, whatever the machine's speed — which is
+how ``notebooks/build.py`` runs the notebooks, so that an output which would change with load (a bar that shows
+only when a call is slow) is found when the notebook is built, not on a reader's busy machine.
 
 A bar that was shown is replaced, when the call ends, by one line that says what the call did
 (``generating: 8 rows · 141 tokens · 6.2 s · 22.7 tok/s``).  In Jupyter the bar is a widget displayed
@@ -26,6 +29,33 @@ from tqdm import tqdm
 from workbench.errors import InputError
 
 AUTO_DELAY_S = 2.0
+DELAY_VARIABLE = "WORKBENCH_PROGRESS_DELAY"
+
+
+def auto_delay() -> float:
+    """Seconds a call runs before its automatic bar shows: ``$WORKBENCH_PROGRESS_DELAY`` or :data:`AUTO_DELAY_S`."""
+    text = os.environ.get(DELAY_VARIABLE, "").strip()
+    if not text:
+        return AUTO_DELAY_S
+    try:
+        delay = float(text)
+    except ValueError:
+        delay = -1.0
+    if not delay >= 0 or delay == float("inf"):
+        raise InputError(
+            f"{DELAY_VARIABLE}={text!r} is not a number of seconds; set it to e.g. 2 (the default) or 0 "
+            "(every automatic bar at once), or unset it"
+        )
+    return delay
+
+
+def _bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (a bar's count of bytes; workbench.reports, a sibling, has its own)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 class _NoBar:
@@ -62,16 +92,23 @@ def check_progress(progress: Any) -> bool | None:
 
 
 def progress_bar(
-    total: int | None, *, desc: str, unit: str, progress: bool | None = None, rate: TokenRate | None = None
+    total: int | None,
+    *,
+    desc: str,
+    unit: str,
+    progress: bool | None = None,
+    rate: TokenRate | None = None,
+    auto: bool = False,
 ) -> Any:
-    """A bar (or a silent stand-in) for ``total`` steps of ``unit``; ``rate`` adds tokens to its summary line."""
+    """A bar (or a silent stand-in) for ``total`` steps of ``unit``; ``rate`` adds tokens to its summary line.
+    ``auto``: a bar the caller decided to show by its own automatic rule (a replica pool's job), marked as
+    automatic like those of ``progress=None``."""
     progress = check_progress(progress)
     if progress is False or (progress is None and os.environ.get("WORKBENCH_PROGRESS", "1") == "0"):
         return _NoBar()
-    delay = 0.0 if progress else AUTO_DELAY_S
-    if _in_notebook():
-        return _NotebookBar(total, desc=desc, unit=unit, delay=delay, rate=rate)
-    return _TerminalBar(total, desc=desc, unit=unit, delay=delay, rate=rate)
+    delay = 0.0 if progress else auto_delay()
+    kind = _NotebookBar if _in_notebook() else _TerminalBar
+    return kind(total, desc=desc, unit=unit, delay=delay, rate=rate, auto=auto or progress is None)
 
 
 def _in_notebook() -> bool:
@@ -92,8 +129,10 @@ def _in_notebook() -> bool:
 class _Bar:
     """What both bars share: counting, the delay before showing, and the closing summary line."""
 
-    def __init__(self, total: int | None, *, desc: str, unit: str, delay: float, rate: TokenRate | None) -> None:
-        self.total, self.desc, self.unit, self.delay, self.rate = total, desc, unit, delay, rate
+    def __init__(
+        self, total: int | None, *, desc: str, unit: str, delay: float, rate: TokenRate | None, auto: bool
+    ) -> None:
+        self.total, self.desc, self.unit, self.delay, self.rate, self.auto = total, desc, unit, delay, rate, auto
         self.n = 0
         self.postfix = ""
         self.start = time.perf_counter()
@@ -103,8 +142,11 @@ class _Bar:
 
     def summary(self) -> str:
         elapsed = time.perf_counter() - self.start
-        done = f"{self.n}/{self.total}" if self.total is not None and self.n != self.total else f"{self.n}"
-        parts = [f"{done} {self.unit}{'s' if self.n != 1 else ''}"]
+        if self.unit == "B":  # bytes read: "15.8 MiB", not "16612435 Bs"
+            parts = [_bytes(self.n) + (f" of {_bytes(self.total)}" if self.total not in (None, self.n) else "")]
+        else:
+            done = f"{self.n}/{self.total}" if self.total is not None and self.n != self.total else f"{self.n}"
+            parts = [f"{done} {self.unit}{'s' if self.n != 1 else ''}"]
         if self.rate is not None:
             parts += [f"{self.rate.tokens} tokens"]
         parts += [f"{elapsed:.1f} s"]
@@ -202,7 +244,9 @@ class _NotebookBar(_Bar):
     def _finish(self, line: str) -> None:
         from IPython.display import Pretty
 
-        self._handle.update(Pretty(line))  # the output now holds the text only, not a view of the widget
+        # the output now holds the text only, not a view of the widget; the mark (an automatic bar's or an asked
+        # one's) lets notebooks/checks.py find it
+        self._handle.update(Pretty(line), metadata={"workbench": {"progress": "auto" if self.auto else "asked"}})
         self._box.close()
 
 

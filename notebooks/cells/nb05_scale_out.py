@@ -59,7 +59,7 @@ row and a seeded row is seeded the same on every replica, so greedy and seeded r
     (
         "code",
         """prompts = ["The capital of France is", "def fib(n):", "Llamas are", "Tell me a story"] * 3
-batch = pool.batch_completion(prompts, max_tokens=12, temperature=0.8, top_p=0.9, seed=1)
+batch = pool.batch_completion(prompts, max_tokens=12, temperature=0.8, top_p=0.9, seed=1, progress=False)
 alone = [pool.completion(p, max_tokens=12, temperature=0.8, top_p=0.9, seed=1) for p in prompts]
 print("rows identical to single runs:", [b.tokens for b in batch] == [a.tokens for a in alone])""",
         CHECK,
@@ -164,43 +164,65 @@ per_replica.astype({"rows": int, "tokens": int}).round({"seconds": 2, "tok_s": 1
         "md",
         """## Throughput against the replica count
 
-The same seeded batch (32 prompts, up to 24 tokens each) on 1 and 2 replicas; each bar says how many tokens
-it generated and in what time, so the two rates can be read as equal work or not. On a 2-core machine the two
-one-thread replicas get a core each only when nothing else runs (Ray's own processes and any other load share
-the same two cores), so **the gain is at most 2× here and moves with the machine's load** — the pool's overhead,
-not its scaling, is what this machine can show (`bench/cluster.py` measures it). On a machine with a core group
-or GPU per replica the rate grows with the replicas.""",
+The same seeded batch (32 prompts, up to 24 tokens each) on **one engine in this kernel** (no Ray, one CPU
+thread like each replica), on **1 replica** and on **2 replicas**, three rounds with the contenders taking turns
+(so a burst of load hits all of them alike); each bar is the median rate with the slowest and fastest round as
+its whiskers. One engine against one replica is the pool's overhead (Ray's calls, moving the rows between
+processes); one replica against two is the scaling. On a 2-core machine the two one-thread replicas get a core
+each only when nothing else runs (Ray's own processes and any other load share the same two cores), so **the
+gain is at most 2× here and moves with the machine's load** (`bench/cluster.py` measures both). On a machine with
+a core group or GPU per replica the rate grows with the replicas.""",
     ),
     (
         "code",
         """%matplotlib inline
 import time
 
+import numpy as np
+import torch
 from matplotlib.figure import Figure
 
 work = [f"Tell me about topic {i}. " * (1 + i % 3) for i in range(32)]
 
 
 def rate(p):
-    p.batch_completion(work[:2], max_tokens=2, progress=False)  # warm-up
     start = time.perf_counter()
     rows = p.batch_completion(work, max_tokens=24, temperature=0.7, seed=0, progress=False)
-    return sum(len(r.tokens) for r in rows), time.perf_counter() - start
+    return sum(len(r.tokens) for r in rows) / (time.perf_counter() - start)
 
 
-runs = {2: rate(pool)}
-with wbc.load(CHECKPOINT, replicas=1, max_batch_size=8, max_seq_len=2048, threads=1) as one:
-    runs[1] = rate(one)
-replicas = sorted(runs)
-fig = Figure(figsize=(4.6, 3.4))
+threads = torch.get_num_threads()
+torch.set_num_threads(1)  # the one engine gets one thread, as each replica does (put back below)
+one_replica = wbc.load(CHECKPOINT, replicas=1, max_batch_size=8, max_seq_len=2048, threads=1)
+try:
+    contenders = {"one engine\\n(no Ray)": wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=2048),
+                  "1 replica": one_replica,
+                  "2 replicas": pool}
+    for p in contenders.values():
+        p.batch_completion(work[:2], max_tokens=2, progress=False)  # warm-up: first calls allocate
+    rates = {name: [] for name in contenders}
+    for _ in range(3):  # rounds, the contenders taking turns
+        for name, p in contenders.items():
+            rates[name].append(rate(p))
+finally:
+    torch.set_num_threads(threads)
+    one_replica.shutdown()
+    wb.unload()
+names = list(rates)
+medians = [float(np.median(rates[n])) for n in names]
+fig = Figure(figsize=(5.4, 3.6))
 ax = fig.subplots()
-bars = ax.bar([str(n) for n in replicas], [runs[n][0] / runs[n][1] for n in replicas], color="#388e3c")
-ax.bar_label(bars, labels=[f"{runs[n][0]} tokens\\nin {runs[n][1]:.1f} s" for n in replicas], fontsize=8)
-ax.set_ylim(0, 1.3 * max(runs[n][0] / runs[n][1] for n in replicas))
-ax.set_xlabel("replicas (one CPU thread each)")
-ax.set_ylabel("generated tokens / s")
-ax.set_title(f"batch_completion: {len(work)} prompts on a local Ray")
+errors = [[m - min(rates[n]) for n, m in zip(names, medians)], [max(rates[n]) - m for n, m in zip(names, medians)]]
+bars = ax.bar(names, medians, yerr=errors, capsize=4, color=["#90a4ae", "#66bb6a", "#388e3c"])
+ax.bar_label(bars, labels=[f"{m:.0f} tok/s\\n({min(rates[n]):.0f}–{max(rates[n]):.0f})" for n, m in
+                           zip(names, medians)], fontsize=8, padding=2)
+ax.set_ylim(0, 1.35 * max(max(r) for r in rates.values()))
+ax.set_ylabel("generated tokens / s (median, min–max of 3 rounds)")
+ax.set_title(f"batch_completion: {len(work)} prompts, one CPU thread per engine")
 fig.tight_layout()
+print(f"1 replica ÷ one engine: {medians[1] / medians[0]:.2f} (rounds from {min(rates[names[1]]) / max(rates[names[0]]):.2f} "
+      f"to {max(rates[names[1]]) / min(rates[names[0]]):.2f}); 2 replicas ÷ 1 replica: {medians[2] / medians[1]:.2f} "
+      f"(rounds from {min(rates[names[2]]) / max(rates[names[1]]):.2f} to {max(rates[names[2]]) / min(rates[names[1]]):.2f})")
 fig""",
         IGNORE,
     ),

@@ -82,6 +82,9 @@ for label, offered in (("the three tools", [get_weather, get_local_time, convert
         runs[label] = lm_eval.simple_evaluate(
             model=WorkbenchLM(engine, tools=offered), tasks=[mc, gen], apply_chat_template=True, log_samples=True,
             bootstrap_iters=0, task_manager=TaskManager(include_defaults=False), verbosity="ERROR")
+first = [max(range(3), key=lambda i: s["resps"][i][0][0]) for s in runs["no tools"]["samples"]["calls_mc"]]
+print("without tools, the call ranked first:", {c.split("(")[0].strip("["): first.count(i)
+                                                for i, c in enumerate(docs[0]["choices"])})
 pd.DataFrame({label: {"calls_mc acc": rate_text(r["results"]["calls_mc"]["acc,none"] * len(docs), len(docs)),
                       "calls_gen exact_match": rate_text(r["results"]["calls_gen"]["exact_match,none"] * len(docs),
                                                          len(docs))}
@@ -93,6 +96,11 @@ pd.DataFrame({label: {"calls_mc acc": rate_text(r["results"]["calls_mc"]["acc,no
         """With the tools in its prompt the model ranks the right call first and writes it; a miss in the generated
 calls is a city it miscopies (Cairo, a held-out value it never saw in training). Without tools it
 has nothing to call: it was trained to call only offered tools, never to answer these questions in words.
+Its multiple-choice score without tools is *below* chance (a third, for three choices; 0 of 8 has a 4 %
+chance by guessing) because it does not guess: the line printed above counts which call it ranks first, and
+without a tool list it prefers the same wrong call for every question (a fixed bias of a model that never saw a
+prompt without tools — plus lm-eval's `acc`, which sums the log-probabilities of each choice's tokens, so
+choices of different lengths do not start even). Below chance here measures that bias, not a skill.
 Each answer below is one `engine.score` row: the log-probability of its tokens after the question, in the
 model's chat format with the tools offered.""",
     ),
@@ -134,7 +142,10 @@ not parse, or writes no call at all — the count below says which, per category
 prompt, which it never saw in training, it writes no call). BFCL's checker rejects every one of them ("Function
 name ... not found", the wrong number of functions, no call), so it scores 0 on the four AST categories under
 both prompts; on `irrelevance` (where no function fits and the right answer is no call) it scores where it
-writes no call.""",
+writes no call. **So its 1.00 on irrelevance is no judgement of relevance:** under BFCL's prompt it writes no
+call to any entry of any category (the counts below: "no call" everywhere), and irrelevance is the one category
+that rewards silence; a model that can call would have to be read on irrelevance and the call categories
+together.""",
     ),
     (
         "code",

@@ -34,14 +34,17 @@ engine  # the card's last line names the run store file""",
         """The store is one SQLite file: `$WORKBENCH_STORE`, else `runs.sqlite` in workbench's data folder
 (`~/.local/share/workbench`, or `$WORKBENCH_DATA_DIR`); `wb.runs.path()` says which. A store answers a request
 from any run that holds it, so a notebook that shows rows being *computed* needs a store of its own: this one
-points `$WORKBENCH_STORE` at `notebook-07.sqlite` in the data folder and empties it first, so every run of it
-computes its rows afresh, and none of your runs is touched. Your own work needs none of this.""",
+points `$WORKBENCH_STORE` at `notebook-07.sqlite` in the data folder — a file only this notebook writes — and
+empties it first, so every run of it computes its rows afresh, and none of your runs is touched; the last cell
+puts the variable back as it was, so later work in this kernel goes to your own store. Your own work needs none
+of this.""",
     ),
     (
         "code",
         """from workbench.places import data_dir
 from workbench.reports import short_path
 
+previous_store = os.environ.get("WORKBENCH_STORE")  # put back in the last cell
 os.environ["WORKBENCH_STORE"] = str(data_dir() / "notebook-07.sqlite")
 store = wb.runs.store()
 for name in store.run_names():
@@ -124,7 +127,7 @@ print(f"re-run: {sum(r.cached for r in resumed)} rows from the store, "
     (
         "code",
         """print("the resumed call equals one that was never stopped:",
-      resumed == engine.batch_chat_completion(more, tools=TOOLS, max_tokens=48))""",
+      resumed == engine.batch_chat_completion(more, tools=TOOLS, max_tokens=48, progress=False))""",
         CHECK,
     ),
     (
@@ -177,7 +180,7 @@ again answers the same samples from the store, and `seed=` replays any one of th
     (
         "code",
         """samples = engine.batch_chat_completion(dialogs[:4], tools=TOOLS, max_tokens=48, temperature=1.0,
-                                      run="nb07-sampled")
+                                      run="nb07-sampled", progress=False)
 first = next(store.rows("nb07-sampled"))
 replayed = engine.chat_completion(first.request["messages"], tools=TOOLS, max_tokens=48, temperature=1.0,
                                   seed=first.seed)
@@ -206,6 +209,16 @@ print(len(lines), "lines (in the order the rows finished); each with", ", ".join
 decoded = {line["prompt"]: wb.runs.decode(line["result"]) for line in lines}
 print("the stored results decode to the replies the call returned:",
       [decoded[dialog[0]["content"]] for dialog in dialogs] == replies)""",
+        CHECK,
+    ),
+    ("md", "## Putting the environment back\n\nThe store variable as it was before this notebook:"),
+    (
+        "code",
+        """if previous_store is None:
+    os.environ.pop("WORKBENCH_STORE", None)
+else:
+    os.environ["WORKBENCH_STORE"] = previous_store
+print("WORKBENCH_STORE restored:", os.environ.get("WORKBENCH_STORE") == previous_store)""",
         CHECK,
     ),
     (

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..engine.remember import StoredCall
 from ..errors import FormatError, GenerationCancelled, InputError, WorkerError
-from ..progress import TokenRate, progress_bar
+from ..progress import TokenRate, auto_delay, progress_bar
 from ..types import Completion
 from .fleet import Fleet
 
@@ -41,7 +41,6 @@ __all__ = ["Job", "MAX_ATTEMPTS", "PIPELINE", "chunk_size"]
 PIPELINE = 2  # chunks queued per replica
 MAX_ATTEMPTS = 3  # runs of one chunk (the first and the re-runs after replica deaths)
 POLL_S = 0.2  # how often the dispatcher looks at the cancel flag and redraws the bar
-AUTO_PROGRESS_S = 2.0  # progress=None draws a bar once a job has run this long
 CANCEL_WAIT_S = 60.0  # how long a cancelled job waits for its replicas' partial rows
 
 _job_ids = itertools.count(1)
@@ -237,7 +236,7 @@ class Job:
             return
         elapsed = time.perf_counter() - self._start
         if self._bar is None:
-            if self._progress is None and (elapsed < AUTO_PROGRESS_S or os.environ.get("WORKBENCH_PROGRESS") == "0"):
+            if self._progress is None and (elapsed < auto_delay() or os.environ.get("WORKBENCH_PROGRESS") == "0"):
                 return
             self._rate = TokenRate()
             self._rate.start = self._start
@@ -247,6 +246,7 @@ class Job:
                 unit="row",
                 progress=True,
                 rate=self._rate,
+                auto=self._progress is None,
             )
             self._bar.start = self._start  # its closing summary counts the seconds since the job began
         self._rate.tokens = self.tokens

@@ -268,12 +268,13 @@ def _show(call: ToolCall | Mapping[str, Any]) -> str:
 SETTING_KEYS = ("tool_prompt_format", "system_prompt", "tool_choice", "quantization", "temperature")
 
 
-# rate column -> (the per-case column it averages, the cases it is a rate of)
+# rate column -> (the per-case column it averages, the cases it is a rate of); a rate carries the name of the
+# per-case score it averages, the name wb.runs stores that score under (run=), so one name reads the same everywhere
 RATES: dict[str, tuple[str, str]] = {
-    "tool_call_exact": ("exact_match", "tool_cases"),
-    "tool_name_match": ("name_match", "tool_cases"),
+    "exact_match": ("exact_match", "tool_cases"),
+    "name_match": ("name_match", "tool_cases"),
     "arg_names_from_schema": ("arg_names_from_schema", "tool_cases"),
-    "answer_restates_result": ("answer_has_result", "tool_cases"),
+    "answer_has_result": ("answer_has_result", "tool_cases"),
     "direct_answer": ("direct_answer", "direct_cases"),
     "parse_failure_rate": ("parse_failures", "cases"),
 }
@@ -331,7 +332,7 @@ def rate_table(
     summary: pd.DataFrame,
     *,
     by: str | None = None,
-    metrics: Sequence[str] = ("tool_call_exact", "tool_name_match", "answer_restates_result", "direct_answer"),
+    metrics: Sequence[str] = ("exact_match", "name_match", "answer_has_result", "direct_answer"),
 ) -> pd.DataFrame:
     """The summary's rates as text a reader can weigh: ``"0.27 [0.11, 0.52] n=15"`` (rate, 95% Wilson
     interval, cases), one row per setting, labelled by the column ``by`` (default: :func:`setting_labels`)."""
@@ -382,7 +383,7 @@ def plot_summary(
     summary: pd.DataFrame,
     *,
     by: str | None = None,
-    metrics: Sequence[str] = ("tool_call_exact", "answer_restates_result", "direct_answer"),
+    metrics: Sequence[str] = ("exact_match", "answer_has_result", "direct_answer"),
     ax: Any = None,
     path: str | None = None,
 ) -> Any:

@@ -162,12 +162,12 @@ def _stored_types(frame: pd.DataFrame) -> dict[str, list[float]]:
 
 
 def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figure:
-    """Memory, speed and accuracy of each quantization mode (the frame of
+    """Memory, speed and fidelity (to the first mode) of each quantization mode (the frame of
     ``workbench.notebook.bench.quantization``).
 
     memory: what the weights occupy, stacked by stored type (with the CPU kernel's packed copy).  speed: prefill
     and decode as multiples of the first mode's (the baseline, so both show on one axis however far apart their
-    tokens/s are), median with min–max whiskers, the tokens/s written on each bar.  accuracy: the share of prompts
+    tokens/s are), median with min–max whiskers, the tokens/s written on each bar.  fidelity: the share of prompts
     whose whole greedy reply equals the baseline's, with its 95% Wilson interval (top-1 agreement and KL written
     on each bar)."""
     fig = Figure(figsize=(13, 4.8))
@@ -232,7 +232,7 @@ def quantization(frame: pd.DataFrame, *, save: str | Path | None = None) -> Figu
     axes[2].set_ylabel(f"same greedy reply as {modes[0]} (95% Wilson)")
     axes[2].set_ylim(0, 1.45)
     axes[2].set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
-    axes[2].set_title("accuracy")
+    axes[2].set_title(f"fidelity to {modes[0]} (not task accuracy)")
     for ax in axes:
         ax.set_xticks(xs, modes, rotation=20)
         ax.grid(axis="y", alpha=0.3)

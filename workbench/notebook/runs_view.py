@@ -192,7 +192,9 @@ class RunsView:
         diffs = {n: runs.diff_settings(baseline, n, store=self.store) for n in others}
         self.runs_box.value = runs_html(names, baseline, runs.table(store=self.store), diffs)
         try:
-            self.summary_box.value = summary_html(runs.summary(names, baseline=baseline, store=self.store))
+            self.summary_box.value = summary_html(
+                runs.summary(names, baseline=baseline, store=self.store, empty_ok=True)
+            )
         except InputError as exc:  # e.g. scores of different kinds under one name: the message names the fix
             self.summary_box.value = f"<p class='wb-regressed-verdict'>{esc(exc)}</p>"
         self._compare()

@@ -279,7 +279,10 @@ def summary_html(frame: pd.DataFrame) -> str:
     baseline the paired difference with its interval, the p-value, the improved/regressed item counts and the
     verdict — "not shown to differ" wherever the interval covers 0."""
     if frame is None or not len(frame):
-        return "<p class='wb-muted'>no scores stored on these runs: wb.runs.score(name, fn) adds them</p>"
+        return (
+            "<p class='wb-muted'>no scores yet: the settings and the changed items need none; "
+            "wb.runs.score(name, fn) adds scores, and with them the statistics</p>"
+        )
     head = (
         "<tr><th>run</th><th>score</th><th>n</th><th>mean [95 % interval]</th>"
         "<th>difference vs baseline [95 % interval]</th><th>p-value</th><th>improved</th><th>regressed</th>"
@@ -357,7 +360,7 @@ def report_html(
     st = open_store(store)
     table = runs.table(store=st)
     diffs = {n: runs.diff_settings(baseline, n, store=st) for n in others}
-    summary = runs.summary(list(names), baseline=baseline, store=st)
+    summary = runs.summary(list(names), baseline=baseline, store=st, empty_ok=True)
     title = title or f"What changed: {', '.join(others)} vs {baseline}"
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = [

@@ -104,13 +104,16 @@ def summary(
     scores: Sequence[str] | None = None,
     *,
     store: str | Path | Store | None = None,
+    empty_ok: bool = False,
 ) -> pd.DataFrame:
     """One row per run × score: ``n`` (items scored), ``mean`` with its 95 % interval (``low``, ``high``), and
     against ``baseline`` (default the first run) over the ``paired`` items both scored: ``diff`` (this run minus
     the baseline) with its 95 % interval (``diff_low``, ``diff_high``), the two-sided ``p_value`` (``test``:
     McNemar's exact test for pass/fail, a sign-flip permutation test for numbers), the ``improved`` /
     ``regressed`` item counts and ``shown`` (False: the interval covers 0, not shown to differ).  The
-    baseline's own row has no difference.  ``scores``: the score names to show (default all)."""
+    baseline's own row has no difference.  ``scores``: the score names to show (default all).  Runs that hold no
+    scores yet raise :class:`InputError` (naming how to score them), or with ``empty_ok=True`` give a frame with
+    no rows — what the report and the viewer show for runs compared before any scoring."""
     runs = [names] if isinstance(names, str) else list(names)
     if not runs:
         raise InputError("summary needs at least one run name, e.g. wb.runs.summary(['base', 'new'])")
@@ -127,6 +130,10 @@ def summary(
             f"no score named {', '.join(map(repr, unknown))} on runs {', '.join(map(repr, runs))} "
             f"(scores: {', '.join(found) or 'none'}); score them with wb.runs.score(name, fn)"
         )
+    if not wanted and empty_ok:
+        frame = pd.DataFrame(columns=COLUMNS)
+        frame.attrs.update({"baseline": base, "runs": runs, "scores": [], "level": stats.LEVEL})
+        return frame
     if not wanted:
         raise InputError(
             f"runs {', '.join(map(repr, runs))} hold no scores yet; score them with "
