@@ -79,22 +79,27 @@ def join(engine, repeats: int) -> dict:
 
 def mixed(engine, repeats: int) -> dict:
     prompts = make_prompts(16)
-    greedy, sampled = [], []
+    greedy, sampled, no_top_p = [], [], []
+
+    def samplings(top_p: float) -> list:
+        return [
+            lambda p=p, i=i: engine.completion(p, max_tokens=64, temperature=0.2 + 0.05 * i, top_p=top_p, seed=i)
+            for i, p in enumerate(prompts)
+        ]
+
     for _ in range(repeats):
         greedy.append(_threads([lambda p=p: engine.completion(p, max_tokens=64) for p in prompts]))
-        sampled.append(
-            _threads(
-                [
-                    lambda p=p, i=i: engine.completion(p, max_tokens=64, temperature=0.2 + 0.05 * i, top_p=0.95, seed=i)
-                    for i, p in enumerate(prompts)
-                ]
-            )
-        )
-    out = {"greedy_s": statistics.median(greedy), "mixed_s": statistics.median(sampled)}
+        sampled.append(_threads(samplings(0.95)))
+        no_top_p.append(_threads(samplings(1.0)))
+    out = {
+        "greedy_s": statistics.median(greedy),
+        "mixed_s": statistics.median(sampled),
+        "mixed_top_p_1_s": statistics.median(no_top_p),
+    }
     out["ratio"] = out["mixed_s"] / out["greedy_s"]
-    print(
-        f"mixed: 16 threads greedy {out['greedy_s']:.2f} s, 16 samplings {out['mixed_s']:.2f} s ({out['ratio']:.2f}x)"
-    )
+    out["ratio_top_p_1"] = out["mixed_top_p_1_s"] / out["greedy_s"]
+    print(f"mixed: 16 threads greedy {out['greedy_s']:.2f} s, 16 samplings (top_p 0.95) {out['mixed_s']:.2f} s")
+    print(f"  ({out['ratio']:.2f}x); without top-p {out['mixed_top_p_1_s']:.2f} s ({out['ratio_top_p_1']:.2f}x)")
     return out
 
 
