@@ -221,3 +221,15 @@ def test_close_with_requests_in_flight_answers_every_waiter(llama3_dir):
     assert not [t for t in threading.enumerate() if t.name == "workbench-engine-loop" and t.is_alive()]
     with pytest.raises(WorkbenchError, match="load"):
         engine.completion("Hi", max_tokens=2)
+
+
+def test_exclusive_use_nests_in_one_thread_and_the_loop_resumes(engine, alone):
+    """Work that needs the runner to itself (logits, scoring, re-loads) parks the loop; a nested use in the same
+    thread runs inside the outer one, and the loop takes requests again once the outermost ends."""
+    ids = engine.tokenizer.encode(PROMPTS[0], bos=True)
+    expected = engine.logits([ids])[0]
+    with engine._loop.exclusive(drain=True):
+        with engine._loop.exclusive():
+            assert (engine.logits([ids])[0] == expected).all()  # a third, nested use
+        assert engine._loop._pause_wanted  # still parked: the outermost use has not ended
+    assert engine.completion(PROMPTS[0], max_tokens=24).tokens == alone[PROMPTS[0]]

@@ -79,6 +79,7 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self._closed: str | None = None
         self._exclusive = threading.RLock()  # one exclusive user of the runner at a time
+        self._depth = 0  # nested exclusive() of the thread holding it
         self._pause_wanted = False
         self._drain = False
         self._paused = False
@@ -118,19 +119,26 @@ class EngineLoop:
         """Use the runner directly in this thread while the loop is parked between steps.  ``drain``: first let
         the running rows finish (no new rows are admitted meanwhile), for work that uses the cache slots."""
         with self._exclusive:
-            with self._cond:
-                if self._closed is not None:
-                    raise WorkbenchError(self._closed)
-                self._pause_wanted, self._drain = True, drain
-                self._cond.notify_all()
-                while self._thread is not None and not self._paused:
-                    self._cond.wait()
+            self._depth += 1
             try:
+                if self._depth == 1:  # the outermost use parks the loop; a nested one (same thread) is inside it
+                    self._park(drain)
                 yield
             finally:
-                with self._cond:
-                    self._pause_wanted = False
-                    self._cond.notify_all()
+                self._depth -= 1
+                if self._depth == 0:
+                    with self._cond:
+                        self._pause_wanted = False
+                        self._cond.notify_all()
+
+    def _park(self, drain: bool) -> None:
+        with self._cond:
+            if self._closed is not None:
+                raise WorkbenchError(self._closed)
+            self._pause_wanted, self._drain = True, drain
+            self._cond.notify_all()
+            while self._thread is not None and not self._paused:
+                self._cond.wait()
 
     def close(self, reason: str = "this engine was unloaded; call workbench.load(...) again") -> None:
         """Stop the loop for good: every call still in flight or waiting fails with a WorkbenchError saying
