@@ -65,11 +65,12 @@ def median(values: list[float]) -> float:
 
 
 def clock() -> float:
-    """CPU seconds of the calling thread (``time.thread_time``): the benchmarks' clock.
+    """CPU seconds of the whole process (``time.process_time``): the benchmarks' clock.
 
-    With ``OMP_NUM_THREADS=1`` every contender computes on the calling thread, so its CPU time equals
-    its wall time on an idle machine — and, unlike wall time, stays meaningful on a shared machine
-    where the benchmark is preempted for long stretches (it still includes cache and memory
-    contention from the other jobs).  ``BENCH_CLOCK=wall`` switches to ``time.perf_counter``.
+    With ``OMP_NUM_THREADS=1`` every contender computes on one thread at a time (workbench's on its engine's
+    loop thread while the calling thread waits), so the process's CPU time equals the wall time on an idle
+    machine — and, unlike wall time, stays meaningful on a shared machine where the benchmark is preempted for
+    long stretches (it still includes cache and memory contention from the other jobs).  ``BENCH_CLOCK=wall``
+    switches to ``time.perf_counter``.
     """
-    return time.thread_time() if os.environ.get("BENCH_CLOCK", "cpu") == "cpu" else time.perf_counter()
+    return time.process_time() if os.environ.get("BENCH_CLOCK", "cpu") == "cpu" else time.perf_counter()

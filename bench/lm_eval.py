@@ -18,7 +18,7 @@ eos ids so that both stop generating at the same tokens).  The model is ``common
 (the real 128k vocabulary on a small transformer).  Equal numbers are checked, not assumed: the largest
 log-likelihood difference, whether accuracy agrees, and how many generations are identical.
 
-Times: CPU seconds of the benchmark thread (``common.clock``; ``BENCH_CLOCK=wall`` for wall time), CPU
+Times: CPU seconds of the benchmark process (``common.clock``; ``BENCH_CLOCK=wall`` for wall time), CPU
 seconds of the whole process (``time.process_time``: transformers' fast tokenizer encodes batches on threads
 of its own, which the thread clock misses) and wall seconds, each with its ratio.  Prints a table and one
 JSON line.

@@ -8,7 +8,7 @@ for the counts); ``workbench`` is what the layer runs (on CPU the loop below
 ``CPU_GROUPED_MIN_ROWS`` routed rows, grouped above; grouped on GPUs).  Medians of interleaved
 repeats; prints a table, the 64-vs-4-expert ratios and one JSON line.
 
-Times are CPU seconds of the benchmark thread (``common.clock``; ``BENCH_CLOCK=wall`` for wall time).
+Times are CPU seconds of the benchmark process (``common.clock``; ``BENCH_CLOCK=wall`` for wall time).
 
     python bench/moe.py [--dim 256] [--hidden 512] [--repeats 15]
 """

@@ -19,7 +19,7 @@ prompt with 6 tool definitions, 32 new tokens, batch 16 — plus workbench's pre
 without shared-prefix reuse.  Models: ``bench/common.py:PEER_MODELS``.  Prints a table per model and
 one JSON line.
 
-Times are CPU seconds of the benchmark thread (``common.clock``; ``BENCH_CLOCK=wall`` for wall time).
+Times are CPU seconds of the benchmark process (``common.clock``; ``BENCH_CLOCK=wall`` for wall time).
 
     OMP_NUM_THREADS=1 python bench/peers.py [--models llama3-d256,llama3-d1024,llama4-moe16]
                                             [--workloads a16,a64,b,c] [--repeats 3] [--ref-prompts 16]

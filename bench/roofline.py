@@ -8,7 +8,7 @@ second, median of repeats), counts the bytes each step must read from the loaded
 tensors (quantized ones at their stored size), times decode (128 new tokens after a 32-token prompt,
 minus the prefill measured alone, stop tokens ignored) and reports achieved / limit.
 
-Times are CPU seconds of the benchmark thread (``common.clock``; ``BENCH_CLOCK=wall`` for wall time).
+Times are CPU seconds of the benchmark process (``common.clock``; ``BENCH_CLOCK=wall`` for wall time).
 
     python bench/roofline.py [--models llama3-d256,llama3-d1024,llama4-moe16] [--modes none,bf16,fp8_mixed,int4_mixed]
 """

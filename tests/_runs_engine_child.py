@@ -72,14 +72,14 @@ def tools(die_at: int | None = None) -> dict[str, Any]:
 def slow_batch(checkpoint: str, run: str) -> None:
     e = engine(checkpoint)
     runner = e.runner
-    generate = runner.generate
+    step = runner.step
 
-    def slowly(requests: Any) -> Any:  # 10 ms per token event: the batch runs for seconds, rows end one by one
-        for event in generate(requests):
-            time.sleep(0.01)
-            yield event
+    def slowly(add: Any, cancel: Any) -> Any:  # 10 ms per token event: the batch runs for seconds, rows end one by one
+        events = step(add, cancel)
+        time.sleep(0.01 * len(events))
+        return events
 
-    runner.generate = slowly
+    runner.step = slowly
     print("started", flush=True)
     e.batch_completion(slow_prompts(), max_tokens=SLOW_TOKENS, run=run, progress=False)
     print("finished", flush=True)

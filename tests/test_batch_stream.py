@@ -1,8 +1,8 @@
 """Engine.stream_batch_completion / stream_batch_chat_completion: several streams in one engine batch.
 
 Held to the batch calls they stream (same tokens, text and parsed replies), to per-row cancellation (one row
-stops, the others are unchanged, the engine stays usable), and to the lock rules: a non-preemptible stream
-makes another thread's call wait instead of being cut.
+stops, the others are unchanged, the engine stays usable), and to the engine's running batch: a stream that is
+not read holds no other call up, and a dropped stream's rows leave the batch.
 """
 
 from __future__ import annotations
@@ -86,28 +86,33 @@ def test_engine_cancel_stops_the_batch_stream(engine):
     assert engine.completion("Hi", max_tokens=2).tokens
 
 
-def test_non_preemptible_stream_makes_other_threads_wait(engine):
+def test_a_suspended_stream_holds_no_other_thread_up(engine):
+    """Another thread's call joins the running batch while a stream is suspended between two items; both give
+    the tokens they give alone."""
     ref = engine.batch_completion(PROMPTS, max_tokens=16)
     alone = engine.completion(PROMPTS[0], max_tokens=16).tokens
     stream = engine.stream_batch_completion(PROMPTS, max_tokens=16, preemptible=False)
-    first = next(stream)  # holds the engine, suspended between two items
+    first = next(stream)  # its rows are in the running batch; the stream is not read meanwhile
     other: list = []
     worker = threading.Thread(target=lambda: other.append(engine.completion(PROMPTS[0], max_tokens=16).tokens))
     worker.start()
-    worker.join(1.0)
-    assert worker.is_alive(), "the other thread's call waits for the stream"
+    worker.join(120)
+    assert not worker.is_alive() and other == [alone]
     finals = {first[0]: first[1].final} if first[1].final is not None else {}
     finals.update(_drain(stream)[1])
-    worker.join(120)
-    assert other == [alone]
     assert [finals[i].tokens for i in range(len(PROMPTS))] == [r.tokens for r in ref]
 
 
-def test_an_abandoned_preemptible_stream_gives_way(engine):
-    stream = engine.stream_batch_completion(PROMPTS, max_tokens=16)
+def test_a_closed_stream_leaves_the_batch(engine):
+    stream = engine.stream_batch_completion(PROMPTS, max_tokens=200)
     next(stream)
-    assert engine.completion(PROMPTS[0], max_tokens=4).tokens  # closes the abandoned stream first
+    stream.close()
+    assert engine.completion(PROMPTS[0], max_tokens=4).tokens
     assert list(stream) == []
+    deadline = time.monotonic() + 60
+    while engine._loop.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine._loop.running == 0  # its rows were cancelled, not run to max_tokens
 
 
 @pytest.mark.slow

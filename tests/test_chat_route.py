@@ -53,10 +53,15 @@ def test_a_stand_in_with_only_batch_chat_completion_drives_run_and_run_batch() -
     assert first["max_tokens"] == 8
 
     engine = OnlyChat()
-    paris, oslo = tools.run_batch(engine, [PARIS, OSLO], [get_weather], tool_choice="required")
+    paris, oslo = tools.run_turns(engine, [PARIS, OSLO], [get_weather], tool_choice="required")
     assert paris[-1].content == f"It is {get_weather('Paris')}." and oslo[-1].content == f"It is {get_weather('Oslo')}."
     assert [len(c["dialogs"]) for c in engine.calls] == [2, 2]  # one call per turn, both dialogs in it
     assert [c["tool_choice"] for c in engine.calls] == ["required", "auto"]  # a forced choice: first reply only
+
+    engine = OnlyChat()  # the per-dialog loop: each dialog's turns are calls of their own, same transcripts
+    assert tools.run_batch(engine, [PARIS, OSLO], [get_weather], tool_choice="required") == [paris, oslo]
+    assert [len(c["dialogs"]) for c in engine.calls] == [1] * 4
+    assert sorted(c["tool_choice"] for c in engine.calls) == ["auto", "auto", "required", "required"]
 
 
 def test_a_stand_in_with_only_batch_chat_completion_drives_the_evals() -> None:

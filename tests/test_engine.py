@@ -206,23 +206,25 @@ def test_bad_prompts_raise_clear_errors(llama3_dir):
 
 
 def test_interrupt_mid_batch_leaves_engine_usable(llama4_engine):
+    """A step of the engine's loop interrupted half-way (after its forwards ran) fails the call in flight with
+    that exception; the next call gets exactly the tokens of a fresh engine."""
     expected = llama4_engine.batch_completion(PROMPTS, max_tokens=10)
-    events = llama4_engine._runner.generate
+    step = llama4_engine._runner.step
     calls = {"n": 0}
 
-    def interrupting(requests):
-        for event in events(requests):
-            calls["n"] += 1
-            if calls["n"] == 25:
-                raise KeyboardInterrupt
-            yield event
+    def interrupting(add, cancel):
+        events = step(add, cancel)
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return events
 
-    llama4_engine._runner.generate = interrupting
+    llama4_engine._runner.step = interrupting
     try:
         with pytest.raises(KeyboardInterrupt):
             llama4_engine.batch_completion(PROMPTS, max_tokens=10)
     finally:
-        del llama4_engine._runner.generate
+        del llama4_engine._runner.step
     again = llama4_engine.batch_completion(PROMPTS, max_tokens=10)
     assert [r.tokens for r in again] == [r.tokens for r in expected]
 

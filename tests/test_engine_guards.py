@@ -17,7 +17,6 @@ from workbench.config import ConfigFile, resolve_settings
 from workbench.errors import (
     CheckpointError,
     ConfigError,
-    EngineBusyError,
     InputError,
     InsufficientMemoryError,
     MissingCheckpointFileError,
@@ -94,12 +93,12 @@ def test_threads_calling_one_engine_get_their_own_rows(engine: wb.Engine) -> Non
         assert logits_rows[k] == alone
 
 
-def test_an_abandoned_stream_gives_way_to_the_next_call(engine: wb.Engine) -> None:
+def test_an_abandoned_stream_holds_the_next_call_up_not(engine: wb.Engine) -> None:
     expected = engine.completion(PROMPTS[0], max_tokens=8).tokens
     stream = engine.stream_completion(PROMPTS[0], max_tokens=8)
     next(stream)  # suspended half-way (as when a cell's traceback keeps it alive)
-    assert engine.completion(PROMPTS[0], max_tokens=8).tokens == expected  # closes the stream, then runs
-    assert list(stream) == []  # the abandoned stream has ended
+    assert engine.completion(PROMPTS[0], max_tokens=8).tokens == expected  # runs beside it
+    assert list(stream)[-1].final.tokens == expected  # the suspended stream went on too
     results = []
     other = engine.stream_completion(PROMPTS[1], max_tokens=8)
     next(other)  # a stream suspended by this thread does not block another thread either
@@ -109,16 +108,16 @@ def test_an_abandoned_stream_gives_way_to_the_next_call(engine: wb.Engine) -> No
     assert results == [expected]
 
 
-def test_a_call_from_a_callback_inside_a_call_is_refused(engine: wb.Engine) -> None:
-    def tool_calling_back() -> None:
-        engine.completion("Hi", max_tokens=2)
-
+def test_a_call_from_a_callback_inside_a_call_joins_the_batch(engine: wb.Engine) -> None:
+    """A call made while this thread's stream is running (a callback, a tool) joins the running batch instead
+    of waiting for the stream or being refused; both give their tokens alone."""
+    alone = engine.completion("Hi", max_tokens=2).tokens
+    whole = engine.completion("Hi", max_tokens=4).tokens
     stream = engine.stream_batch_completion(["Hi"], max_tokens=4, preemptible=False)
-    next(stream)  # the stream's call is running (it holds the engine until it ends)
-    with pytest.raises(EngineBusyError, match="from inside another call"):
-        tool_calling_back()
-    stream.close()
-    assert engine.completion("Hi", max_tokens=2).tokens
+    next(stream)  # the stream's call is running
+    assert engine.completion("Hi", max_tokens=2).tokens == alone
+    rest = [chunk for _, chunk in stream]
+    assert rest[-1].final.tokens == whole
 
 
 # --- resource preflight -----------------------------------------------------------------------------------------

@@ -259,8 +259,37 @@ def test_concurrent_requests_are_gathered_and_exact(srv, client, engine):
     for i, ref in enumerate(refs):
         message = out[i].choices[0].message
         assert (message.content or "") == ref.message.content and _calls(message) == _ref_calls(ref)
-    assert srv.stats.largest_batch > 1, "requests that arrived together shared an engine batch"
+    assert srv.stats.largest_batch > 1, "requests that arrived together shared the engine's running batch"
     srv.stats.largest_batch = max(before, srv.stats.largest_batch)
+
+
+def test_mixed_temperature_requests_share_the_running_batch_and_are_exact(srv, client, engine):
+    """Eight clients with eight temperatures and seeds: no two could share a gathered call before; now their rows
+    are in the engine's running batch together, and each reply equals the in-process call with its sampling."""
+    before = srv.stats.largest_batch
+    srv.stats.largest_batch = 0
+    settings = [dict(temperature=0.3 + 0.1 * i, seed=40 + i, max_tokens=24) for i in range(8)]
+    out: dict[int, object] = {}
+
+    def ask(i: int) -> None:
+        out[i] = client.chat.completions.create(model=srv.model, messages=HELLO, **settings[i])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, kw in enumerate(settings):
+        assert out[i].choices[0].message.content == engine.chat_completion(HELLO, **kw).message.content
+    assert srv.stats.largest_batch > 1, "requests with different samplings were in flight together"
+    srv.stats.largest_batch = max(before, srv.stats.largest_batch)
+
+
+def test_repetition_penalty_reaches_the_engine(client, srv, engine):
+    """vLLM's ``repetition_penalty`` field is the engine's keyword: the reply equals the in-process call with it."""
+    body = dict(model=srv.model, prompt="One two three", max_tokens=16)
+    got = client.completions.create(**body, extra_body={"repetition_penalty": 1.8}).choices[0].text
+    assert got == engine.completion("One two three", max_tokens=16, repetition_penalty=1.8).text
 
 
 def test_two_concurrent_streams_each_equal_alone(srv, client):

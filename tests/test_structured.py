@@ -430,14 +430,14 @@ def test_tool_loop_with_constrained_first_call(llama4_engine, tool_defs):
 def test_invalid_formats_fail_before_generation(llama3_engine, fmt, match):
     calls = []
     runner = llama3_engine._runner
-    original = runner.generate
-    runner.generate = lambda requests: calls.append(requests) or original(requests)
+    original = runner.step
+    runner.step = lambda add, cancel: calls.append(add) or original(add, cancel)
     try:
         with pytest.raises(FormatError, match=match) as info:
             llama3_engine.batch_completion(["a", "b"], response_format=[None, fmt], max_tokens=4)
         assert isinstance(info.value, WorkbenchError) and isinstance(info.value, ValueError)
     finally:
-        runner.generate = original
+        runner.step = original
     assert calls == []
     assert len(llama3_engine.completion("still works", max_tokens=3).tokens) == 3
 

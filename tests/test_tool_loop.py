@@ -171,10 +171,14 @@ def test_run_batch_batches_each_turn_over_running_dialogs() -> None:
 
     engine = FakeEngine(script)
     dialogs = [[{"role": "user", "content": f"dialog {k}"}] for k in (0, 2, 1)]
-    transcripts = tools.run_batch(engine, dialogs, tools=[add], max_turns=5)
+    transcripts = tools.run_turns(engine, dialogs, tools=[add], max_turns=5)  # the turn-synchronous loop
     assert [len(batch) for batch in engine.calls] == [3, 2, 1]
     assert [t[-1].content for t in transcripts] == ["finished dialog 0", "finished dialog 2", "finished dialog 1"]
     assert [sum(m.role == "tool" for m in t) for t in transcripts] == [0, 2, 1]
+    assert tools.run_turns(engine, [], tools=[add]) == []
+    engine.calls.clear()
+    per_dialog = tools.run_batch(engine, dialogs, tools=[add], max_turns=5)  # each dialog's turns on its own
+    assert per_dialog == transcripts and sorted(len(batch) for batch in engine.calls) == [1] * 6
     assert tools.run_batch(engine, [], tools=[add]) == []
 
 
@@ -313,7 +317,8 @@ def test_loop_end_to_end_on_real_engine(real_engine: Any) -> None:
 
     proxy = _ScriptedFirstTurn(real_engine, "[add(a=2, b=3)]")
     dialogs = [[USER], [{"role": "user", "content": "And 7 + 8?"}]]
-    transcripts = tools.run_batch(proxy, dialogs, tools=[add], max_turns=2, **sampling)
+    # the turn-synchronous loop: the proxy scripts the first call, which holds both dialogs' first turns
+    transcripts = tools.run_turns(proxy, dialogs, tools=[add], max_turns=2, **sampling)
     assert [len(p) for p in proxy.prompts] == [2, 2]
     for t in transcripts:
         # the second reply is the real model's: an answer, or (max_turns=2 reached) a call whose result ends it

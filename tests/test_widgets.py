@@ -37,6 +37,7 @@ class ScriptedRunner:
 
     def __init__(self, engine, replies):
         self.inner, self.tokenizer, self.replies, self.prompts = engine._runner, engine.tokenizer, list(replies), []
+        self.pending: list[list[Event]] = []  # the scripted events each running request has left
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -50,6 +51,13 @@ class ScriptedRunner:
                 yield Event(request.index, tok)
             yield Event(request.index, None, stop_reason="end_of_message" if stop == "<|eom|>" else "end_of_turn")
             assert stop in sp
+
+    def step(self, add, cancel):
+        """One step of the engine's loop: each running request's next scripted event (one token a step)."""
+        self.pending.extend(list(self.generate([request])) for request in add)
+        events = [left.pop(0) for left in self.pending]
+        self.pending = [left for left in self.pending if left]
+        return events
 
 
 def _watch(playground, callback):

@@ -7,9 +7,9 @@ cache slot, the other rows go on.  Every row ends with one chunk carrying ``fina
 ``finish`` makes of it — the chat layer turns it into a ChatCompletion); a cancelled row's final says
 ``stop_reason="cancelled"``.  A single stream (``Engine.stream_completion``) is a one-row batch stream.
 
-``preemptible=False`` (what a server that drains the stream from its own thread passes) never lets another
-call close the stream; the default keeps the engine's rule for streams (one abandoned by its thread gives way
-to that thread's next call at once, and to another thread's after a second without being read).
+A stream's rows run in the engine's running batch (:mod:`.loop`) beside every other call's: a stream that is
+not read holds no other call up (its rows go on to their ends and their chunks wait), and a stream closed or
+dropped ends its rows at the next step.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from dataclasses import replace
 from typing import Any
 
 from workbench.engine.accumulator import RowAccumulator
-from workbench.engine.calls import CallGate, Calls
-from workbench.engine.interfaces import Runner
-from workbench.engine.outputs import close_events
+from workbench.engine.calls import Calls
+from workbench.engine.loop import EngineLoop, call_events
 from workbench.errors import GenerationCancelled
 from workbench.generation import Request
 from workbench.types import StreamChunk
@@ -31,21 +30,18 @@ class BatchStream:
     """Iterator of ``(row, StreamChunk)``; ``cancel(row)`` ends one row, ``close()`` ends them all.
 
     Built by ``Engine.stream_batch_completion`` / ``Engine.stream_batch_chat_completion`` (and, one row, by the
-    single streams) from the engine's runner, gate and call counter, the rows' requests and their
-    :class:`~workbench.engine.accumulator.RowAccumulator` (in stream mode).  The engine is held from the first
-    ``next()`` until the last row ends or the stream is closed.
+    single streams) from the engine's loop and call counter, the rows' requests and their
+    :class:`~workbench.engine.accumulator.RowAccumulator` (in stream mode).  The rows join the running batch at
+    the first ``next()`` and leave it when they end or the stream is closed.
     """
 
     def __init__(
         self,
-        runner: Runner,
-        gate: CallGate,
+        loop: EngineLoop,
         calls: Calls,
         requests: Sequence[Request],
         rows: RowAccumulator,
         *,
-        what: str = "stream_batch_completion",
-        preemptible: bool = True,
         total: int | None = None,
         replays: dict[int, list[StreamChunk]] | None = None,
         on_close: Callable[[], None] | None = None,
@@ -60,18 +56,16 @@ class BatchStream:
         self.rows = len(requests) if total is None else total
         self.finish = finish
         self._accumulator = rows
-        self._gate = gate
         self._slot = {request.row: j for j, request in enumerate(requests)}
         self._replays = dict(replays or {})
         self._on_close = on_close
         self._partial = partial
-        self._gen = self._run(runner, calls, list(requests), what, preemptible)
+        self._gen = self._run(loop, calls, list(requests))
 
     def __iter__(self) -> BatchStream:
         return self
 
     def __next__(self) -> tuple[int, StreamChunk]:
-        self._gate.progress += 1  # resumed: its reader is alive, other threads wait for it
         return next(self._gen)
 
     def cancel(self, row: int) -> None:
@@ -81,7 +75,7 @@ class BatchStream:
             self._accumulator.cancel(self._slot[row])
 
     def close(self) -> None:
-        """Stop every row now and give the engine back (also what an abandoned stream does)."""
+        """Stop every row at the next step (also what a dropped stream does)."""
         self._gen.close()
 
     def chunks(self) -> Iterator[StreamChunk]:
@@ -92,40 +86,32 @@ class BatchStream:
         finally:
             self.close()
 
-    def _run(
-        self, runner: Runner, calls: Calls, requests: list[Request], what: str, preemptible: bool
-    ) -> Iterator[tuple[int, StreamChunk]]:
+    def _run(self, loop: EngineLoop, calls: Calls, requests: list[Request]) -> Iterator[tuple[int, StreamChunk]]:
         try:
-            for row, chunks in sorted(self._replays.items()):  # stored rows: no model, no engine lock
+            for row, chunks in sorted(self._replays.items()):  # stored rows: no model
                 for chunk in chunks:
                     yield row, chunk
             if requests:
-                yield from self._generate(runner, calls, requests, what, preemptible)
+                yield from self._generate(loop, calls, requests)
         finally:
             if self._on_close is not None:
                 self._on_close()
 
-    def _generate(
-        self, runner: Runner, calls: Calls, requests: list[Request], what: str, preemptible: bool
-    ) -> Iterator[tuple[int, StreamChunk]]:
+    def _generate(self, loop: EngineLoop, calls: Calls, requests: list[Request]) -> Iterator[tuple[int, StreamChunk]]:
         rows = self._accumulator
-        with self._gate.exclusive(what, stream=self._gen if preemptible else None):
-            call = calls.begin()
-            events = runner.generate(requests)
-            try:
-                # the cancel flag is read before each event is pulled: no forward pass starts after a cancel
-                while not calls.cancelled(call) and (event := next(events, None)) is not None:
-                    chunk = rows.add(event)
-                    if chunk is not None:
-                        request = requests[event.index]
-                        if chunk.final is not None and self.finish is not None:
-                            chunk = replace(chunk, final=self.finish(request, chunk.final))
-                        yield request.row, chunk
-                    if rows.done:
-                        return
-            finally:
-                close_events(events)  # closing (or abandoning) the stream stops the runner too
-                calls.end(call)
+        events = call_events(loop, calls, requests)
+        try:
+            for event in events:
+                chunk = rows.add(event)
+                if chunk is not None:
+                    request = requests[event.index]
+                    if chunk.final is not None and self.finish is not None:
+                        chunk = replace(chunk, final=self.finish(request, chunk.final))
+                    yield request.row, chunk
+                if rows.done:
+                    return
+        finally:
+            events.close()  # closing (or dropping) the stream ends its rows at the next step
         cancelled = rows.cancelled()  # engine.cancel() ended the call: every unfinished row is cut
         if self._partial is not None:
             raise GenerationCancelled(str(cancelled), partial=self._partial(cancelled.partial))

@@ -24,14 +24,15 @@ import torch
 from workbench import runs
 from workbench.engine import chat
 from workbench.engine.accumulator import RowAccumulator
-from workbench.engine.calls import CallGate, Calls
+from workbench.engine.aio import AsyncEngine
+from workbench.engine.calls import Calls
 from workbench.engine.chat import PromptRow
 from workbench.engine.docs import sampling_doc
 from workbench.engine.interfaces import ChatFormatter, Runner
 from workbench.engine.introspection import IntrospectionMixin, model_label
 from workbench.engine.llama_stack import llama_stack_spellings
+from workbench.engine.loop import EngineLoop, call_events
 from workbench.engine.management import ModelManagement
-from workbench.engine.outputs import close_events
 from workbench.engine.prompts import Content, check_lengths, encode_row, prompt_row
 from workbench.engine.remember import (
     Finish,
@@ -82,7 +83,8 @@ class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
         self._formatter: ChatFormatter | None = None
         self._calls = Calls()  # numbers the generation calls, so that cancel() hits the running one
         self._grammars: GrammarRuntime | None = None  # built on the first response_format
-        self._gate = CallGate()  # one call at a time: the runner's KV cache rows are shared
+        self._loop = EngineLoop(lambda: self._runner)  # the one running batch every call feeds
+        self.aio = AsyncEngine(self)  # the awaitable form of the calls: ``await engine.aio.chat_completion(...)``
         self._vision_eager = False  # load_vision() was asked for: keep it loaded across re-loads
         self.compile_seconds: float | None = None  # set by compile_decode(); kept across re-loads
         self.cuda_graphs: dict[str, Any] | None = None  # set by use_cuda_graphs(); kept across re-loads
@@ -117,11 +119,13 @@ class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
 
     # ----------------------------------------------------------------------------- cancellation
     def cancel(self) -> bool:
-        """Stop the generation call that is running now at its next decode step.
+        """Stop the generation calls running now (in any thread) at the next step of the running batch.
 
-        Safe from any thread (a Stop button's callback, a timer).  The running call raises
-        :class:`~workbench.errors.GenerationCancelled` carrying the partial results; a call started
-        afterwards is not affected.  Returns True when a call was running.
+        Safe from any thread (a Stop button's callback, a timer).  Each running call raises
+        :class:`~workbench.errors.GenerationCancelled` carrying its partial results; a call started
+        afterwards is not affected.  Returns True when a call was running.  To end one call of several, close
+        its stream, cancel its rows (``stream.cancel(row)``) or interrupt its thread (Ctrl-C ends the
+        interrupted call's rows only).
         """
         return self._calls.cancel()
 
@@ -235,19 +239,13 @@ class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
 
         rows = RowAccumulator(self.tokenizer, todo, on_finish=finished)
         try:
-            with self._gate.exclusive("batch_completion"):
-                bar = progress_bar(len(todo), desc="generating", unit="row", progress=progress, rate=rate)
-                call = self._calls.begin()
-                events = self._runner.generate(todo)
-                try:
-                    # the cancel flag is read before each event is pulled: no forward pass starts after a cancel
-                    while not self._calls.cancelled(call) and (event := next(events, None)) is not None:
-                        rows.add(event)
-                finally:
-                    close_events(events)  # stops the runner (on every rank) when the call ends early
-                    self._calls.end(call)
-                    rate.tokens = rows.generated
-                    bar.close()
+            bar = progress_bar(len(todo), desc="generating", unit="row", progress=progress, rate=rate)
+            try:
+                for event in call_events(self._loop, self._calls, todo):
+                    rows.add(event)
+            finally:
+                rate.tokens = rows.generated
+                bar.close()
         finally:
             if stored is not None:
                 stored.close()  # rows still waiting for their group's write go to the store now
@@ -491,7 +489,7 @@ class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
         prompts, images = logits_rows(self, token_lists)
         if not prompts:
             return []
-        with self._gate.exclusive("logits"):
+        with self._loop.exclusive():  # between two steps (no cache slot is used)
             if any(tiles is not None for tiles in images):
                 return self._runner.logits(prompts, images)
             return self._runner.logits(prompts)
@@ -522,7 +520,7 @@ class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
         if not rows:
             return []
         if not check_run(run, refresh):
-            with self._gate.exclusive("score"):
+            with self._loop.exclusive(drain=True):  # scoring fills cache slots: the running rows finish first
                 logprobs, greedy, counts = self._runner.score(rows, firsts)
             return scored_rows(logprobs, greedy, counts)
         requests = [
@@ -537,7 +535,7 @@ class Engine(StreamingMixin, ModelManagement, IntrospectionMixin):
         )
         try:
             if stored.todo:
-                with self._gate.exclusive("score"):
+                with self._loop.exclusive(drain=True):
                     logprobs, greedy, counts = self._runner.score(
                         [r.prompt for r in stored.todo], [firsts[r.row] for r in stored.todo]
                     )

@@ -31,10 +31,13 @@ from workbench.types import ChatCompletion, Completion, Message, StreamChunk
 
 
 class Runner(Protocol):
-    """Runs requests on one loaded model (every rank of it).  ``generate`` streams token events; closing its
-    iterator stops the call (on every rank)."""
+    """Runs requests on one loaded model (every rank of it).  ``step(add, cancel)`` runs one step of the running
+    batch (the engine's loop: requests join and leave at any step) and returns its token events; ``generate``
+    runs some requests alone to their ends (warm-ups)."""
 
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]: ...
+
+    def step(self, add: Sequence[Request] = (), cancel: Sequence[int] = ()) -> list[Event]: ...
 
     def logits(
         self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None

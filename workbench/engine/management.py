@@ -15,7 +15,7 @@ from workbench.quantization import check_supported
 
 class ModelManagement:
     """The Engine's model-management methods (see the module docstring).  The Engine sets the attributes they
-    use: ``_runner``, ``_gate``, ``settings``, ``args``, ``tokenizer``, ``formatter``, ``_vision_eager``,
+    use: ``_runner``, ``_loop``, ``aio``, ``settings``, ``args``, ``tokenizer``, ``formatter``, ``_vision_eager``,
     ``compile_seconds``, ``cuda_graphs``."""
 
     # ----------------------------------------------------------------------------- images
@@ -36,7 +36,7 @@ class ModelManagement:
         returns the seconds it took, also in ``info()["compile_seconds"]``; the batch width and the
         attended span vary without recompiling.  Kept across ``set_quantization``.
         """
-        with self._gate.exclusive("compile_decode"):
+        with self._loop.exclusive(drain=True):
             self.compile_seconds = compile_and_warm_up(self._runner, self.tokenizer.bos_id)
         return self.compile_seconds
 
@@ -49,7 +49,7 @@ class ModelManagement:
         CPU the fixed-shape steps run uncaptured.  Returns ``info()["cuda_graphs"]`` (graph count, capture
         seconds, buckets).  Kept across ``set_quantization`` (captured again).
         """
-        with self._gate.exclusive("use_cuda_graphs"):
+        with self._loop.exclusive(drain=True):
             self.cuda_graphs = use_cuda_graphs(self._runner)
         return self.cuda_graphs
 
@@ -66,7 +66,7 @@ class ModelManagement:
         settings = self.settings.with_quantization(mode)
         if settings == self.settings:
             return
-        with self._gate.exclusive("set_quantization"):
+        with self._loop.exclusive(drain=True):
             with progress_bar(1, desc=f"quantization -> {mode or 'none'}", unit="reload", progress=progress) as bar:
                 self._runner.reload(settings)
                 bar.update(1)
@@ -86,21 +86,16 @@ class ModelManagement:
     def close(self) -> None:
         """Free the model, cache and any worker processes (the engine is unusable afterwards).
 
-        Closing twice is harmless.  A call running in another thread is waited for; an unfinished stream of
-        this thread is abandoned (its next step raises).
+        Closing twice is harmless.  The engine's loop stops first: every call still waiting (in any thread, a
+        stream included) raises a WorkbenchError saying the engine was unloaded, and no thread is left.
         """
         if self.closed:
             return
-        mine = self._gate.held_by_this_thread()
-        if not mine:
-            self._gate.lock.acquire()
-        try:
-            runner, self._runner = self._runner, ClosedRunner()
-            if hasattr(runner, "close"):
-                runner.close()
-        finally:
-            if not mine:
-                self._gate.lock.release()
+        self._loop.close()
+        self.aio.close()
+        runner, self._runner = self._runner, ClosedRunner()
+        if hasattr(runner, "close"):
+            runner.close()
 
 
 class ClosedRunner:

@@ -22,7 +22,7 @@ from workbench.types import StreamChunk
 
 class StreamingMixin:
     """The Engine's streaming methods (see the module docstring).  The Engine sets the attributes they use
-    (``_runner``, ``_gate``, ``_calls``, ``tokenizer``, ``formatter``) and has the request-building steps they
+    (``_loop``, ``_calls``, ``tokenizer``, ``formatter``) and has the request-building steps they
     share with the batch calls (``_requests``, ``_rendered``, ``_stored``, ``_constrain``)."""
 
     @llama_stack_spellings(content="content")
@@ -54,9 +54,7 @@ class StreamingMixin:
             item,
             "stream_completion",
         )
-        return self._open_stream(
-            requests, what="stream_completion", stored=self._stored(run, refresh, requests)
-        ).chunks()
+        return self._open_stream(requests, stored=self._stored(run, refresh, requests)).chunks()
 
     @llama_stack_spellings(batch=("contents", "content_batch"), content="contents")
     @sampling_doc
@@ -75,8 +73,8 @@ class StreamingMixin:
 
         Each row's tokens equal ``batch_completion``'s; its last chunk carries ``final``.  ``stream.cancel(row)``
         ends one row at the next step (final ``stop_reason="cancelled"``) and the others go on.
-        preemptible: False keeps other threads' calls waiting while the stream is suspended between items
-            (a server draining it from its own thread); True (default) lets them close an abandoned stream.
+        preemptible: kept for compatibility; it changes nothing now (a stream never holds other calls up: its
+            rows share the engine's running batch).
         With ``run=``, rows the run store holds are streamed first (from their stored tokens), then the others.
         """
         assert sampling is not None
@@ -92,8 +90,6 @@ class StreamingMixin:
         )
         return self._open_stream(
             requests,
-            what="stream_batch_completion",
-            preemptible=preemptible,
             stored=self._stored(run, refresh, requests),
         )
 
@@ -158,7 +154,6 @@ class StreamingMixin:
         )
         stream = self._open_stream(
             requests,
-            what="stream_completion",
             stored=self._stored(run, refresh, requests, kind="chat"),
             finish=chat_finish(self.formatter),
         )
@@ -200,8 +195,6 @@ class StreamingMixin:
         )
         return self._open_stream(
             requests,
-            what="stream_batch_completion",
-            preemptible=preemptible,
             stored=self._stored(run, refresh, requests, kind="chat"),
             finish=chat_finish(self.formatter),
         )
@@ -210,8 +203,6 @@ class StreamingMixin:
         self,
         requests: list[Request],
         *,
-        what: str,
-        preemptible: bool = True,
         stored: StoredCall | None = None,
         finish: Finish | None = None,
     ) -> BatchStream:
@@ -229,13 +220,10 @@ class StreamingMixin:
         if stored is not None and finish is not None:
             finish = stored.output  # the row's result as stored: parsed once, when the row ended
         return BatchStream(
-            self._runner,
-            self._gate,
+            self._loop,
             self._calls,
             todo,
             rows,
-            what=what,
-            preemptible=preemptible,
             total=len(requests),
             replays=replays,
             on_close=stored.close if stored else None,

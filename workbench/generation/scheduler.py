@@ -1,25 +1,29 @@
-"""The scheduler: continuous batching of requests over a static KV cache.
+"""The scheduler: continuous batching of requests over a static KV cache, one step at a time (nano-vllm's
+``add_request`` / ``step``).
 
-Every request owns one cache slot while it runs.  New requests are prefilled together (text prompts in
-one packed forward, rows end to end with no padding; prompts with images in padded groups of similar
-lengths), then all running rows decode one token per step at their own positions.  A row that stops
-frees its slot; freed slots are refilled in batches (a wave waits until a quarter of the slots are
-free) so prefill forwards stay wide.
+Requests join at any step (:meth:`Scheduler.step`'s ``add``) and leave at any step (a stop, a cancel).  Every
+request owns one cache slot while it runs.  Each step admits waiting requests into free slots (in waves: a wave
+waits until a quarter of the slots are free, or nothing runs, so prefill forwards stay wide), prefills (text
+prompts packed end to end with no padding, under a per-step token budget while other rows decode: a long
+prompt is prefilled in chunks, so it delays each running row's next token by one chunk, not by the whole
+prompt; prompts with images whole, in padded groups of similar lengths), then decodes one token for every
+running row at its own position.  A row that stops frees its slot.
 
 Where a prefilled row's keys/values come from is the :class:`~workbench.generation.prefix_cache.PrefixCache`'s
 business: it picks the slot that already holds a prompt's prefix, computes prefixes a wave shares once,
 copies held prefixes and keeps the slot records.  This module decides which rows run and turns logits
 into tokens (sampling, grammars, stop tokens and strings, per-row cancel).
 
-Nothing here outlives a call except the cache and its records, and positions past a row's own position are
-never attended to, so an exception or ``KeyboardInterrupt`` mid-batch leaves the scheduler ready for the
-next call.
+The running state (waiting, prefilling and running rows) lives between steps; a step that raises (or a
+``KeyboardInterrupt``) drops it all (:meth:`Scheduler.reset`) and leaves the cache and its records honest, and
+positions past a row's own position are never attended to, so the scheduler is ready for the next request.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +36,21 @@ from workbench.generation.request import Event, Request
 from workbench.generation.sampling import apply_repetition_penalty, fast_argmax, sample_token
 from workbench.models.transformer import Transformer
 from workbench.types import StopReason, TokenLogprob
+
+# Prompt tokens prefilled per step while other rows decode (a chunk); with nothing decoding a prompt is
+# prefilled whole (in forwards cut by batching.packed_token_limit).
+PREFILL_CHUNK_TOKENS = 512
+
+
+@dataclass
+class Filling:
+    """A row being prefilled: its cache ``slot``, the positions ``done`` (a reused prefix, chunks computed) and the
+    position its record ends at (``cap``: the first image token, or None)."""
+
+    slot: int
+    request: Request
+    done: int
+    cap: int | None
 
 
 class Scheduler:
@@ -67,6 +86,11 @@ class Scheduler:
         # [max_batch_size, V] bool on the model's device: the tokens each slot's row has seen (prompt and reply),
         # kept only for rows with a repetition penalty; made at the first such row
         self.seen: torch.Tensor | None = None
+        self.prefill_chunk = PREFILL_CHUNK_TOKENS  # prompt tokens per step while rows decode (chunked prefill)
+        # the running state between steps: rows waiting for a slot, rows being prefilled, rows decoding
+        self.waiting: deque[Request] = deque()
+        self.filling: list[Filling] = []
+        self.slots: list[Request | None] = [None] * max_batch_size
 
     @property
     def stats(self) -> dict[str, int]:
@@ -110,22 +134,49 @@ class Scheduler:
         self.cache = None  # type: ignore[assignment]
 
     # ----------------------------------------------------------------------------- public
-    def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
-        """Yield events in generation order (rows interleave); each request ends with one stop event."""
-        pending = deque(requests)
-        slots: list[Request | None] = [None] * min(self.max_batch_size, len(requests))
-        refill_at = max(1, len(slots) // 4)  # wait for this many free slots before a new prefill wave
-        while pending or any(slots):
-            yield from self._drop_cancelled(pending, slots)
-            free = [i for i, row in enumerate(slots) if row is None]
-            running = len(slots) - len(free)
-            if free and pending and (len(free) >= min(refill_at, len(pending)) or not running):
-                wave = [pending.popleft() for _ in range(min(len(free), len(pending)))]
-                admitted = list(zip(self.prefix_cache.assign(free, [r.prompt for r in wave]), wave))
-                yield from self._prefill(admitted, slots)
-            active = [i for i, row in enumerate(slots) if row is not None]
+    @property
+    def busy(self) -> bool:
+        """Rows are waiting, being prefilled or decoding."""
+        return bool(self.waiting or self.filling or any(row is not None for row in self.slots))
+
+    def step(self, add: Iterable[Request] = (), cancel: Iterable[int] = ()) -> list[Event]:
+        """One step of the running batch: take the requests ``add`` (they wait for a slot), end the rows whose
+        ``index`` is in ``cancel`` (or whose own cancel is set: a "cancelled" event each), admit waiting rows,
+        prefill (a chunk of each long prompt while other rows decode), decode one token for every running row.
+        Returns the step's events; each request's last event carries its ``stop_reason``.  A step that raises
+        drops every row (:meth:`reset`)."""
+        self.waiting.extend(add)
+        events: list[Event] = []
+        try:
+            events.extend(self._drop_cancelled(set(cancel)))
+            self._admit()
+            events.extend(self._prefill_step())
+            active = [i for i, row in enumerate(self.slots) if row is not None]
             if active:
-                yield from self._decode(slots, active[-1] + 1)
+                events.extend(self._decode(self.slots, active[-1] + 1))
+        except BaseException:
+            self.reset()
+            raise
+        return events
+
+    def reset(self) -> None:
+        """Drop every waiting, prefilling and running row (after a failed step; the loop failed their calls).
+        The slot records stay true: a running row's record holds only what it fed, a prefilling slot has none."""
+        self.waiting.clear()
+        self.filling = []
+        self.slots = [None] * self.max_batch_size
+
+    def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
+        """Run ``requests`` alone to their ends: events in generation order (rows interleave), each request
+        ending with one stop event.  Steps until they are done (the engine's loop calls :meth:`step` itself)."""
+        if self.busy:
+            raise RuntimeError("Scheduler.generate() while a step loop has rows running")
+        self.waiting.extend(requests)
+        try:
+            while self.busy:
+                yield from self.step()
+        finally:
+            self.reset()
 
     @torch.inference_mode()
     def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None) -> list[torch.Tensor]:
@@ -148,50 +199,81 @@ class Scheduler:
         on this scheduler's model and cache slots."""
         return scoring.score(self.model, self.prefix_cache, sequences, starts)
 
-    def _drop_cancelled(self, pending: deque[Request], slots: list[Request | None]) -> Iterator[Event]:
-        """End the rows whose ``cancel`` is set (waiting or running): a "cancelled" event each, slot freed."""
-        for request in [r for r in pending if r.cancelled]:
-            pending.remove(request)
+    def _drop_cancelled(self, cancel: set[int]) -> Iterator[Event]:
+        """End the rows named in ``cancel`` or whose ``cancel`` is set (waiting, prefilling or running): a
+        "cancelled" event each, slot freed."""
+
+        def gone(request: Request) -> bool:
+            return request.cancelled or request.index in cancel
+
+        for request in [r for r in self.waiting if gone(r)]:
+            self.waiting.remove(request)
             yield Event(request.index, None, stop_reason="cancelled")
-        for i, row in enumerate(slots):
-            if row is not None and row.cancelled:
-                slots[i] = None  # its slot record stays valid: the cache holds what it fed
+        for fill in [f for f in self.filling if gone(f.request)]:
+            self.filling.remove(fill)  # its slot has no record while it fills
+            yield Event(fill.request.index, None, stop_reason="cancelled")
+        for i, row in enumerate(self.slots):
+            if row is not None and gone(row):
+                self.slots[i] = None  # its slot record stays valid: the cache holds what it fed
                 yield Event(row.index, None, stop_reason="cancelled")
+
+    @torch.inference_mode()
+    def _admit(self) -> None:
+        """Waiting rows into free slots, in waves (see the module docstring): each slot is chosen by the prefix
+        cache, prefixes the wave shares are computed once, held prefixes copied; the rows then wait to fill."""
+        if not self.waiting:
+            return
+        filling = {f.slot for f in self.filling}
+        free = [i for i, row in enumerate(self.slots) if row is None and i not in filling]
+        running = self.max_batch_size - len(free)
+        refill_at = max(1, min(self.max_batch_size, running + len(self.waiting)) // 4)
+        if not free or (len(free) < min(refill_at, len(self.waiting)) and running):
+            return
+        wave = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        admitted = list(zip(self.prefix_cache.assign(free, [r.prompt for r in wave]), wave))
+        shared = self.prefix_cache.shared_prefixes([(slot, r.prompt) for slot, r in admitted if r.image_tiles is None])
+        if shared:
+            self._fill(shared)
+            for slot, prefix in shared:  # the slot now holds the prefix
+                self.prefix_cache.hold(slot, prefix)
+        # positions from the first image on hold image embeddings: never reused, never lent to other rows
+        caps = [self._first_image_position(r.prompt) if r.image_tiles is not None else None for _, r in admitted]
+        limits = [len(r.prompt) - 1 for _, r in admitted]  # at least one token is computed: its logits are needed
+        limits = [limit if cap is None else min(limit, cap) for limit, cap in zip(limits, caps)]
+        starts = self.prefix_cache.prepare([(slot, r.prompt, limit) for (slot, r), limit in zip(admitted, limits)])
+        self.filling.extend(Filling(slot, r, start, cap) for (slot, r), start, cap in zip(admitted, starts, caps))
 
     # ----------------------------------------------------------------------------- steps
     def _first_image_position(self, tokens: list[int]) -> int:
         return tokens.index(self.image_token) if self.image_token in tokens else len(tokens)
 
-    def _fill(
-        self,
-        items: list[tuple[int, list[int]]],
-        images: list[torch.Tensor | None] | None = None,
-        caps: list[int | None] | None = None,
-    ) -> torch.Tensor:
-        """Write the keys/values of ``items`` (slot, tokens) into their slots; last-token logits [n, V].
+    def _fill(self, items: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """Write the keys/values of ``items`` (slot, tokens) into their slots, each from the longest prefix any slot
+        holds (the prefix cache copies it in); last-token logits [n, V].  The caller records what the slots hold
+        once this returns."""
+        starts = self.prefix_cache.prepare([(slot, tokens, len(tokens) - 1) for slot, tokens in items])
+        return self._compute([(slot, tokens, start) for (slot, tokens), start in zip(items, starts)])
 
-        Each item starts from the longest prefix any slot holds (the prefix cache copies it into the item's
-        slot); only the remaining tokens are computed.  Reuse compares token ids only: a row whose prompt
-        embeds something beyond its ids (image patch embeddings) must not reuse positions from its first such
-        token on (``caps``: that position of each item, or None).  The caller records what the slots hold once
-        this returns.
-        """
+    def _compute(
+        self, items: list[tuple[int, list[int], int]], images: list[torch.Tensor | None] | None = None
+    ) -> torch.Tensor:
+        """Compute the keys/values of ``items`` (slot, tokens, start): positions ``start..len(tokens)-1`` of each
+        slot, whose positions before ``start`` hold the prefix already; last-token logits [n, V].  Text rows are
+        packed end to end (no padding); rows with images (``images``: each row's tiles or None) in padded groups."""
         device = self.model.device
-        limits = [len(tokens) - 1 for _, tokens in items]  # at least one token is computed: its logits are needed
-        if caps is not None:
-            limits = [limit if cap is None else min(limit, cap) for limit, cap in zip(limits, caps)]
-        starts = self.prefix_cache.prepare([(slot, tokens, limit) for (slot, tokens), limit in zip(items, limits)])
-        suffix_lengths = [len(tokens) - n for (_, tokens), n in zip(items, starts)]
+        starts = [start for _, _, start in items]
+        pairs = [(slot, tokens) for slot, tokens, _ in items]
+        suffix_lengths = [len(tokens) - n for (_, tokens), n in zip(pairs, starts)]
         out = torch.empty(len(items), self.model.args.vocab_size, device=device)
         if images is None or all(t is None for t in images):  # text only: rows packed end to end, no padding
-            for batch in batching.packed_batches(items, starts, self.model):
+            for batch in batching.packed_batches(pairs, starts, self.model):
                 out[batch.rows] = self.model.forward_packed(
                     batch.tokens, batch.lengths, batch.starts, self.cache, batch.slots
                 )
             return out
         for group in batching.padded_groups(range(len(items)), suffix_lengths):
-            tokens = batching.padded([items[j][1][starts[j] :] for j in group], device)
-            rows = torch.tensor([items[j][0] for j in group], device=device)
+            tokens = batching.padded([pairs[j][1][starts[j] :] for j in group], device)
+            rows = torch.tensor([pairs[j][0] for j in group], device=device)
             last = torch.tensor([suffix_lengths[j] - 1 for j in group], device=device)
             group_starts = [starts[j] for j in group]
             tiles = [images[j] for j in group]
@@ -208,26 +290,44 @@ class Scheduler:
         return out
 
     @torch.inference_mode()
-    def _prefill(self, admitted: list[tuple[int, Request]], slots: list[Request | None]) -> Iterator[Event]:
-        shared = self.prefix_cache.shared_prefixes([(slot, r.prompt) for slot, r in admitted if r.image_tiles is None])
-        if shared:
-            self._fill(shared)
-            for slot, prefix in shared:  # the slot now holds the prefix
-                self.prefix_cache.hold(slot, prefix)
-        # positions from the first image on hold image embeddings: never reused, never lent to other rows
-        caps = [self._first_image_position(r.prompt) if r.image_tiles is not None else None for _, r in admitted]
-        logits = self._fill(
-            [(slot, request.prompt) for slot, request in admitted],
-            [request.image_tiles for _, request in admitted],
-            caps,
-        )  # [n, V]
-        for (slot, request), cap in zip(admitted, caps):
+    def _prefill_step(self) -> list[Event]:
+        """Prefill the filling rows in order: whole while nothing decodes, else up to ``prefill_chunk`` prompt
+        tokens this step (a row with images is never cut).  Rows whose prompt is complete start running and
+        get their first token."""
+        if not self.filling:
+            return []
+        budget = self.prefill_chunk if any(row is not None for row in self.slots) else None
+        chunks: list[tuple[Filling, int]] = []  # (row, prompt positions computed once this step is done)
+        for fill in self.filling:
+            prompt = fill.request.prompt
+            if budget is not None and budget <= 0:
+                break
+            end = len(prompt)
+            if budget is not None:
+                if fill.request.image_tiles is None:
+                    end = min(end, fill.done + budget)
+                budget -= end - fill.done
+            chunks.append((fill, end))
+        tiles = [fill.request.image_tiles for fill, _ in chunks]
+        logits = self._compute([(f.slot, f.request.prompt[:end], f.done) for f, end in chunks], tiles)  # [n, V]
+        ready: list[tuple[int, Request]] = []
+        rows: list[int] = []
+        for k, (fill, end) in enumerate(chunks):
+            fill.done = end
+            if end < len(fill.request.prompt):
+                continue  # more chunks to come; the slot has no record meanwhile
+            self.filling.remove(fill)
+            slot, request = fill.slot, fill.request
             request.rng, request.grammar = request.params.make_rng(), self._start_grammar(request)
             if request.params.penalized:
                 self._see_prompt(slot, request.prompt)
-            self.prefix_cache.hold(slot, request, cap=cap)  # a running row is its slot's record
-            slots[slot] = request
-        yield from self._advance_all(admitted, logits, slots)
+            self.prefix_cache.hold(slot, request, cap=fill.cap)  # a running row is its slot's record
+            self.slots[slot] = request
+            ready.append((slot, request))
+            rows.append(k)
+        if not ready:
+            return []
+        return list(self._advance_all(ready, logits[rows], self.slots))
 
     @torch.inference_mode()
     def _decode(self, slots: list[Request | None], width: int) -> Iterator[Event]:
@@ -240,8 +340,11 @@ class Scheduler:
             tokens[i] = slots[i].tokens[-1]  # type: ignore[union-attr]
             positions[i] = pos
         if len(live) < width:
+            filling = {f.slot: f.done for f in self.filling}
             for i in range(width):
-                if slots[i] is None:  # the junk row overwrites position `high` of this slot
+                if i in filling:  # a slot being prefilled: the junk row writes its next position (the next chunk's)
+                    positions[i] = filling[i]
+                elif slots[i] is None:  # the junk row overwrites position `high` of this slot
                     self.prefix_cache.truncate(i, high)
         constrained = [slots[i].grammar for i in live if slots[i].grammar is not None]  # type: ignore[union-attr]
         if constrained:  # their next masks are computed on a worker while the forward runs

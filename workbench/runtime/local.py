@@ -51,6 +51,10 @@ class LocalRunner:
     def generate(self, requests: Sequence[Request]) -> Iterator[Event]:
         return self.scheduler.generate(requests)
 
+    def step(self, add: Sequence[Request] = (), cancel: Sequence[int] = ()) -> list[Event]:
+        """One step of the running batch (:meth:`~workbench.generation.Scheduler.step`): the engine's loop."""
+        return self.scheduler.step(add, cancel)
+
     def load_vision(self) -> None:
         """Load the vision encoder now instead of at the first image."""
         self.model.ensure_vision()

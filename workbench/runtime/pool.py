@@ -172,6 +172,21 @@ class ParallelRunner:
         rid = self._send("generate", wire)
         yield from self._collect(rid, f"generating (request {rid})")
 
+    def step(self, add: Sequence[Request] = (), cancel: Sequence[int] = ()) -> list[Event]:
+        """One step of the running batch on every rank (the engine's loop): the same command, with the new
+        requests' wire copies and the rows to cancel, goes to every rank, so they admit, cancel and decode the
+        same rows in lockstep; rank 0's events come back.  A step that raises on the ranks drops their rows."""
+        if any(r.image_tiles is not None for r in add):
+            self._vision_loaded = True
+        wire = [self._seeded(r.wire(None if r.image_tiles is None else images_to_wire(r.image_tiles))) for r in add]
+        rid = self._send("step", (wire, list(cancel)))
+        results = self._collect(rid, f"running a step (request {rid})")
+        while True:
+            try:
+                next(results)
+            except StopIteration as done:
+                return done.value
+
     def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None) -> list[torch.Tensor]:
         lists = [list(t) for t in token_lists]
         if not lists:

@@ -138,6 +138,7 @@ class _Worker:
         checksum = int(tokens.sum())
         fault = self.fault
         if fault is not None and self.forwards == fault["at_forward"] and self.spec.rank in fault["ranks"]:
+            self.fault = None  # fires once
             if fault["action"] == "exit":
                 os._exit(17)
             if fault["action"] == "diverge":
@@ -168,6 +169,11 @@ class _Worker:
                 if rank0:
                     self.send("event", self.rid, event)
             return None
+        if kind == "step":
+            add, cancel = payload
+            add = [r if r.image_tiles is None else replace(r, image_tiles=images_from_wire(r.image_tiles)) for r in add]
+            events = self.scheduler.step(add, cancel)
+            return events if rank0 else None
         if kind == "logits":
             lists, images = payload if isinstance(payload, tuple) else (payload, None)
             out = self.scheduler.logits(
@@ -200,15 +206,17 @@ class _Worker:
                 return
             if kind == "stop":
                 return
-            self.rid, self.forwards = rid, 0
+            self.rid = rid
+            if kind != "step":  # forwards are counted over a run of steps (the engine's loop), else per command
+                self.forwards = 0
             try:
                 status, result = "ok", self.run(kind, payload)
             except _Cancelled:
                 status, result = "cancelled", None
             except Exception as exc:
                 status, result = "error", exception_to_wire(exc)
-            if kind != "fault":
-                self.fault = None  # a test fault is armed for one request only
+            if kind not in ("fault", "step"):
+                self.fault = None  # a test fault is armed for one call only (the steps of the engine's loop)
             self.send("end", rid, self.spec.rank, status, result)
 
 

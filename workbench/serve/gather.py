@@ -1,25 +1,24 @@
-"""Many clients, one engine: requests that arrive together become one engine batch.
+"""Many clients, one engine: every request's rows go straight into the engine's running batch.
 
-The engine runs one call at a time (its lock), so the server drives it from a single worker thread.  Each
-request becomes *rows* (one per choice); rows that can share an engine call (same tools, tool choice and
-sampling — :meth:`ChatRequest.row_key`) are gathered during a short window after the first arrival (it closes
-once the engine's ``max_batch_size`` rows are waiting, or after a quiet gap) and run as one
-``batch_chat_completion`` / ``batch_completion`` call.  A row's answer equals the in-process call because
-the engine guarantees per-row results independent of the batch.  A bad row in a gathered batch does not fail
-its neighbours: the batch is re-run row by row, so only the bad row's client gets the 4xx.
+The engine keeps one running batch that any thread feeds (:mod:`workbench.engine.loop`): rows join and leave it
+at every step, whatever their sampling, tools or tool choice.  So the server gathers nothing: each job (a
+request's rows, a stream, a Batch API chunk) runs at once as its own engine call on a worker thread, and the
+engine decodes every job's rows together; ``max_batch_size`` bounds the rows in flight and the rest wait in the
+engine in arrival order.  A short request that arrives while a long batch decodes joins it at the next step.  A
+row's answer equals the in-process call because the engine guarantees per-row results independent of the batch;
+a bad request fails alone.
 
-Streams are jobs too: the worker runs them and hands each item to the client's queue; a client that
-disconnects sets ``cancelled`` and the worker closes the stream, which stops the engine's rows.
+Streams are jobs too: their worker hands each item to the client's queue; a client that disconnects sets
+``cancelled`` and the worker closes the stream (or cancels its rows), which frees them at the next step.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +28,8 @@ from workbench.errors import GenerationCancelled, WorkbenchError
 from .errors import APIError, from_engine_error
 
 log = logging.getLogger("workbench.serve")
-_STOP = object()
+# Jobs running at once (each a thread that mostly waits for the engine); more wait for a thread.
+MAX_JOBS = 256
 
 
 @dataclass
@@ -86,8 +86,8 @@ class BatchedStreamJob:
 class BulkJob:
     """Rows of one key that run as ONE engine call however many they are (a Batch API chunk).
 
-    It waits its turn in the queue like any request, so interactive requests queued before it run first and
-    those arriving while it runs go next: a batch that submits one chunk at a time interleaves with them."""
+    Its rows join the engine's running batch like any request's, so interactive requests share the steps with
+    it: a batch that submits one chunk at a time interleaves with them."""
 
     members: list[Row]
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -99,7 +99,8 @@ class BulkJob:
 
 @dataclass
 class Stats:
-    """What the server's card shows: requests answered, tokens generated, and the engine seconds they took."""
+    """What the server's card shows: requests answered, tokens generated, and the engine seconds they took
+    (``batches``: engine calls; ``largest_batch``: the most rows in flight at once, sharing the running batch)."""
 
     requests: int = 0
     rows: int = 0
@@ -115,28 +116,29 @@ class Stats:
 
 
 class Gatherer:
-    """The worker thread that owns the server's side of the engine (see the module docstring).
+    """The server's side of the engine (see the module docstring): each submitted job runs at once on a worker
+    thread of its own, as its own engine call; the engine's loop decodes every job's rows together.
 
-    window_s: the quiet gap that closes a gathering window; max_wait_s: the longest a first arrival waits for
-    company.  Both are short next to a generation, so a lone request pays almost nothing for them.  keywords: engine
-    keywords every call of the server gets unless its rows carry their own (``run``: the server's run store name;
-    a batch's rows carry the batch's).
+    window_s, max_wait_s: accepted for compatibility and unused (there is no gathering window any more).
+    keywords: engine keywords every call of the server gets unless its rows carry their own (``run``: the server's
+    run store name; a batch's rows carry the batch's).
     """
 
     def __init__(
-        self, engine: Engine, *, window_s: float = 0.02, max_wait_s: float = 0.1, keywords: dict[str, Any] | None = None
+        self, engine: Engine, *, window_s: float = 0.0, max_wait_s: float = 0.0, keywords: dict[str, Any] | None = None
     ) -> None:
         self.engine = engine
         self.keywords = dict(keywords or {})
         self.window_s = window_s
         self.max_wait_s = max_wait_s
         self.stats = Stats()
-        self._queue: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
-        self._current: list[Any] = []
+        self._lock = threading.Lock()
+        self._current: set[int] = set()  # ids of the jobs submitted and not yet answered
+        self._jobs: dict[int, Any] = {}
+        self._in_flight = 0  # rows of the jobs running now
         self.last_interactive = 0.0  # time.monotonic() of the last request that was not a BulkJob
-        self._thread = threading.Thread(target=self._loop, name="workbench-serve-engine", daemon=True)
-        self._thread.start()
+        self._pool = ThreadPoolExecutor(MAX_JOBS, thread_name_prefix="workbench-serve-job")
 
     @property
     def max_rows(self) -> int:
@@ -147,52 +149,49 @@ class Gatherer:
             raise APIError("the server is stopping", status=503, type="server_error")
         if not isinstance(job, BulkJob):
             self.last_interactive = time.monotonic()
-        self._queue.put(job)
+        with self._lock:
+            self._current.add(id(job))
+            self._jobs[id(job)] = job
+        self._pool.submit(self._job, job)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Refuse new work, fail what is queued, stop streams at their next item and wait for the worker."""
+        """Refuse new work, fail what has not started, stop streams at their next item and wait (up to
+        ``timeout``) for the running jobs."""
         self._stopping.set()
-        for job in list(self._current):
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
             job.cancelled.set()
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not _STOP:
-                _fail(job, APIError("the server stopped before this request ran", status=503, type="server_error"))
+        self._pool.shutdown(wait=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._current:
+                    return
+            time.sleep(0.01)
 
-    # ------------------------------------------------------------------------------------------- worker
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            first = self._queue.get()
-            if first is _STOP:
+    # ------------------------------------------------------------------------------------------- workers
+    def _job(self, job: Any) -> None:
+        rows = _rows(job)
+        try:
+            if self._stopping.is_set():
+                _fail(job, APIError("the server stopped before this request ran", status=503, type="server_error"))
                 return
-            jobs = [first]
-            deadline = time.monotonic() + self.max_wait_s
-            while sum(_rows(j) for j in jobs) < self.max_rows:
-                wait = min(self.window_s, deadline - time.monotonic())
-                if wait <= 0:
-                    break
-                try:
-                    job = self._queue.get(timeout=wait)
-                except queue.Empty:
-                    break
-                if job is _STOP:
-                    self._queue.put(_STOP)
-                    break
-                jobs.append(job)
-            self._current = jobs
+            with self._lock:
+                self._in_flight += rows
+                self.stats.largest_batch = max(self.stats.largest_batch, self._in_flight)
             try:
-                self._run(jobs)
-            except BaseException as exc:  # noqa: BLE001 - the worker must survive anything a request causes
+                self._run([job])
+            except BaseException as exc:  # noqa: BLE001 - a worker must survive anything a request causes
                 log.exception("serve worker: unexpected error")
-                for job in jobs:
-                    _fail(job, from_engine_error(exc, getattr(job, "where", "messages")))
+                _fail(job, from_engine_error(exc, getattr(job, "where", "messages")))
             finally:
-                self._current = []
+                with self._lock:
+                    self._in_flight -= rows
+        finally:
+            with self._lock:
+                self._current.discard(id(job))
+                self._jobs.pop(id(job), None)
 
     def _run(self, jobs: list[Any]) -> None:
         groups: dict[tuple, list[Row]] = {}
@@ -252,7 +251,8 @@ class Gatherer:
             try:
                 for item in items:
                     if job.cancelled.is_set():
-                        self.stats.cancelled_streams += 1
+                        with self._lock:
+                            self.stats.cancelled_streams += 1
                         break
                     tokens += _final_tokens(item)
                     job.sink(("item", item))
@@ -288,7 +288,8 @@ class Gatherer:
                 for job in jobs:  # a disconnected client cancels its rows at the next step
                     if id(job) not in dropped and job.cancelled.is_set():
                         dropped.add(id(job))
-                        self.stats.cancelled_streams += 1
+                        with self._lock:
+                            self.stats.cancelled_streams += 1
                         for r, (owner, _) in enumerate(owners):
                             if owner is job:
                                 stream.cancel(r)
@@ -310,12 +311,13 @@ class Gatherer:
         self._account(len(owners), tokens, started)
 
     def _account(self, rows: int, tokens: int, started: float) -> None:
-        s = self.stats
-        s.rows += rows
-        s.batches += 1
-        s.tokens += tokens
-        s.busy_seconds += time.perf_counter() - started
-        s.largest_batch = max(s.largest_batch, rows)
+        with self._lock:
+            s = self.stats
+            s.rows += rows
+            s.batches += 1
+            s.tokens += tokens
+            s.busy_seconds += time.perf_counter() - started
+            s.largest_batch = max(s.largest_batch, rows)
 
 
 def _final_tokens(item: Any) -> int:
@@ -350,7 +352,7 @@ def _by_rows(jobs: list[BatchedStreamJob], max_rows: int) -> list[list[BatchedSt
 
 
 def open_stream(engine: Engine, jobs: list[BatchedStreamJob], keywords: dict[str, Any] | None = None) -> Any:
-    """One non-preemptible engine batch stream over every row of ``jobs`` (all of one key), in order;
+    """One engine batch stream over every row of ``jobs`` (all of one key), in order;
     ``keywords``: the server's own engine keywords (under the jobs' own)."""
     kwargs = {**(keywords or {}), **jobs[0].kwargs}
     payloads = [p for job in jobs for p in job.payloads]

@@ -214,7 +214,7 @@ class Server:
             ("state", state),
             ("auth", "Bearer api_key" if self.api_key else "none" if is_loopback(self.host) else "NONE: open to all"),
             ("requests served", str(s.requests)),
-            ("engine batches", f"{s.batches} (largest {s.largest_batch} rows)"),
+            ("engine calls", f"{s.batches} (most rows in flight at once: {s.largest_batch})"),
             ("tokens generated", str(s.tokens)),
             ("tokens/s (engine time)", f"{s.tokens_per_second:.1f}"),
         ]
@@ -242,13 +242,13 @@ def serve(
     host: 127.0.0.1 (default) serves this machine only; another address without ``api_key`` warns loudly.
     port: 0 picks a free port (``srv.port``, ``srv.url``).
     api_key: when given, every request needs ``Authorization: Bearer <api_key>``.
-    options: ``window_s`` (the gathering window, 0.02 s), ``max_body_bytes`` (16 MiB), ``model_id`` (the id
-        clients send; default the engine's), ``data_dir`` (where the Batch API keeps files and batches;
-        default ``$WORKBENCH_DATA_DIR`` or ``~/.local/share/workbench``), ``batch_rows`` (the most rows a
-        batch puts in one engine call; default 8 x max_batch_size), ``max_file_bytes`` (uploads, 200 MiB),
-        ``run`` (a run-store name: every served row is remembered under it and a request the store already
-        answered — by this server or any run with the same engine — is answered from there; batches keep their
-        own run per batch).
+    options: ``window_s`` (unused: requests go straight into the engine's running batch), ``max_body_bytes``
+        (16 MiB), ``model_id`` (the id clients send; default the engine's), ``data_dir`` (where the Batch API
+        keeps files and batches; default ``$WORKBENCH_DATA_DIR`` or ``~/.local/share/workbench``), ``batch_rows``
+        (the most rows a batch puts in one engine call; default 8 x max_batch_size), ``max_file_bytes``
+        (uploads, 200 MiB), ``run`` (a run-store name: every served row is remembered under it and a request the
+        store already answered — by this server or any run with the same engine — is answered from there;
+        batches keep their own run per batch).
 
     Requests that arrive together share engine batches; answers equal the same in-process calls (omitted
     sampling fields take the engine's defaults: greedy).  A notebook cell may use the engine meanwhile: the

@@ -36,9 +36,10 @@ class Sampling:
     seed: int | None = None
     logprobs: int = 0
     stop: tuple[str, ...] = ()
+    repetition_penalty: float = 1.0  # vLLM's extension field (1.0: off)
 
     def kwargs(self) -> dict[str, Any]:
-        return {
+        out = {
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -47,6 +48,9 @@ class Sampling:
             "logprobs": self.logprobs,
             "stop": list(self.stop) or None,
         }
+        if self.repetition_penalty != 1.0:  # only when given: the engine's keywords (and run-store keys) as before
+            out["repetition_penalty"] = self.repetition_penalty
+        return out
 
     def for_choice(self, i: int) -> Sampling:
         """Choice ``i`` of ``n``: a sampled row gets ``seed + i`` so the choices differ yet stay reproducible
@@ -158,6 +162,7 @@ def _sampling(body: dict, max_tokens: int | None, logprobs: int) -> Sampling:
         seed=_int(body, "seed", None, lo=-(2**63), hi=2**64 - 1),
         logprobs=logprobs,
         stop=_stop(body),
+        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 1e6, lo_open=True),
     )
 
 

@@ -211,8 +211,34 @@ def _turns(
         dialog.transcript.cached = from_store.get(id(dialog), False)
 
 
+def make_dialogs(
+    dialogs: Sequence[Any],
+    tools: Iterable[Any] | None,
+    *,
+    max_turns: int,
+    tool_choice: Any,
+    code_interpreter: bool | CodeInterpreter,
+    tool_timeout: float | None,
+    item: Sequence[str | None] | None,
+) -> list[Dialog]:
+    """The loop's :class:`Dialog` s for ``dialogs`` sharing one toolbox (the arguments checked, each transcript
+    started from its input); what :func:`run_turns` and the per-dialog loop (:mod:`.flow`) both start from."""
+    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+        raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
+    if not isinstance(dialogs, (list, tuple)):
+        raise InputError("run_batch takes a list of dialogs (each a list of messages); for one dialog use run()")
+    if item is not None and (isinstance(item, str) or not isinstance(item, (list, tuple)) or len(item) != len(dialogs)):
+        raise InputError(
+            f"item= takes one id per dialog (a list of {len(dialogs)}), got {item!r:.80}; for one "
+            "dialog use run(..., item='case-1')"
+        )
+    toolbox = Toolbox.create(tools, code_interpreter, tool_timeout)
+    items = [None if item is None or item[k] is None else runs.check_item(item[k]) for k in range(len(dialogs))]
+    return [Dialog(Transcript(coerce_messages(d)), toolbox, tool_choice, items[k]) for k, d in enumerate(dialogs)]
+
+
 @llama_stack_spellings(batch=("dialogs", "messages_batch"), chat=True)
-def run_batch(
+def run_turns(
     engine: ChatEngine,
     dialogs: Sequence[Any],
     tools: Iterable[Any] | None = None,
@@ -227,36 +253,21 @@ def run_batch(
     item: Sequence[str | None] | None = None,
     **sampling: Any,
 ) -> list[Transcript]:
-    """Run the tool loop on many dialogs; each turn is one batched chat completion over the dialogs that
-    are still running.  Returns one transcript (input messages + generated and tool messages) per dialog.
-
-    ``constrain_tools=True`` (with ``tool_choice="required"`` or a tool name) makes the forced first reply a
-    well-formed call of an offered tool with schema-valid arguments (grammar-constrained decoding).
-
-    Whatever the model writes and whatever a tool returns or does, the loop returns transcripts: tool
-    failures become tool messages, and a dialog whose tool results no longer fit ``max_seq_len`` ends with
-    them.  Each transcript's ``stop_reason`` says why it ended (see :func:`run`).  A cancelled call
-    (``engine.cancel()``, Ctrl-C) raises :class:`~workbench.errors.GenerationCancelled` whose ``transcripts``
-    hold every dialog so far, the cut replies included (``stop_reason="cancelled"``).  ``tool_timeout`` (seconds)
-    bounds each Python tool call.  ``run="name"`` (``refresh=True`` to recompute) remembers every turn in the run
-    store, so a re-run loop is answered from there up to where the last one stopped (see the module docstring);
-    each dialog is one item of the run, its turns the item's rows numbered from 0 (``item=``: one id per dialog,
-    e.g. case ids; default: the dialog's input without the settings, so runs that differ only in system prompt,
-    tools or sampling line up).  The other keywords (``max_tokens``, ``temperature``, ``seed``...) go to every
-    turn's engine call."""
-    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
-        raise InputError(f"max_turns must be a positive integer, got {max_turns!r}")
-    if not isinstance(dialogs, (list, tuple)):
-        raise InputError("run_batch takes a list of dialogs (each a list of messages); for one dialog use run()")
-    if item is not None and (isinstance(item, str) or not isinstance(item, (list, tuple)) or len(item) != len(dialogs)):
-        raise InputError(
-            f"item= takes one id per dialog (a list of {len(dialogs)}), got {item!r:.80}; for one "
-            "dialog use run(..., item='case-1')"
-        )
-    toolbox = Toolbox.create(tools, code_interpreter, tool_timeout)
-    transcripts = [Transcript(coerce_messages(d)) for d in dialogs]
-    items = [None if item is None or item[k] is None else runs.check_item(item[k]) for k in range(len(dialogs))]
-    loop = [Dialog(t, toolbox, tool_choice, items[k]) for k, t in enumerate(transcripts)]
+    """The turn-synchronous tool loop: each turn is one batched chat completion over every dialog still running,
+    then every call of every dialog is run, one after another.  :func:`run_batch` moves each dialog on its own
+    and gives the same transcripts (greedy or seeded); this form stays for engines that take one call at a time
+    (one batch per turn suits them) and as the reference the per-dialog loop is held to.  Arguments and result
+    as :func:`run_batch`'s (without ``tool_concurrency``)."""
+    loop = make_dialogs(
+        dialogs,
+        tools,
+        max_turns=max_turns,
+        tool_choice=tool_choice,
+        code_interpreter=code_interpreter,
+        tool_timeout=tool_timeout,
+        item=item,
+    )
+    transcripts = [d.transcript for d in loop]
     chat_options = {k: sampling.pop(k) for k in CHAT_OPTIONS if k in sampling}
     # One bar for the whole loop, so the engine's per-turn bars stay off; an automatic bar counts dialogs, and a
     # single dialog gets none (as the engine's automatic bars count rows), nor does it change the engine's.
@@ -283,41 +294,3 @@ def run_batch(
             cancelled.transcripts = transcripts
             raise
     return transcripts
-
-
-@llama_stack_spellings(chat=True)
-def run(
-    engine: ChatEngine,
-    messages: Any,
-    tools: Iterable[Any] | None = None,
-    *,
-    max_turns: int = 8,
-    tool_choice: Any = "auto",
-    tool_prompt_format: Any = None,
-    code_interpreter: bool | CodeInterpreter = False,
-    constrain_tools: bool = False,
-    tool_timeout: float | None = None,
-    item: str | None = None,
-    **sampling: Any,
-) -> Transcript:
-    """Run the tool loop on one dialog and return the whole transcript (list of :class:`Message`).
-
-    The transcript ends with the model's final answer, or — when ``max_turns`` replies all called tools —
-    with the tool messages answering the last calls; its ``stop_reason`` says which (``"answered"``,
-    ``"max_turns"``, ``"prompt_too_long"``, ``"out_of_tokens"``, ``"tool_choice_none"``).  ``run="name"``
-    remembers every turn in the run store as the rows of one item (``item=``, default the dialog's input without
-    the settings; see :func:`run_batch`).
-    """
-    return run_batch(
-        engine,
-        [messages],
-        tools,
-        max_turns=max_turns,
-        tool_choice=tool_choice,
-        tool_prompt_format=tool_prompt_format,
-        code_interpreter=code_interpreter,
-        constrain_tools=constrain_tools,
-        tool_timeout=tool_timeout,
-        item=None if item is None else [item],
-        **sampling,
-    )[0]

@@ -10,6 +10,7 @@ and a minimal environment, under the guard of :mod:`workbench.tools.sandbox`.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import os
@@ -223,7 +224,8 @@ class Toolbox:
 
         def attempt() -> Any:
             try:
-                return fn(**arguments)
+                result = fn(**arguments)
+                return awaited(result) if inspect.isawaitable(result) else result  # an ``async def`` tool
             except (Exception, SystemExit) as exc:  # a tool failure is information for the model, not a crash
                 return _Failure(f"raised {type(exc).__name__}: {safe_str(exc)}")
 
@@ -236,6 +238,34 @@ class Toolbox:
         if worker.is_alive():  # a thread cannot be killed: it is abandoned, and its result ignored
             return _Failure(f"did not finish within {self.tool_timeout:g} s (tool_timeout); it was abandoned")
         return box[0]
+
+
+def awaited(awaitable: Any) -> Any:
+    """The result of an ``async def`` tool's coroutine, run to its end on an event loop of its own (in a helper
+    thread when this thread already runs one: a notebook cell's)."""
+
+    async def wait() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop running in this thread
+        return asyncio.run(wait())
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append((True, asyncio.run(wait())))
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
+            box.append((False, exc))
+
+    helper = threading.Thread(target=run, name="workbench-async-tool")
+    helper.start()
+    helper.join()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 @dataclass
