@@ -12,6 +12,7 @@ import torch
 from workbench.checkpoints import vision32
 from workbench.checkpoints.load import build_model, build_vision
 from workbench.models.args import ModelArgs
+from workbench.models.invariant import make_batch_invariant
 from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.models.transformer import Transformer
 from workbench.quantization import load_options, quantize_model
@@ -41,6 +42,8 @@ def load_model_for_rank(
     # Called for every mode: a pre-quantized checkpoint's shards hold unscaled fp8 codes that need their scales.
     model = quantize_model(model, settings.quantization, settings=settings, rank=rank)
     model.use_fast_layouts()
+    if settings.batch_invariant:
+        make_batch_invariant(model)
     if args.vision_args is not None or is_cross_attention_vision(args):
         model.vision_loader = functools.partial(_load_vision, settings, args, rank, model)
     return model
