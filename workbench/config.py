@@ -40,8 +40,8 @@ from workbench.runtime.settings import (
     DEFAULT,
     Settings,
     Source,
-    check_positive_int,
     check_flag,
+    check_positive_int,
     check_quantization,
     resolve_device,
     resolve_dtype,
@@ -223,7 +223,8 @@ def check_entry(name: str, entry: dict[str, Any], path: Path) -> dict[str, tuple
             example = {str: '"..."', int: "4096", bool: "true"}[want]
             kind = {str: "string", int: "integer", bool: "boolean"}[want]
             raise ConfigError(
-                f"checkpoints.toml entry {where}: {key} = {value!r} must be a TOML {kind}; write it like `{key} = {example}`"
+                f"checkpoints.toml entry {where}: {key} = {value!r} must be a TOML {kind}; "
+                f"write it like `{key} = {example}`"
             )
         source = Source("file", where)
         if key == "path":

@@ -257,7 +257,7 @@ def make_batch_invariant(model: Transformer, *, probe: bool = True) -> Transform
             "batch-invariant form yet; load it without batch_invariant"
         )
     model.invariant_tile = TILE  # type: ignore[attr-defined]
-    for name, module in model.named_modules():
+    for module in model.modules():
         if isinstance(module, Attention):
             module.__class__ = InvariantAttention
         elif isinstance(module, MoE):
