@@ -72,7 +72,7 @@ def _tile_forward(module: nn.Module) -> None:
     """Make ``module``'s forward run through row tiles (an instance attribute: the class is untouched)."""
     plain = module.forward
     module.forward = functools.partial(tiled, plain)  # type: ignore[method-assign]
-    module._rows_plain = plain  # what the probe calls
+    module.rows_plain = plain  # what the probe calls
 
 
 def _tile_method(obj: nn.Module, name: str) -> None:
@@ -195,7 +195,7 @@ class InvariantMoE(MoE):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, dim = x.shape
         x_aD = x.reshape(-1, dim)  # [A, D]
-        routed = tiled(self._route, x_aD)  # [A, 2K]: gates, then expert ids (exact as floats)
+        routed = tiled(self.route, x_aD)  # [A, 2K]: gates, then expert ids (exact as floats)
         gates, top_experts = routed[:, : self.top_k], routed[:, self.top_k :].long()  # [A, K] each
         out_aD = self.shared_expert(x_aD)  # [A, D] (tiled)
         flat_experts = top_experts.flatten()  # [A*K]
@@ -214,7 +214,7 @@ class InvariantMoE(MoE):
             out_aD = tiled(reduce_from_model_parallel_region, out_aD)
         return out_aD.view(bsz, seqlen, dim)
 
-    def _route(self, x: torch.Tensor) -> torch.Tensor:
+    def route(self, x: torch.Tensor) -> torch.Tensor:
         """One tile's router: [TILE, D] -> [TILE, 2K] (sigmoid gates, expert ids).  The sigmoid runs on the
         tile too: torch's CPU elementwise loops take the tail of a tensor through a scalar path whose
         ``exp`` may differ from the vector one in the last bit, so an element's bits depend on its place."""
@@ -331,7 +331,7 @@ def probe_model(model: Transformer) -> None:
     device, dtype = model.device, model.dtype
     checks: list[tuple[str, Rows, int]] = []
     for name, module in model.named_modules():
-        plain = getattr(module, "_rows_plain", None)
+        plain = getattr(module, "rows_plain", None)
         if plain is not None:
             key = _describe(module)
             if key not in seen:
@@ -346,7 +346,7 @@ def probe_model(model: Transformer) -> None:
                 seen.add(key)
                 expert_plain = type(experts).expert.__get__(experts)
                 checks.append((f"{name}.experts", functools.partial(expert_plain, 0), model.args.dim))
-                checks.append((f"{name}.router_DE", module._route, model.args.dim))
+                checks.append((f"{name}.router_DE", module.route, model.args.dim))
     with torch.inference_mode():
         for name, fn, width in checks:
             if not probe_rows(fn, width, dtype, device):
