@@ -37,6 +37,7 @@ class ModelManagement:
         returns the seconds it took, also in ``info()["compile_seconds"]``; the batch width and the
         attended span vary without recompiling.  Kept across ``set_quantization``.
         """
+        self._refuse_if_invariant("compile_decode()")
         with self._gate.exclusive("compile_decode"):
             self.compile_seconds = compile_and_warm_up(self._runner, self.tokenizer.bos_id)
         return self.compile_seconds
@@ -50,6 +51,7 @@ class ModelManagement:
         CPU the fixed-shape steps run uncaptured.  Returns ``info()["cuda_graphs"]`` (graph count, capture
         seconds, buckets).  Kept across ``set_quantization`` (captured again).
         """
+        self._refuse_if_invariant("use_cuda_graphs()")
         with self._gate.exclusive("use_cuda_graphs"):
             self.cuda_graphs = use_cuda_graphs(self._runner)
         return self.cuda_graphs
@@ -113,6 +115,13 @@ class ModelManagement:
             self.settings = settings
             if self._vision_eager and not enabled:
                 self._runner.load_vision()
+
+    def _refuse_if_invariant(self, what: str) -> None:
+        if self.settings.batch_invariant:
+            raise ConfigError(
+                f"{what} (compile=True / cuda_graphs=True) cannot run with batch_invariant=True: a compiled step "
+                "fuses the ops and a CUDA graph needs fixed shapes; set engine.batch_invariant = False first"
+            )
 
     @property
     def closed(self) -> bool:

@@ -42,10 +42,10 @@ def load_model_for_rank(
     # Called for every mode: a pre-quantized checkpoint's shards hold unscaled fp8 codes that need their scales.
     model = quantize_model(model, settings.quantization, settings=settings, rank=rank)
     model.use_fast_layouts()
-    if settings.batch_invariant:
-        make_batch_invariant(model)
     if args.vision_args is not None or is_cross_attention_vision(args):
         model.vision_loader = functools.partial(_load_vision, settings, args, rank, model)
+    if settings.batch_invariant:
+        make_batch_invariant(model)
     return model
 
 
