@@ -112,26 +112,27 @@ def attend_row(
     length, n_heads, dim = q.shape
     n_kv = keys.shape[0]
     group = n_heads // n_kv
-    scale = dim**-0.5
-    out = torch.empty(length, n_heads, dim, dtype=q.dtype, device=q.device)
-    for tile in range(start // TILE, (start + length - 1) // TILE + 1):
-        lo, span = tile * TILE, (tile + 1) * TILE
-        first, last = max(lo, start), min(span, start + length)  # the row's positions inside this tile
-        qt = torch.zeros(TILE, n_heads, dim, dtype=torch.float32, device=q.device)
-        qt[first - lo : last - lo] = q[first - start : last - start]
-        qt = qt.view(TILE, n_kv, group, dim).permute(1, 2, 0, 3).reshape(n_kv, group * TILE, dim)
-        k = keys[:, :span].float()
-        v = values[:, :span].float()
-        if k.shape[1] < span:  # the end of the cache (or of a teacher-forced row): masked zeros
-            k = F.pad(k, (0, 0, 0, span - k.shape[1]))
-            v = F.pad(v, (0, 0, 0, span - v.shape[1]))
-        scores = torch.bmm(qt, k.transpose(1, 2)).mul_(scale)  # [Hkv, G*TILE, S]
-        hidden = _tile_mask(tile, chunk, q.device)  # [TILE, S]
-        scores = scores.view(n_kv, group, TILE, span).masked_fill_(hidden, float("-inf"))
+    first, last = start // TILE, (start + length - 1) // TILE  # the tiles the row's queries fall in
+    n_tiles, base, end = last - first + 1, first * TILE, (last + 1) * TILE
+    # every tile's queries at once, [n_tiles, Hkv, G*TILE, D]: position p at row g*TILE + p % TILE
+    qa = torch.zeros(n_tiles * TILE, n_heads, dim, dtype=torch.float32, device=q.device)
+    qa[start - base : start - base + length] = q
+    qa = qa.view(n_tiles, TILE, n_kv, group, dim).permute(0, 2, 3, 1, 4).reshape(n_tiles, n_kv, group * TILE, dim)
+    qa.mul_(dim**-0.5)
+    k, v = keys[:, :end].float(), values[:, :end].float()  # [Hkv, S, D]
+    if k.shape[1] < end:  # the end of the cache (or of a teacher-forced row): masked zeros
+        k = F.pad(k, (0, 0, 0, end - k.shape[1]))
+        v = F.pad(v, (0, 0, 0, end - v.shape[1]))
+    oa = torch.empty(n_tiles, n_kv, group * TILE, dim, dtype=torch.float32, device=q.device)
+    for i in range(n_tiles):
+        tile = first + i
+        span = (tile + 1) * TILE  # keys 0..span-1: a shape fixed by the tile's index alone
+        scores = torch.bmm(qa[i], k[:, :span].transpose(1, 2)).view(n_kv, group, TILE, span)
+        scores.masked_fill_(_tile_mask(tile, chunk, q.device), float("-inf"))
         probs = torch.softmax(scores, dim=-1).view(n_kv, group * TILE, span)
-        ot = torch.bmm(probs, v).view(n_kv, group, TILE, dim).permute(2, 0, 1, 3).reshape(TILE, n_heads, dim)
-        out[first - start : last - start] = ot[first - lo : last - lo].to(q.dtype)
-    return out
+        torch.bmm(probs, v[:, :span], out=oa[i])  # [Hkv, G*TILE, D]
+    out = oa.view(n_tiles, n_kv, group, TILE, dim).permute(0, 3, 1, 2, 4).reshape(n_tiles * TILE, n_heads, dim)
+    return out[start - base : start - base + length].to(q.dtype)
 
 
 def _row_starts(ctx: StepContext) -> list[int]:
