@@ -111,8 +111,10 @@ dtype = "bfloat16"
         quantization="bf16",
         dtype="float16",
         device="cpu",
+        batch_invariant=True,
     )
     s = resolve_settings(tmp_path / "arg-ckpt", **explicit)
+    assert s.batch_invariant is True
     assert (
         s.checkpoint_dir,
         s.model_id,

@@ -40,6 +40,7 @@ from workbench.runtime.settings import (
     DEFAULT,
     Settings,
     Source,
+    check_flag,
     check_positive_int,
     check_quantization,
     resolve_device,
@@ -65,6 +66,7 @@ ENV_VARS: dict[str, str] = {
     "max_batch_size": "MAX_BATCH_SIZE",
     "max_seq_len": "MAX_SEQ_LEN",
     "quantization": "QUANTIZATION_TYPE",
+    "batch_invariant": "WORKBENCH_BATCH_INVARIANT",
 }
 
 # Keys of a checkpoints.toml entry and their TOML types (keep checkpoints.example.toml in sync).
@@ -77,6 +79,7 @@ ENTRY_KEYS: dict[str, type] = {
     "quantization": str,
     "device": str,
     "dtype": str,
+    "batch_invariant": bool,
 }
 _ENTRY_TO_ARG = {"path": "checkpoint"}
 
@@ -216,11 +219,12 @@ def check_entry(name: str, entry: dict[str, Any], path: Path) -> dict[str, tuple
                 f"checkpoints.toml entry {where}: unknown key {key!r}; {hint}allowed keys are {', '.join(ENTRY_KEYS)}"
             )
         want = ENTRY_KEYS[key]
-        if isinstance(value, bool) or not isinstance(value, want):
-            example = '"..."' if want is str else "4096"
+        if (isinstance(value, bool) and want is not bool) or not isinstance(value, want):
+            example = {str: '"..."', int: "4096", bool: "true"}[want]
+            kind = {str: "string", int: "integer", bool: "boolean"}[want]
             raise ConfigError(
-                f"checkpoints.toml entry {where}: {key} = {value!r} must be a TOML "
-                f"{'string' if want is str else 'integer'}; write it like `{key} = {example}`"
+                f"checkpoints.toml entry {where}: {key} = {value!r} must be a TOML {kind}; "
+                f"write it like `{key} = {example}`"
             )
         source = Source("file", where)
         if key == "path":
@@ -242,6 +246,7 @@ LOAD_SETTINGS = (
     "max_seq_len",
     "model_parallel_size",
     "quantization",
+    "batch_invariant",
 )
 
 
@@ -277,6 +282,7 @@ def resolve_settings(
     max_seq_len: int | None = None,
     model_parallel_size: int | None = None,
     quantization: str | None = None,
+    batch_invariant: bool | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
     """Turn ``load`` arguments into concrete Settings: arguments, then environment, then checkpoints.toml,
@@ -295,6 +301,7 @@ def resolve_settings(
         "max_seq_len": max_seq_len,
         "model_parallel_size": model_parallel_size,
         "quantization": quantization,
+        "batch_invariant": batch_invariant,
     }
     chosen, entry = _choose_checkpoint(checkpoint, environ)
 
@@ -329,6 +336,8 @@ def resolve_settings(
         )
     raw_quant, sources["quantization"] = pick("quantization")
     quant = check_quantization(raw_quant, "quantization", sources["quantization"])
+    raw_invariant, sources["batch_invariant"] = pick("batch_invariant")
+    invariant = raw_invariant is not None and check_flag(raw_invariant, "batch_invariant", sources["batch_invariant"])
     return Settings(
         checkpoint_dir=Path(folder).expanduser().resolve(),
         model_id=model_id,
@@ -338,6 +347,7 @@ def resolve_settings(
         max_seq_len=ints["max_seq_len"],
         model_parallel_size=ints["model_parallel_size"],
         quantization=quant,
+        batch_invariant=invariant,
         sources=sources,
     )
 

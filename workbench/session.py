@@ -114,6 +114,7 @@ def load(
     max_seq_len: int | None = None,
     model_parallel_size: int | None = None,
     quantization: str | None = None,
+    batch_invariant: bool | None = None,
     load_vision: bool = False,
     compile: bool = False,
     cuda_graphs: bool = False,
@@ -131,7 +132,10 @@ def load(
     decode steps through ``torch.compile`` (see :meth:`Engine.compile_decode`; the compile time is in
     ``info()["compile_seconds"]``), also on the already loaded engine.  ``cuda_graphs=True`` decodes through
     CUDA graphs per batch/span bucket (see :meth:`Engine.use_cuda_graphs`; capture time in
-    ``info()["cuda_graphs"]``); on a CPU the same fixed-shape steps run uncaptured.
+    ``info()["cuda_graphs"]``); on a CPU the same fixed-shape steps run uncaptured.  ``batch_invariant=True``
+    (also ``WORKBENCH_BATCH_INVARIANT=1`` or ``batch_invariant = true`` in checkpoints.toml) runs the
+    batch-invariant kernels: a row's logits, log-probabilities and tokens do not depend on its neighbours (see
+    docs/design/batch-invariance.md).
     """
     if unknown:
         raise unknown_setting_error(next(iter(unknown)))
@@ -144,6 +148,7 @@ def load(
         max_seq_len=max_seq_len,
         model_parallel_size=model_parallel_size,
         quantization=quantization,
+        batch_invariant=batch_invariant,
     )
     if load_vision:
         engine.load_vision()

@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.engine.compile import compile_and_warm_up, use_cuda_graphs
-from workbench.errors import ImageError, WorkbenchError
+from workbench.errors import ConfigError, ImageError, WorkbenchError
 from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.progress import progress_bar
 from workbench.quantization import check_supported
+from workbench.runtime.settings import check_flag
 
 
 class ModelManagement:
@@ -36,6 +37,7 @@ class ModelManagement:
         returns the seconds it took, also in ``info()["compile_seconds"]``; the batch width and the
         attended span vary without recompiling.  Kept across ``set_quantization``.
         """
+        self._refuse_if_invariant("compile_decode()")
         with self._loop.exclusive(drain=True):
             self.compile_seconds = compile_and_warm_up(self._runner, self.tokenizer.bos_id)
         return self.compile_seconds
@@ -49,6 +51,7 @@ class ModelManagement:
         CPU the fixed-shape steps run uncaptured.  Returns ``info()["cuda_graphs"]`` (graph count, capture
         seconds, buckets).  Kept across ``set_quantization`` (captured again).
         """
+        self._refuse_if_invariant("use_cuda_graphs()")
         with self._loop.exclusive(drain=True):
             self.cuda_graphs = use_cuda_graphs(self._runner)
         return self.cuda_graphs
@@ -77,6 +80,48 @@ class ModelManagement:
                 self.compile_seconds = compile_and_warm_up(self._runner, self.tokenizer.bos_id)
             if self.cuda_graphs is not None:
                 self.cuda_graphs = use_cuda_graphs(self._runner)
+
+    # ----------------------------------------------------------------------------- batch invariance
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether the batch-invariant kernels run (``wb.load(..., batch_invariant=True)``): then a row's logits,
+        log-probabilities and tokens are bit-identical to the same row alone, cold, at batch 1."""
+        return self.settings.batch_invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, enabled: bool) -> None:
+        """Switch the mode in place: the weights are re-loaded from the checkpoint with the other kernels (as
+        ``set_quantization`` does); a setting that cannot hold the guarantee raises and leaves the old model."""
+        enabled = check_flag(enabled, "batch_invariant", "engine.batch_invariant")
+        if enabled == self.settings.batch_invariant:
+            return
+        if enabled and self.compile_seconds is not None:
+            raise ConfigError(
+                "engine.batch_invariant = True: this engine compiles its decode step (compile=True), "
+                "which the batch-invariant kernels cannot run; reload without compile=True"
+            )
+        if enabled and self.cuda_graphs is not None:
+            raise ConfigError(
+                "engine.batch_invariant = True: this engine decodes through CUDA graphs "
+                "(cuda_graphs=True), which the batch-invariant kernels cannot run; reload without them"
+            )
+        settings = self.settings.with_batch_invariant(enabled)
+        with self._loop.exclusive(drain=True):
+            try:
+                self._runner.reload(settings)
+            except ConfigError:
+                self._runner.reload(self.settings)  # the refused kernels: back to the model that ran
+                raise
+            self.settings = settings
+            if self._vision_eager and not enabled:
+                self._runner.load_vision()
+
+    def _refuse_if_invariant(self, what: str) -> None:
+        if self.settings.batch_invariant:
+            raise ConfigError(
+                f"{what} (compile=True / cuda_graphs=True) cannot run with batch_invariant=True: a compiled step "
+                "fuses the ops and a CUDA graph needs fixed shapes; set engine.batch_invariant = False first"
+            )
 
     @property
     def closed(self) -> bool:

@@ -99,7 +99,9 @@ class Attention(nn.Module):
         self.wv = ColumnParallel(args.dim, kv_out, gather_output=False, **kw)
         self.wo = RowParallel(args.n_heads * self.head_dim, args.dim, **kw)
 
-    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def project_qkv(self, x: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of ``x`` [B, T, dim]: [B, T, Hq, D], [B, T, Hkv, D], [B, T, Hkv, D], with
+        RoPE, QK-norm and the NoPE temperature applied (shared with the batch-invariant attention)."""
         bsz, seqlen, _ = x.shape
         xq = self.wq(x).view(bsz, seqlen, self.n_local_heads, self.head_dim)  # [B, T, Hq, D]
         xk = self.wk(x).view(bsz, seqlen, self.n_local_kv_heads, self.head_dim)  # [B, T, Hkv, D]
@@ -110,6 +112,11 @@ class Attention(nn.Module):
             xq, xk = rms_normalize(xq, self.norm_eps), rms_normalize(xk, self.norm_eps)
         if ctx.temperature is not None and not self.use_rope:
             xq = (xq * ctx.temperature).to(xq.dtype)  # scales are float32: keep q in the model dtype
+        return xq, xk, xv
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        xq, xk, xv = self.project_qkv(x, ctx)
         if ctx.segments is not None:
             return self.wo(self._attend_segments(xq, xk, xv, ctx))
         q = xq.transpose(1, 2)  # [B, Hq, T, D]

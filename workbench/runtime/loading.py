@@ -12,6 +12,7 @@ import torch
 from workbench.checkpoints import vision32
 from workbench.checkpoints.load import build_model, build_vision
 from workbench.models.args import ModelArgs
+from workbench.models.invariant import make_batch_invariant
 from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.models.transformer import Transformer
 from workbench.quantization import load_options, quantize_model
@@ -43,6 +44,8 @@ def load_model_for_rank(
     model.use_fast_layouts()
     if args.vision_args is not None or is_cross_attention_vision(args):
         model.vision_loader = functools.partial(_load_vision, settings, args, rank, model)
+    if settings.batch_invariant:
+        make_batch_invariant(model)
     return model
 
 

@@ -96,6 +96,7 @@ class Settings:
     max_seq_len: int
     model_parallel_size: int  # 0 until check_settings() replaces "auto" by the shard count
     quantization: str | None
+    batch_invariant: bool = False  # the batch-invariant kernels (workbench.models.invariant)
     sources: dict[str, Source] = field(default_factory=dict, compare=False, repr=False)
 
     def with_quantization(self, mode: str | None) -> Settings:
@@ -108,6 +109,11 @@ class Settings:
         if self.source("dtype").kind == "default":
             dtype = resolve_dtype(None, self.device, quantization=mode)
         return replace(self, quantization=mode, dtype=dtype, sources=sources)
+
+    def with_batch_invariant(self, enabled: bool) -> Settings:
+        """These settings with the batch-invariant kernels on or off (``engine.batch_invariant = ...``)."""
+        sources = {**self.sources, "batch_invariant": Source("engine", "engine.batch_invariant")}
+        return replace(self, batch_invariant=enabled, sources=sources)
 
     def identity(self) -> tuple[Any, ...]:
         """Plain-data key of the settings: equal keys mean the same engine.
@@ -125,6 +131,7 @@ class Settings:
             self.max_seq_len,
             self.model_parallel_size,
             self.quantization,
+            self.batch_invariant,
         )
 
     def source(self, name: str) -> Source:
@@ -181,6 +188,16 @@ def check_positive_int(value: object, name: str, source: Source | str = ARGUMENT
         )
         raise setting_problem(name, value, src, what)
     return value
+
+
+def check_flag(value: object, name: str, source: Source | str = ARGUMENT) -> bool:
+    """A boolean setting: True/False, or (environment values) 1/0, true/false, yes/no, on/off."""
+    src = source if isinstance(source, Source) else Source("engine", source)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    raise setting_problem(name, value, src, "must be True or False (1/0 in the environment)")
 
 
 def check_quantization(mode: object, name: str = "quantization", source: Source | str = ARGUMENT) -> str | None:
