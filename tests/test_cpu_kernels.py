@@ -17,7 +17,7 @@ import torch
 from workbench.errors import ConfigError
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import ensure_model_parallel
-from workbench.models.layers import NARROW_WEIGHT_MAX_ROWS, linear
+from workbench.models.layers import NARROW_WEIGHT_MAX_ROWS, NARROW_WEIGHT_MIN_NUMEL, linear
 from workbench.quantization.kernels import ENV, choose_kernels
 from workbench.runtime.loading import load_model_for_rank
 from workbench.session import resolve_settings
@@ -164,11 +164,12 @@ def test_a_forced_float32_plan_keeps_bf16_weights_and_kv_cache_and_computes_in_f
 @pytest.mark.parametrize("rows", [1, NARROW_WEIGHT_MAX_ROWS, NARROW_WEIGHT_MAX_ROWS + 1, 40])
 def test_linear_on_bf16_weights_matches_float32_products_to_bf16_precision(rows):
     gen = torch.Generator().manual_seed(0)
-    w = (torch.randn(48, 32, generator=gen) * 0.1).bfloat16()
-    x = torch.randn(rows, 32, generator=gen)
-    got = linear(x, w)
-    want = torch.nn.functional.linear(x, w.float())
-    assert got.dtype == torch.float32 and got.shape == (rows, 48)
-    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
-    if rows > NARROW_WEIGHT_MAX_ROWS:  # prefill-sized: exact float32 products on the widened weight
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for n in (48, NARROW_WEIGHT_MIN_NUMEL // 64):  # a small weight (always widened) and a large one
+        w = (torch.randn(n, 64, generator=gen) * 0.1).bfloat16()
+        x = torch.randn(rows, 64, generator=gen)
+        got = linear(x, w)
+        want = torch.nn.functional.linear(x, w.float())
+        assert got.dtype == torch.float32 and got.shape == (rows, n)
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+        if rows > NARROW_WEIGHT_MAX_ROWS or n == 48:  # widened: exact float32 products
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -23,6 +23,9 @@ from workbench.models.distributed import model_parallel_rank, model_parallel_siz
 # wider ones widen the weight to the activations' float32 first, because without native bf16 arithmetic
 # torch's bf16 matrix products are several times slower than float32 ones (docs/benchmarks.md, CPU kernels).
 NARROW_WEIGHT_MAX_ROWS = 8
+# ... and only weights of at least this many elements: widening a small one costs less than torch's generic bf16
+# product (the demo model's layers), and what reading half the bytes saves matters for large ones only.
+NARROW_WEIGHT_MIN_NUMEL = 1 << 20
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -30,13 +33,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     Why: a model loaded in bf16 on a CPU without native bf16 arithmetic keeps its weights in bf16 (the
     memory saving) but computes in float32 (see :mod:`workbench.quantization.kernels`).  Decode-sized
-    products (at most NARROW_WEIGHT_MAX_ROWS rows) run on the bf16 weight, reading half the bytes of a
-    float32 one; wider ones (prefill) widen the weight once and run torch's float32 product.  The result
-    is in the activations' dtype.
+    products (at most NARROW_WEIGHT_MAX_ROWS rows) on large weights run on the bf16 weight, reading half the
+    bytes of a float32 one; the others (prefill, small weights) widen the weight and run torch's float32
+    product.  The result is in the activations' dtype.
     """
     if x.dtype == weight.dtype:
         return nn.functional.linear(x, weight, bias)
-    if x.numel() <= NARROW_WEIGHT_MAX_ROWS * x.shape[-1]:
+    if x.numel() <= NARROW_WEIGHT_MAX_ROWS * x.shape[-1] and weight.numel() >= NARROW_WEIGHT_MIN_NUMEL:
         narrow_bias = None if bias is None else bias.to(weight.dtype)
         return nn.functional.linear(x.to(weight.dtype), weight, narrow_bias).to(x.dtype)
     wide_bias = None if bias is None else bias.to(x.dtype)
@@ -96,9 +99,10 @@ class ColumnParallel(ColumnParallelLinear):
         self.mp_size = model_parallel_size()  # read once: fairscale's lookups break torch.compile graphs
         self._packed: torch.Tensor | None = None  # oneDNN-blocked copy of the weight (pack_for_cpu)
         self._packed_of: tuple[weakref.ref, int] | None = None  # (the weight it was packed from, its version)
+        self._widen = False  # pack_for_cpu(widen=True): a bf16 weight packed as float32
         self.one_row_as_two = False  # set by workbench.quantization.kernels on CPUs with native bf16
 
-    def pack_for_cpu(self, batch_hint: int = 16) -> bool:
+    def pack_for_cpu(self, batch_hint: int = 16, *, widen: bool = False) -> bool:
         """Keep a oneDNN-blocked copy of a float32 CPU weight for products of 2 or more rows.
 
         Why: torch's CPU ``linear`` goes through MKL, whose skinny products (a few rows against a tall
@@ -107,23 +111,27 @@ class ColumnParallel(ColumnParallelLinear):
         column-major layout is already at memory speed).  Costs one more copy of this weight; the
         values are the same float32 products, summed in another order (differences ~1e-6 relative).
         Returns whether the packed path is on (off when oneDNN is missing or disagrees with ``linear``).
+        ``widen``: pack a bf16 weight as float32 too (float32 activations on bf16 weights, CPUs without native
+        bf16: the float32 mode's copy, so the bf16 mode still saves what it saves against float32).
         """
         weight = self.weight
+        self._widen = widen
         if (
             weight.device.type != "cpu"
             or weight.dtype != torch.float32
+            and not (widen and weight.dtype == torch.bfloat16)
             or self.mp_size != 1
             or not torch.backends.mkldnn.is_available()
             or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         ):
             return False
         try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().float(), batch_hint)
             probe = torch.randn(3, self.in_features, generator=torch.Generator().manual_seed(0))  # [3, D]
             got = torch.ops.mkldnn._linear_pointwise(probe, packed, self.bias, "none", [], "")
         except RuntimeError:
             return False
-        want = nn.functional.linear(probe, weight, self.bias)
+        want = nn.functional.linear(probe, weight.float(), None if self.bias is None else self.bias.float())
         if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())):
             return False
         # a weak reference: the packed copy must not keep a replaced (or unloaded) weight alive
@@ -146,7 +154,7 @@ class ColumnParallel(ColumnParallelLinear):
         source, version = self._packed_of
         if source() is not self.weight or version != _version(self.weight):
             self._packed = None
-            self.pack_for_cpu()
+            self.pack_for_cpu(widen=self._widen)
         return self._packed
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
