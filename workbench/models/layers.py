@@ -99,10 +99,9 @@ class ColumnParallel(ColumnParallelLinear):
         self.mp_size = model_parallel_size()  # read once: fairscale's lookups break torch.compile graphs
         self._packed: torch.Tensor | None = None  # oneDNN-blocked copy of the weight (pack_for_cpu)
         self._packed_of: tuple[weakref.ref, int] | None = None  # (the weight it was packed from, its version)
-        self._widen = False  # pack_for_cpu(widen=True): a bf16 weight packed as float32
         self.one_row_as_two = False  # set by workbench.quantization.kernels on CPUs with native bf16
 
-    def pack_for_cpu(self, batch_hint: int = 16, *, widen: bool = False) -> bool:
+    def pack_for_cpu(self, batch_hint: int = 16) -> bool:
         """Keep a oneDNN-blocked copy of a float32 CPU weight for products of 2 or more rows.
 
         Why: torch's CPU ``linear`` goes through MKL, whose skinny products (a few rows against a tall
@@ -111,27 +110,23 @@ class ColumnParallel(ColumnParallelLinear):
         column-major layout is already at memory speed).  Costs one more copy of this weight; the
         values are the same float32 products, summed in another order (differences ~1e-6 relative).
         Returns whether the packed path is on (off when oneDNN is missing or disagrees with ``linear``).
-        ``widen``: pack a bf16 weight as float32 too (float32 activations on bf16 weights, CPUs without native
-        bf16: the float32 mode's copy, so the bf16 mode still saves what it saves against float32).
         """
         weight = self.weight
-        self._widen = widen
         if (
             weight.device.type != "cpu"
             or weight.dtype != torch.float32
-            and not (widen and weight.dtype == torch.bfloat16)
             or self.mp_size != 1
             or not torch.backends.mkldnn.is_available()
             or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         ):
             return False
         try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().float(), batch_hint)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
             probe = torch.randn(3, self.in_features, generator=torch.Generator().manual_seed(0))  # [3, D]
             got = torch.ops.mkldnn._linear_pointwise(probe, packed, self.bias, "none", [], "")
         except RuntimeError:
             return False
-        want = nn.functional.linear(probe, weight.float(), None if self.bias is None else self.bias.float())
+        want = nn.functional.linear(probe, weight, self.bias)
         if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())):
             return False
         # a weak reference: the packed copy must not keep a replaced (or unloaded) weight alive
@@ -154,7 +149,7 @@ class ColumnParallel(ColumnParallelLinear):
         source, version = self._packed_of
         if source() is not self.weight or version != _version(self.weight):
             self._packed = None
-            self.pack_for_cpu(widen=self._widen)
+            self.pack_for_cpu()
         return self._packed
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:  # type: ignore[override]

@@ -125,8 +125,7 @@ def choose_kernels(
         why = "no native bf16" if not native else "float32 arithmetic asked for"
         reason = (
             f"{isa}: {why} - {weights} weights, float32 arithmetic (decode-sized products read the {weights} "
-            f"weights, prefill widens them; output projection and sampling float32, several rows through a "
-            f"oneDNN-packed float32 copy as in float32 mode)"
+            f"weights, prefill widens them; output projection and sampling float32)"
         )
         return KernelPlan("cpu", isa, native, choice, weights, "float32", False, False, int4, reason + int4_words)
     why = "native bf16" if native else "bf16 arithmetic asked for (no native bf16: slow here)"
@@ -142,8 +141,6 @@ def apply_plan(model: Transformer, plan: KernelPlan) -> Transformer:
     if plan.column_major_bf16:
         wide_dtypes += (torch.bfloat16, torch.float16)
     model.use_fast_layouts(dtypes=wide_dtypes)
-    if plan.float32_arithmetic and isinstance(model.output, ColumnParallel):
-        model.output.pack_for_cpu(widen=True)  # several rows: the float32 mode's packed copy (Engine.memory)
     out_dtype = torch.float32 if plan.float32_arithmetic else None
     for module in model.modules():
         if isinstance(module, VocabParallel):
