@@ -314,7 +314,11 @@ def test_weight_error_matches_the_format(dirs, family):
 def test_logits_stay_close_to_the_unquantized_model(dirs, family, mode):
     ref = cached_logits(dirs[family], None)
     got = cached_logits(dirs[family], mode)
-    assert ref.shape[0] > 100 and not torch.equal(got, ref)
+    assert ref.shape[0] > 100
+    # Without native bf16 (quantization.kernels), bf16 weights multiply float32 activations; the tiny checkpoints'
+    # weights are bf16 values, so bf16 mode's logits may then equal float32's exactly.  Other paths must differ.
+    exact_ok = mode == "bf16" and settings_for(dirs[family], quantization=mode).kernels.float32_arithmetic
+    assert exact_ok or not torch.equal(got, ref)
     kl, top1 = kl_and_top1(ref, got)
     max_kl, min_top1 = BOUNDS[mode]
     assert kl <= max_kl and top1 >= min_top1, (kl, top1)

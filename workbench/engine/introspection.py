@@ -53,6 +53,7 @@ class IntrospectionMixin:
                 "device": str(self.settings.device),
                 "model_parallel_size": self.settings.model_parallel_size,
                 "quantization": self.settings.quantization,
+                "kernels": str(self.settings.kernels),  # what runs on this CPU and why (quantization.kernels)
                 "vision": self._vision_state(),
                 "max_batch_size": self.max_batch_size,
                 "max_seq_len": self.max_seq_len,

@@ -17,7 +17,7 @@ from torch import nn
 
 from workbench.models.args import ModelArgs
 from workbench.models.distributed import model_parallel_size
-from workbench.models.layers import ColumnParallel, RowParallel, divide
+from workbench.models.layers import ColumnParallel, RowParallel, divide, linear
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -39,13 +39,19 @@ class FeedForward(nn.Module):
         hidden = F.silu(self.w1(x)) * self.w3(x)
         if self.reduce:
             return self.w2(hidden)
-        return F.linear(hidden, self.w2.weight)
+        return linear(hidden, self.w2.weight)
 
 
 _GROUPED_MM = hasattr(torch, "_grouped_mm")
 # Below this many routed rows a CPU MoE layer loops over the used experts (bench/moe.py: the loop is
 # faster at 1 token, 1.10 vs 1.38 ms with 4 experts and 1.28 vs 2.15 ms with 64, and even at 16).
 CPU_GROUPED_MIN_ROWS = 64
+
+
+def _times(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w`` for a weight stored ``[in, out]``; float32 activations on bf16 weights go through
+    :func:`~workbench.models.layers.linear` (see :mod:`workbench.quantization.kernels`)."""
+    return x @ w if x.dtype == w.dtype else linear(x, w.t())
 
 
 def _grouped_ok(x: torch.Tensor, *weights: torch.Tensor) -> bool:
@@ -73,7 +79,7 @@ class Experts(nn.Module):
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on its routed (already gate-scaled) tokens ``x`` [n, D]."""
-        return (F.silu(x @ self.w1[e]) * (x @ self.w3[e])) @ self.w2[e]
+        return _times(F.silu(_times(x, self.w1[e])) * _times(x, self.w3[e]), self.w2[e])
 
     def grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor | None:
         """All experts in three grouped matmuls: ``x`` [n, D] sorted by expert, ``counts`` [E] rows each.
@@ -143,7 +149,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, dim = x.shape
         x_aD = x.reshape(-1, dim)  # [A, D]
-        scores_aE = x_aD @ self.router_DE  # [A, E]
+        scores_aE = _times(x_aD, self.router_DE)  # [A, E]
         top_scores, top_experts = torch.topk(scores_aE, self.top_k, dim=1)  # [A, K]
         gates = torch.sigmoid(top_scores)  # [A, K]
         out_aD = self.shared_expert(x_aD)  # [A, D]

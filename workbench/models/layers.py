@@ -19,6 +19,47 @@ from torch import nn
 from workbench.errors import CheckpointError
 from workbench.models.distributed import model_parallel_rank, model_parallel_size
 
+# Products of at most this many rows read a bf16 weight as it is stored (torch's bf16 kernels sum in float32);
+# wider ones widen the weight to the activations' float32 first, because without native bf16 arithmetic
+# torch's bf16 matrix products are several times slower than float32 ones (docs/benchmarks.md, CPU kernels).
+NARROW_WEIGHT_MAX_ROWS = 8
+# ... and only weights of at least this many elements: widening a small one costs less than torch's generic bf16
+# product (the demo model's layers), and what reading half the bytes saves matters for large ones only.
+NARROW_WEIGHT_MIN_NUMEL = 1 << 20
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``, also for float32 activations on a weight stored in a narrower float type (bf16).
+
+    Why: a model loaded in bf16 on a CPU without native bf16 arithmetic keeps its weights in bf16 (the
+    memory saving) but computes in float32 (see :mod:`workbench.quantization.kernels`).  Decode-sized
+    products (at most NARROW_WEIGHT_MAX_ROWS rows) on large weights run on the bf16 weight, reading half the
+    bytes of a float32 one; the others (prefill, small weights) widen the weight and run torch's float32
+    product.  The result is in the activations' dtype.
+    """
+    if x.dtype == weight.dtype:
+        return nn.functional.linear(x, weight, bias)
+    if x.numel() <= NARROW_WEIGHT_MAX_ROWS * x.shape[-1] and weight.numel() >= NARROW_WEIGHT_MIN_NUMEL:
+        narrow_bias = None if bias is None else bias.to(weight.dtype)
+        return nn.functional.linear(x.to(weight.dtype), weight, narrow_bias).to(x.dtype)
+    wide_bias = None if bias is None else bias.to(x.dtype)
+    return nn.functional.linear(x, weight.to(x.dtype), wide_bias)
+
+
+def linear_one_row_as_two(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`linear` for a one-row bf16 product computed as a two-row one (the row twice), on CPUs with
+    native bf16.
+
+    Why: torch sends a one-row product to its matrix-vector kernel, which for bf16 does not use oneDNN's
+    AVX-512-bf16/AMX kernels; two rows go to oneDNN's matrix product, which on such CPUs is about twice as
+    fast for one row's weight read (docs/benchmarks.md, the bf16 batch-1 anomaly).  Same products per row.
+    """
+    if x.numel() != x.shape[-1] or x.dtype != weight.dtype:
+        return linear(x, weight, bias)
+    flat = x.reshape(1, -1)
+    out = nn.functional.linear(torch.cat([flat, flat]), weight, bias)[:1]  # [1, N]
+    return out.view(*x.shape[:-1], out.shape[-1])
+
 
 def divide(numerator: int, denominator: int, what: str) -> int:
     if numerator % denominator:
@@ -58,6 +99,7 @@ class ColumnParallel(ColumnParallelLinear):
         self.mp_size = model_parallel_size()  # read once: fairscale's lookups break torch.compile graphs
         self._packed: torch.Tensor | None = None  # oneDNN-blocked copy of the weight (pack_for_cpu)
         self._packed_of: tuple[weakref.ref, int] | None = None  # (the weight it was packed from, its version)
+        self.one_row_as_two = False  # set by workbench.quantization.kernels on CPUs with native bf16
 
     def pack_for_cpu(self, batch_hint: int = 16) -> bool:
         """Keep a oneDNN-blocked copy of a float32 CPU weight for products of 2 or more rows.
@@ -116,7 +158,8 @@ class ColumnParallel(ColumnParallelLinear):
             if packed is not None:
                 return torch.ops.mkldnn._linear_pointwise(input_, packed, self.bias, "none", [], "")  # [..., out]
         if self.mp_size == 1:  # fairscale's copy/gather are identities here
-            return nn.functional.linear(input_, self.weight, self.bias)
+            product = linear_one_row_as_two if self.one_row_as_two else linear
+            return product(input_, self.weight, self.bias)
         return super().forward(input_)
 
 
@@ -149,10 +192,12 @@ class RowParallel(RowParallelLinear):
         else:
             self.register_parameter("bias", None)
         self.master_weight = None
+        self.one_row_as_two = False  # set by workbench.quantization.kernels on CPUs with native bf16
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if self.mp_size == 1:  # fairscale's all-reduce is an identity here
-            return nn.functional.linear(input_, self.weight, self.bias)
+            product = linear_one_row_as_two if self.one_row_as_two else linear
+            return product(input_, self.weight, self.bias)
         return super().forward(input_)
 
 
@@ -181,8 +226,11 @@ class VocabParallel(VocabParallelEmbedding):
             torch.empty(self.num_embeddings_per_partition, embedding_dim, device=device, dtype=dtype),
             requires_grad=False,
         )
+        self.out_dtype: torch.dtype | None = None  # activations' dtype when it differs from the weights' (kernels)
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if self.mp_size == 1:  # skip fairscale's masking copies on the common path
-            return nn.functional.embedding(input_, self.weight)
-        return super().forward(input_)
+            out = nn.functional.embedding(input_, self.weight)
+        else:
+            out = super().forward(input_)
+        return out if self.out_dtype is None else out.to(self.out_dtype)

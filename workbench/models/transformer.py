@@ -558,20 +558,24 @@ class Transformer(nn.Module):
         the attended span grows every step, and a graph needs fixed shapes."""
         self._decode_compiled = torch.compile(self._decode_layers, dynamic=True) if enabled else None
 
-    def use_fast_layouts(self) -> None:
+    def use_fast_layouts(self, dtypes: tuple[torch.dtype, ...] | None = None) -> None:
         """Store tall float weights (out >= 2 x in: the output projection, w1/w3) column-major on CPU.
 
         Same values, same shapes and names; only the memory order changes.  MKL streams a matrix-vector
         or skinny product over a column-major ``[out, in]`` weight (a contiguous ``[in, out]``) about
         twice as fast as over a row-major one — and decode is exactly such products.  The output
         projection also gets a oneDNN-packed copy for products of several rows (batched decode), where
-        MKL is slowest (see :meth:`ColumnParallel.pack_for_cpu`).
+        MKL is slowest (see :meth:`ColumnParallel.pack_for_cpu`).  ``dtypes``: the weight dtypes to reorder
+        (default all float types); without native bf16, torch's bf16 kernels are faster on row-major weights
+        (:mod:`workbench.quantization.kernels` passes float32 only there).
         """
         if self.device.type != "cpu":
             return
         for module in self.modules():
             weight = getattr(module, "weight", None)
             if not isinstance(module, (ColumnParallel, RowParallel)) or not isinstance(weight, nn.Parameter):
+                continue
+            if dtypes is not None and weight.dtype not in dtypes:
                 continue
             if weight.is_floating_point() and weight.is_contiguous() and weight.shape[0] >= 2 * weight.shape[1]:
                 module.weight = nn.Parameter(weight.t().contiguous().t(), requires_grad=False)

@@ -7,7 +7,7 @@ accuracy numbers researchers compare against assume:
 ========== ================================================== ==============================================
 mode       Llama 3                                            Llama 4
 ========== ================================================== ==============================================
-bf16       every weight in bfloat16 (activations and KV cache bfloat16 too; on CPU that is slow but valid)
+bf16       every weight in bfloat16, KV cache too (activations: see :mod:`.kernels`, chosen by the CPU)
 fp8_mixed  ``feed_forward.w1/w2/w3`` of layers 1..n-2         routed experts of MoE layers other than 0, n-1
 int4_mixed ``feed_forward.w1/w2/w3`` of every layer           routed + shared experts of every MoE layer
 ========== ================================================== ==============================================
@@ -16,8 +16,9 @@ Everything else (attention, norms, embeddings, output, router, Llama 4's dense l
 model dtype — under every mode bfloat16 unless ``load(dtype=...)`` asks for another type
 (:func:`workbench.runtime.settings.resolve_dtype`), as Llama Stack's meta-reference builds its quantized
 models, so memory falls from bf16 to fp8_mixed to int4_mixed on every device.  Formats and kernels are
-documented in :mod:`.fp8` and :mod:`.int4`; the replacement modules in :mod:`.modules`.  Pre-quantized
-fp8 checkpoints (``fp8_scales_{rank}.pt``) are handled by :mod:`.prequantized` — under *any* mode, since
+documented in :mod:`.fp8` and :mod:`.int4`; the replacement modules in :mod:`.modules`; which kernels and
+arithmetic dtype run on this CPU (float32 arithmetic on bf16 weights without native bf16) in :mod:`.kernels`.
+Pre-quantized fp8 checkpoints (``fp8_scales_{rank}.pt``) are handled by :mod:`.prequantized` — under *any* mode, since
 their shards hold unscaled fp8 codes.
 
 Quantization is rank-local: :func:`quantize_model` sees only this rank's slice (``build_model`` has

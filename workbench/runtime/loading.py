@@ -16,6 +16,7 @@ from workbench.models.invariant import make_batch_invariant
 from workbench.models.llama32_vision import is_cross_attention_vision
 from workbench.models.transformer import Transformer
 from workbench.quantization import load_options, quantize_model
+from workbench.quantization.kernels import apply_plan
 from workbench.runtime.settings import Settings
 
 
@@ -41,7 +42,7 @@ def load_model_for_rank(
     )
     # Called for every mode: a pre-quantized checkpoint's shards hold unscaled fp8 codes that need their scales.
     model = quantize_model(model, settings.quantization, settings=settings, rank=rank)
-    model.use_fast_layouts()
+    apply_plan(model, settings.kernels)  # weight layouts and arithmetic dtype chosen for this CPU
     if args.vision_args is not None or is_cross_attention_vision(args):
         model.vision_loader = functools.partial(_load_vision, settings, args, rank, model)
     if settings.batch_invariant:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from workbench.errors import ConfigError, QuantizationError
+from workbench.quantization.kernels import KernelPlan, choose_kernels
 
 QUANTIZATION_MODES = (None, "bf16", "fp8_mixed", "int4_mixed")
 
@@ -114,6 +115,14 @@ class Settings:
         """These settings with the batch-invariant kernels on or off (``engine.batch_invariant = ...``)."""
         sources = {**self.sources, "batch_invariant": Source("engine", "engine.batch_invariant")}
         return replace(self, batch_invariant=enabled, sources=sources)
+
+    @property
+    def kernels(self) -> KernelPlan:
+        """The kernels a model loaded with these settings runs on this machine, and why (``str()``: one line,
+        e.g. "AVX2: no native bf16 - bfloat16 weights, float32 arithmetic ...").  Decided from the CPU at
+        load (:func:`workbench.quantization.kernels.choose_kernels`; ``$WORKBENCH_CPU_KERNELS`` forces one)."""
+        weights = torch.bfloat16 if self.quantization == "bf16" else self.dtype
+        return choose_kernels(self.device, self.quantization, weights, mp_size=max(self.model_parallel_size, 1))
 
     def identity(self) -> tuple[Any, ...]:
         """Plain-data key of the settings: equal keys mean the same engine.
