@@ -30,6 +30,7 @@ if str(HERE) not in sys.path:
 
 from cells.nb01_quickstart import QUICKSTART  # noqa: E402
 from cells.nb02_tool_experiments import TOOL_EXPERIMENTS  # noqa: E402
+from cells.nb03_invariance import INVARIANCE  # noqa: E402
 from cells.nb03_throughput import THROUGHPUT  # noqa: E402
 from cells.nb04_quantization import QUANTIZATION  # noqa: E402
 from cells.nb05_scale_out import SCALE_OUT  # noqa: E402
@@ -56,7 +57,7 @@ DELAY_VARIABLE = "WORKBENCH_PROGRESS_DELAY"  # workbench.progress.DELAY_VARIABLE
 NOTEBOOKS = {
     "01": ("01_quickstart.ipynb", QUICKSTART),
     "02": ("02_tool_experiments.ipynb", TOOL_EXPERIMENTS),
-    "03": ("03_throughput.ipynb", THROUGHPUT),
+    "03": ("03_throughput.ipynb", THROUGHPUT + INVARIANCE),
     "04": ("04_quantization.ipynb", QUANTIZATION),
     "05": ("05_scale_out.ipynb", SCALE_OUT),
     "06": ("06_evaluations.ipynb", EVALUATIONS_INTRO + LM_EVAL_CELLS + BFCL_INSPECT_CELLS + BFCL_MULTI_TURN_CELLS),

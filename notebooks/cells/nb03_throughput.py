@@ -31,12 +31,10 @@ import torch
 from workbench import bench, plots
 
 engine = wb.load(CHECKPOINT, max_batch_size=8, max_seq_len=512)
-# what this machine offers: the widest vector instructions torch's CPU kernels dispatch to, and whether the CPU
-# lists bfloat16 matrix instructions (read from /proc/cpuinfo on Linux; elsewhere unknown)
-flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else None
-native_bf16 = "unknown" if flags is None else "yes" if {"avx512_bf16", "amx_bf16"} & set(flags) else "no"
-print("torch threads:", torch.get_num_threads(), "| this machine's vector kernels:",
-      torch.backends.cpu.get_cpu_capability(), "| native bf16 instructions (AVX512-BF16 or AMX):", native_bf16)
+print("torch threads:", torch.get_num_threads())
+# the kernels the engine chose on the CPU running this notebook, per mode, and why (decided at load)
+for mode in (None, "bf16", "int4_mixed"):
+    print(f"{mode or 'none':>10}:", engine.settings.with_quantization(mode).kernels)
 engine""",
         IGNORE,
     ),
