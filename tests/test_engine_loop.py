@@ -213,12 +213,14 @@ def test_close_with_requests_in_flight_answers_every_waiter(llama3_dir):
     deadline = time.monotonic() + 60
     while engine._loop.running < 3 * len(PROMPTS) and time.monotonic() < deadline:
         time.sleep(0.01)
+    loop_thread = engine._loop._thread  # this engine's own (other tests' engines in this process have theirs)
+    assert loop_thread is not None and loop_thread.is_alive()
     engine.close()
     for t in threads:
         t.join(60)
     assert not any(t.is_alive() for t in threads)
     assert len(errors) == 3 and all(isinstance(e, WorkbenchError) and "unloaded" in str(e) for e in errors)
-    assert not [t for t in threading.enumerate() if t.name == "workbench-engine-loop" and t.is_alive()]
+    assert not loop_thread.is_alive()  # close() joined it
     with pytest.raises(WorkbenchError, match="load"):
         engine.completion("Hi", max_tokens=2)
 
