@@ -57,7 +57,7 @@ DELAY_VARIABLE = "WORKBENCH_PROGRESS_DELAY"  # workbench.progress.DELAY_VARIABLE
 NOTEBOOKS = {
     "01": ("01_quickstart.ipynb", QUICKSTART),
     "02": ("02_tool_experiments.ipynb", TOOL_EXPERIMENTS),
-    "03": ("03_throughput.ipynb", THROUGHPUT + INVARIANCE),
+    "03": ("03_throughput.ipynb", THROUGHPUT[:-1] + INVARIANCE + THROUGHPUT[-1:]),
     "04": ("04_quantization.ipynb", QUANTIZATION),
     "05": ("05_scale_out.ipynb", SCALE_OUT),
     "06": ("06_evaluations.ipynb", EVALUATIONS_INTRO + LM_EVAL_CELLS + BFCL_INSPECT_CELLS + BFCL_MULTI_TURN_CELLS),
