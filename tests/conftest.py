@@ -142,6 +142,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # (glibc reads this at process start; other C libraries ignore it.)
     if "GLIBC_TUNABLES" not in os.environ:
         _HOST_ENV.setenv("GLIBC_TUNABLES", MALLOC_TUNABLES)
+    # torch.compile's on-disk cache (/tmp/torchinductor_$USER by default) is not keyed on the CPU kernels forced
+    # with ATEN_CPU_CAPABILITY: a kernel compiled under the AVX2 path and reused under AVX-512 (or the reverse)
+    # aborts the process ("free(): invalid pointer").  The suite compiles into its own folder.
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        _HOST_ENV.setenv("TORCHINDUCTOR_CACHE_DIR", str(scratch / "torchinductor"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
