@@ -314,7 +314,7 @@ class Job:
                     slot.inflight += 1
                     inflight[ref] = (slot, slot.handle, chunk)
                 starting = fleet.starting_refs()
-                if not inflight and not starting and queue and fleet.live():
+                if not inflight and not starting and queue and fleet.live:
                     time.sleep(POLL_S)  # every live replica's pipeline is full of other jobs' chunks: wait a turn
                     continue
                 if not inflight and not starting:
