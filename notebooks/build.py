@@ -60,7 +60,10 @@ NOTEBOOKS = {
     "03": ("03_throughput.ipynb", THROUGHPUT[:-1] + INVARIANCE + THROUGHPUT[-1:]),
     "04": ("04_quantization.ipynb", QUANTIZATION),
     "05": ("05_scale_out.ipynb", SCALE_OUT),
-    "06": ("06_evaluations.ipynb", EVALUATIONS_INTRO + LM_EVAL_CELLS + BFCL_INSPECT_CELLS + BFCL_MULTI_TURN_CELLS),
+    "06": (
+        "06_evaluations.ipynb",
+        EVALUATIONS_INTRO + LM_EVAL_CELLS + BFCL_INSPECT_CELLS[:-1] + BFCL_MULTI_TURN_CELLS + BFCL_INSPECT_CELLS[-1:],
+    ),
     "07": ("07_run_store.ipynb", RUN_STORE),
     "08": ("08_experiments.ipynb", EXPERIMENTS),
 }
