@@ -72,22 +72,17 @@ def test_per_dialog_transcripts_equal_the_turn_synchronous_loop_and_share_its_st
 
 
 def test_slow_tools_run_while_the_other_dialogs_decode(demo):
-    """Three Paris dialogs whose tool takes 1 s: the loop takes about 1 s more than with instant tools (the
-    turn-synchronous loop: 3 s more per turn), and the dialogs without a slow tool end first."""
-    fast = _Weather()
-    start = time.perf_counter()
-    expected = tools.run_batch(demo, DIALOGS, [fast.get_weather], max_tokens=48)
-    base = time.perf_counter() - start
+    """Three Paris dialogs whose tool takes 1 s: the slow calls run at once (not one after another, as the
+    turn-synchronous loop ran them) and the dialogs without a slow tool end first.  The time it saves is
+    measured in bench/loop.py, not asserted here."""
+    expected = tools.run_batch(demo, DIALOGS, [_Weather().get_weather], max_tokens=48)
     slow = _Weather(slow=1.0)
     order = []
-    start = time.perf_counter()
     for k, transcript in tools.as_completed(demo, DIALOGS, [slow.get_weather], max_tokens=48):
         order.append(k)
         assert transcript == expected[k]
-    elapsed = time.perf_counter() - start
     assert sorted(order) == list(range(len(DIALOGS)))
     assert slow.calls.count("Paris") == 3 and slow.most >= 2  # the slow calls overlapped
-    assert elapsed < base + 2.5, f"{elapsed:.1f} s with 1 s tools, {base:.1f} s without"
     paris = {k for k, city in enumerate(CITIES) if city == "Paris"}
     assert set(order[-3:]) == paris  # the dialogs waiting for Paris ended last
 
