@@ -180,12 +180,7 @@ class ParallelRunner:
             self._vision_loaded = True
         wire = [self._seeded(r.wire(None if r.image_tiles is None else images_to_wire(r.image_tiles))) for r in add]
         rid = self._send("step", (wire, list(cancel)))
-        results = self._collect(rid, f"running a step (request {rid})")
-        while True:
-            try:
-                next(results)
-            except StopIteration as done:
-                return done.value
+        return self._payload(rid, f"running a step (request {rid})")
 
     def logits(self, token_lists: Sequence[Sequence[int]], images: Sequence[Any] | None = None) -> list[torch.Tensor]:
         lists = [list(t) for t in token_lists]
@@ -196,13 +191,8 @@ class ParallelRunner:
             rid = self._send("logits", (lists, [None if i is None else images_to_wire(i) for i in images]))
         else:
             rid = self._send("logits", lists)
-        results = self._collect(rid, f"scoring (request {rid})")
-        while True:
-            try:
-                next(results)
-            except StopIteration as done:
-                flat, lengths = done.value
-                return list(flat.split(lengths))
+        flat, lengths = self._payload(rid, f"scoring (request {rid})")
+        return list(flat.split(lengths))
 
     def score(
         self, sequences: Sequence[Sequence[int]], starts: Sequence[int]
@@ -211,12 +201,7 @@ class ParallelRunner:
         if not sequences:
             return torch.empty(0), torch.empty(0, dtype=torch.bool), []
         rid = self._send("score", ([list(s) for s in sequences], [int(s) for s in starts]))
-        results = self._collect(rid, f"scoring (request {rid})")
-        while True:
-            try:
-                next(results)
-            except StopIteration as done:
-                return done.value
+        return self._payload(rid, f"scoring (request {rid})")
 
     def parameter_count(self) -> int:
         return self._parameters
@@ -433,6 +418,15 @@ class ParallelRunner:
             if message[0] == "end":
                 self._acked[rank] = max(self._acked[rank], message[1])
             # events of abandoned requests are dropped
+
+    def _payload(self, rid: int, doing: str) -> Any:
+        """Wait for every rank to end ``rid`` (its events are not needed) and return rank 0's payload."""
+        results = self._collect(rid, doing)
+        while True:
+            try:
+                next(results)
+            except StopIteration as done:
+                return done.value
 
     def _collect(self, rid: int, doing: str) -> Iterator[Event]:
         """Yield rank 0's events of ``rid`` until every rank has ended it; return rank 0's payload."""
